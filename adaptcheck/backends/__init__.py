@@ -1,0 +1,1 @@
+"""Backends: one class per device family, discovered through the ``adaptcheck.backends`` entry points."""

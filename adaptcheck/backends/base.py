@@ -1,0 +1,307 @@
+"""The Backend contract, in the spirit of vLLM's ``Platform``.
+
+A backend *declares* what it is through class attributes (torch device type, torch module,
+device extension, collective library, SMI tool, dtypes, fp8 flavour, streams) and answers
+probes. Probes never raise: they return :class:`ProbeResult` with the reason a backend is
+not available. The rest of adaptcheck asks a backend what it can do, never which vendor
+it is.
+
+Vendor tools are run through :func:`run_tool`, which also never raises; their output is
+turned into :class:`~adaptcheck.models.environment.DeviceInfo` by pure ``parse_*``
+functions so that each parser is tested against recorded real output.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+import time
+from abc import ABC
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from adaptcheck.models.environment import DeviceInfo
+
+if TYPE_CHECKING:  # torch is imported lazily: `adaptcheck backends` must work without importing it
+    import torch
+
+ALL_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Whether a backend can be used here, and why not."""
+
+    available: bool
+    reason: str = ""
+    device_count: int = 0
+
+    @classmethod
+    def no(cls, reason: str) -> "ProbeResult":
+        return cls(False, reason, 0)
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """Result of running a vendor tool. ``ok`` is False when it is missing, failed or hung."""
+
+    command: tuple[str, ...]
+    ok: bool
+    stdout: str = ""
+    stderr: str = ""
+    returncode: int | None = None
+    error: str = ""
+    duration_s: float = 0.0
+
+
+def run_tool(command: list[str] | tuple[str, ...], timeout_s: float = 20.0) -> ToolOutput:
+    """Run a vendor tool and capture its output. Never raises.
+
+    SMI tools on fresh hardware hang (driver stuck) or print to stderr and exit non-zero;
+    every such case comes back as ``ok=False`` with the reason in ``error``.
+    """
+    cmd = tuple(command)
+    exe = shutil.which(cmd[0]) if cmd else None
+    if exe is None:
+        return ToolOutput(cmd, False, error=f"{cmd[0] if cmd else '(empty)'} not found on PATH")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [exe, *cmd[1:]],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return ToolOutput(cmd, False, error=f"{cmd[0]} did not answer within {timeout_s:g} s", duration_s=timeout_s)
+    except OSError as exc:
+        return ToolOutput(cmd, False, error=f"{cmd[0]} could not be started: {exc}")
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        first = (proc.stderr or proc.stdout).strip().splitlines()[:1]
+        return ToolOutput(
+            cmd, False, proc.stdout, proc.stderr, proc.returncode,
+            error=f"{cmd[0]} exited with {proc.returncode}" + (f": {first[0]}" if first else ""),
+            duration_s=took,
+        )
+    return ToolOutput(cmd, True, proc.stdout, proc.stderr, 0, duration_s=took)
+
+
+def module_version(name: str) -> str | None:
+    """Version of an importable module without importing heavy code where metadata suffices."""
+    from importlib import metadata
+
+    dist = {"torch_npu": "torch-npu", "torch_mlu": "torch-mlu", "torch_musa": "torch-musa",
+            "intel_extension_for_pytorch": "intel-extension-for-pytorch"}.get(name, name)
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class Backend(ABC):
+    """Base of every backend. Subclasses set the class attributes and override hooks."""
+
+    # --- declarations -------------------------------------------------------------
+    name: ClassVar[str]
+    """Short registry name (entry-point name), e.g. 'cuda'."""
+    display_name: ClassVar[str]
+    """Human name, e.g. 'NVIDIA CUDA'."""
+    vendor: ClassVar[str]
+    """Vendor label used in DeviceInfo."""
+    device_type: ClassVar[str]
+    """torch device type: 'cuda', 'npu', 'xpu', 'mlu', 'musa', 'cpu'."""
+    torch_module: ClassVar[str]
+    """Attribute of torch holding the device API, e.g. 'cuda' for torch.cuda ('cpu' for CPU)."""
+    extension_module: ClassVar[str | None] = None
+    """Python module that must be imported to register the device with torch (torch_npu …)."""
+    dist_backend: ClassVar[str] = "gloo"
+    """torch.distributed backend name for collectives."""
+    collective_library: ClassVar[str] = "gloo"
+    """Vendor collective library (nccl, rccl, hccl, cncl, mccl, xccl, gloo)."""
+    smi_tool: ClassVar[str | None] = None
+    """Vendor SMI / info tool."""
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
+    """Dtypes the backend claims to support (subset of ALL_DTYPES); the smoke probe holds it to that."""
+    fp8_flavour: ClassVar[str | None] = None
+    """'e4m3fn' (OCP), 'e4m3fnuz' (MI300) or None."""
+    has_streams: ClassVar[bool] = False
+    """Whether streams/events exist on this device."""
+    is_accelerator: ClassVar[bool] = True
+    """False for CPU: auto-selection prefers any available accelerator."""
+    supersedes: ClassVar[tuple[str, ...]] = ()
+    """Backends this one refines (Hygon DCU over ROCm, MetaX over CUDA): when both probe
+    available, this one wins."""
+    runtime_names: ClassVar[tuple[str, ...]] = ()
+    """Runtime names reported by runtime_versions(), e.g. ('cuda',)."""
+
+    # --- probes (never raise) -----------------------------------------------------
+    def probe(self) -> ProbeResult:
+        """Available-or-reason. Never raises, whatever the hook does."""
+        try:
+            return self._probe()
+        except BaseException as exc:  # noqa: BLE001 - a probe must never take the process down
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return ProbeResult.no(f"probe raised {type(exc).__name__}: {exc}")
+
+    def _probe(self) -> ProbeResult:
+        """Default probe: import the extension, then ask ``torch.<module>.is_available()``."""
+        if self.extension_module:
+            try:
+                importlib.import_module(self.extension_module)
+            except ImportError as exc:
+                return ProbeResult.no(f"{self.extension_module} is not installed ({exc})")
+        try:
+            import torch
+        except ImportError as exc:
+            return ProbeResult.no(f"torch is not importable: {exc}")
+        mod = getattr(torch, self.torch_module, None)
+        if mod is None or not hasattr(mod, "is_available"):
+            return ProbeResult.no(f"torch has no torch.{self.torch_module} device API")
+        if not mod.is_available():
+            return ProbeResult.no(f"torch.{self.torch_module}.is_available() is False")
+        count = int(mod.device_count())
+        if count < 1:
+            return ProbeResult.no(f"torch.{self.torch_module}.device_count() is 0")
+        return ProbeResult(True, "", count)
+
+    # --- torch hooks ----------------------------------------------------------------
+    def torch_api(self) -> Any:
+        """The torch device module (torch.cuda, torch.npu, …)."""
+        import torch
+
+        if self.extension_module:
+            importlib.import_module(self.extension_module)
+        return getattr(torch, self.torch_module)
+
+    def torch_device(self, index: int = 0) -> "torch.device":
+        import torch
+
+        return torch.device(self.device_type, index)
+
+    def device_name(self, index: int = 0) -> str:
+        """Product name as torch reports it."""
+        api = self.torch_api()
+        getter = getattr(api, "get_device_name", None)
+        return str(getter(index)) if getter else self.display_name
+
+    def synchronize(self, index: int = 0) -> None:
+        """Wait for all queued work on the device."""
+        self.torch_api().synchronize(index)
+
+    def memory_stats(self, index: int = 0) -> dict[str, float]:
+        """Allocator statistics in bytes where the backend reports them."""
+        api = self.torch_api()
+        out: dict[str, float] = {}
+        for key in ("memory_allocated", "memory_reserved", "max_memory_allocated"):
+            fn = getattr(api, key, None)
+            if fn is not None:
+                try:
+                    out[key] = float(fn(index))
+                except Exception:  # noqa: BLE001 - stats are best effort
+                    pass
+        mem_get_info = getattr(api, "mem_get_info", None)
+        if mem_get_info is not None:
+            try:
+                free, total = mem_get_info(index)
+                out["free"], out["total"] = float(free), float(total)
+            except Exception:  # noqa: BLE001
+                pass
+        return out
+
+    def free_memory_bytes(self, index: int = 0) -> int | None:
+        """Free device memory, for sizing work; None when unknown."""
+        stats = self.memory_stats(index)
+        return int(stats["free"]) if "free" in stats else None
+
+    def empty_cache(self) -> None:
+        fn = getattr(self.torch_api(), "empty_cache", None)
+        if fn is not None:
+            fn()
+
+    # --- vendor tool ----------------------------------------------------------------
+    smi_command: ClassVar[tuple[str, ...]] = ()
+    """Command whose output :meth:`parse_smi` understands."""
+
+    @staticmethod
+    def parse_smi(text: str) -> list[DeviceInfo]:
+        """Turn the vendor tool's output into DeviceInfo rows. Pure; tested on recordings."""
+        return []
+
+    def inventory(self) -> tuple[list[DeviceInfo], str]:
+        """Devices from the vendor tool (falling back to torch), and a note on where they came from."""
+        note = ""
+        if self.smi_command:
+            out = run_tool(self.smi_command)
+            if out.ok:
+                try:
+                    devices = self.parse_smi(out.stdout)
+                except Exception as exc:  # noqa: BLE001 - unknown output formats must not crash capture
+                    devices, note = [], f"{self.smi_command[0]} output not understood: {type(exc).__name__}: {exc}"
+                if devices:
+                    return devices, f"from {' '.join(self.smi_command)}"
+                note = note or f"{self.smi_command[0]} reported no devices"
+            else:
+                note = out.error
+        return self._torch_inventory(), (note + "; " if note else "") + "from torch"
+
+    def _torch_inventory(self) -> list[DeviceInfo]:
+        """Minimal inventory from torch alone, used when the vendor tool is absent."""
+        probe = self.probe()
+        rows: list[DeviceInfo] = []
+        for i in range(probe.device_count):
+            try:
+                props = self.torch_api().get_device_properties(i)
+                mem = getattr(props, "total_memory", None)
+                rows.append(DeviceInfo(index=i, name=str(getattr(props, "name", self.device_name(i))),
+                                       vendor=self.vendor,
+                                       memory_total_mib=(mem / 2**20) if mem else None))
+            except Exception:  # noqa: BLE001
+                rows.append(DeviceInfo(index=i, name=self.display_name, vendor=self.vendor))
+        return rows
+
+    def runtime_versions(self) -> dict[str, str | None]:
+        """Versions of the vendor runtime(s) this torch was built against / finds installed."""
+        return {}
+
+    def telemetry_sample(self, index: int = 0) -> dict[str, float]:
+        """One sample of device telemetry (memory, utilisation, temperature, power) where readable."""
+        devices, _ = self.inventory()
+        for d in devices:
+            if d.index == index:
+                return {k: v for k, v in {
+                    "memory_used_mib": d.memory_used_mib, "temperature_c": d.temperature_c,
+                    "power_w": d.power_w, "utilization_pct": d.utilization_pct}.items() if v is not None}
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """Declared capabilities as plain data (``adaptcheck backends --format json``)."""
+        return {
+            "name": self.name, "display_name": self.display_name, "device_type": self.device_type,
+            "torch_module": f"torch.{self.torch_module}", "extension_module": self.extension_module,
+            "dist_backend": self.dist_backend, "collective_library": self.collective_library,
+            "smi_tool": self.smi_tool, "dtypes": list(self.dtypes), "fp8_flavour": self.fp8_flavour,
+            "has_streams": self.has_streams, "supersedes": list(self.supersedes),
+        }
+
+
+def env_flag(name: str) -> str | None:
+    """Environment variable or None (small helper so probes read uniformly)."""
+    value = os.environ.get(name)
+    return value if value else None
+
+
+@dataclass
+class BackendInfo:
+    """A discovered backend: the class (or why it failed to load) and where it came from."""
+
+    name: str
+    source: str
+    cls: type[Backend] | None = None
+    load_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)

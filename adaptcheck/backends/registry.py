@@ -1,0 +1,91 @@
+"""Backend discovery and device selection.
+
+Built-in backends and third-party plugins arrive through the same entry-point group,
+``adaptcheck.backends``. A plugin that fails to import is listed with its error rather than
+breaking discovery. Selection asks capabilities (``is_accelerator``, ``supersedes``), never
+vendor names.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from adaptcheck.backends.base import Backend, BackendInfo, ProbeResult
+from adaptcheck.errors import DeviceError, UnknownNameError, did_you_mean
+
+ENTRY_POINT_GROUP = "adaptcheck.backends"
+
+
+def discover() -> dict[str, BackendInfo]:
+    """Every backend registered in the entry-point group, by name (import errors kept)."""
+    found: dict[str, BackendInfo] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        source = f"{dist.name} {dist.version}" if dist is not None else ep.value
+        info = BackendInfo(name=ep.name, source=source)
+        try:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, Backend)):
+                raise TypeError(f"{ep.value} is not a Backend subclass")
+            info.cls = cls
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
+            info.load_error = f"{type(exc).__name__}: {exc}"
+        found[ep.name] = info
+    return found
+
+
+def get_backend(name: str) -> Backend:
+    """Instantiate a backend by name, or raise UnknownNameError listing the valid names."""
+    found = discover()
+    info = found.get(name)
+    if info is None:
+        raise UnknownNameError(f"unknown device {name!r}", hint=did_you_mean(name, list(found)))
+    if info.cls is None:
+        raise DeviceError(f"backend {name!r} failed to load: {info.load_error}")
+    return info.cls()
+
+
+def probe_all() -> list[tuple[BackendInfo, ProbeResult]]:
+    """Probe every discovered backend; load failures become unavailable probes."""
+    rows: list[tuple[BackendInfo, ProbeResult]] = []
+    for info in discover().values():
+        if info.cls is None:
+            rows.append((info, ProbeResult.no(f"plugin failed to load: {info.load_error}")))
+        else:
+            rows.append((info, info.cls().probe()))
+    return rows
+
+
+def select_backend(requested: str | None = None) -> tuple[Backend, ProbeResult]:
+    """The backend to test.
+
+    With ``requested``, that backend (DeviceError with the probe's reason if unavailable).
+    Without, the one available accelerator backend (after dropping those another available
+    backend supersedes), else CPU; several → DeviceError listing them.
+    """
+    if requested:
+        backend = get_backend(requested)
+        probe = backend.probe()
+        if not probe.available:
+            raise DeviceError(f"device {requested!r} is not available: {probe.reason}",
+                              hint="run 'adaptcheck backends' to see what is available")
+        return backend, probe
+    available = [(info, probe) for info, probe in probe_all() if probe.available and info.cls is not None]
+    accel = [(i, p) for i, p in available if i.cls is not None and i.cls.is_accelerator]
+    superseded = {s for i, _ in accel if i.cls is not None for s in i.cls.supersedes}
+    accel = [(i, p) for i, p in accel if i.name not in superseded]
+    if len(accel) > 1:
+        names = ", ".join(i.name for i, _ in accel)
+        raise DeviceError(f"several accelerator backends are available ({names})",
+                          hint="choose one with --device NAME")
+    if accel:
+        info, probe = accel[0]
+        assert info.cls is not None
+        return info.cls(), probe
+    cpu = [(i, p) for i, p in available if i.cls is not None and not i.cls.is_accelerator]
+    if not cpu:
+        raise DeviceError("no backend is available, not even the CPU one",
+                          hint="check that adaptcheck is installed (entry points missing)")
+    info, probe = cpu[0]
+    assert info.cls is not None
+    return info.cls(), probe

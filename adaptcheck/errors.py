@@ -1,0 +1,80 @@
+"""The one exception hierarchy of adaptcheck and its mapping to exit codes.
+
+Every error a user can cause or meet derives from :class:`AdaptcheckError`; the CLI turns
+it into a single line on stderr and the exit code below. Anything else escaping is a bug
+and is reported as such (exit code 70).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Documented exit codes (README, "Exit codes")."""
+
+    OK = 0
+    GRADE_BELOW_REQUIRED = 1
+    USAGE = 2
+    INVALID_INPUT = 3
+    DEVICE = 4
+    INTERNAL = 70
+    INTERRUPTED = 130
+
+
+class AdaptcheckError(Exception):
+    """Base of every error shown to the user as one line."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        """The message and the fix, on one line."""
+        text = self.message.replace("\n", " ")
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+class UsageError(AdaptcheckError):
+    """A command-line value is wrong: unknown step, ladder name, option combination."""
+
+    exit_code = ExitCode.USAGE
+
+
+class InvalidInputError(AdaptcheckError):
+    """A file given to adaptcheck cannot be used: malformed YAML, invalid ladder or results."""
+
+    exit_code = ExitCode.INVALID_INPUT
+
+
+class LadderError(InvalidInputError):
+    """A ladder definition is malformed; the message names the file and line."""
+
+
+class UnknownNameError(UsageError):
+    """A name (check kind, backend, ladder, op) is not known; the message lists the choices."""
+
+
+class DeviceError(AdaptcheckError):
+    """The requested device cannot be used, or the choice is ambiguous."""
+
+    exit_code = ExitCode.DEVICE
+
+
+class GradeBelowRequired(AdaptcheckError):
+    """The grade is lower than ``--require``."""
+
+    exit_code = ExitCode.GRADE_BELOW_REQUIRED
+
+
+def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
+    """A short "did you mean" suffix listing the closest valid choices, or all of them."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    if close:
+        return "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return "valid choices: " + ", ".join(sorted(choices))

@@ -1,0 +1,107 @@
+"""The Check contract.
+
+A check kind has a name used in ladder YAML, a strict pydantic params model, a step, and
+``run(ctx, params) -> Outcome`` (or a list of outcomes, each with a ``subid``, for checks
+that expand into several results such as one per compatibility rule). Checks run in an
+isolated worker process; they never return ``pass`` for something they could not do —
+``skip`` (with the reason) or ``error`` instead.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from adaptcheck.models.results import Status
+
+if TYPE_CHECKING:
+    import torch
+
+    from adaptcheck.backends.base import Backend
+    from adaptcheck.models.ladder import ModelSpec
+
+
+class NoParams(BaseModel):
+    """Params model of kinds that take none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Outcome(BaseModel):
+    """What a check returns."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Status = Field(description="pass | fail | error | skip.")
+    message: str = Field(default="", description="One-line summary.")
+    metrics: dict[str, Any] = Field(default_factory=dict, description="Numbers measured.")
+    details: dict[str, Any] = Field(default_factory=dict, description="Structured evidence.")
+    applicable: bool = Field(default=True, description="False when the backend lacks the capability.")
+    subid: str | None = Field(default=None, description="For expanding checks: suffix appended to the check id.")
+
+    @classmethod
+    def passed(cls, message: str = "", **kw: Any) -> "Outcome":
+        return cls(status=Status.PASS, message=message, **kw)
+
+    @classmethod
+    def failed(cls, message: str, **kw: Any) -> "Outcome":
+        return cls(status=Status.FAIL, message=message, **kw)
+
+    @classmethod
+    def skipped(cls, message: str, *, applicable: bool = True, **kw: Any) -> "Outcome":
+        return cls(status=Status.SKIP, message=message, applicable=applicable, **kw)
+
+    @classmethod
+    def errored(cls, message: str, **kw: Any) -> "Outcome":
+        return cls(status=Status.ERROR, message=message, **kw)
+
+
+@dataclass
+class CheckContext:
+    """Everything a check may use. Built once per worker process."""
+
+    backend: "Backend"
+    device_index: int
+    seed: int
+    run_dir: Path
+    model: "ModelSpec"
+    device_count: int = 1
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> "torch.device":
+        return self.backend.torch_device(self.device_index)
+
+    def generator(self, salt: str = "") -> "torch.Generator":
+        """A CPU torch generator seeded from the run seed and a per-check salt (reproducible)."""
+        import torch
+
+        g = torch.Generator(device="cpu")
+        g.manual_seed(self.seed_for(salt))
+        return g
+
+    def seed_for(self, salt: str) -> int:
+        """Deterministic per-check seed: same run seed + same check → same inputs."""
+        return random.Random(f"{self.seed}:{salt}").randrange(2**31)
+
+
+class Check(ABC):
+    """Base of every check kind."""
+
+    kind: ClassVar[str]
+    """Name used in ladder YAML (the entry-point name)."""
+    step: ClassVar[int]
+    """Ladder step it belongs to (a ladder may not put it elsewhere); 0 = usable in any step."""
+    description: ClassVar[str] = ""
+    """What it proves, one line."""
+    params_model: ClassVar[type[BaseModel]] = NoParams
+    """Strict params model (extra keys forbidden)."""
+
+    @abstractmethod
+    def run(self, ctx: CheckContext, params: Any) -> Outcome | list[Outcome]:
+        """Do the check. ``params`` is an instance of ``params_model``."""

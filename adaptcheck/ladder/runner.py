@@ -1,0 +1,253 @@
+"""Execute a ladder's checks in an isolated, restartable worker process.
+
+Each check gets a time limit. A check that raises is recorded as ``error`` with the
+exception; one that kills its process (segfault, abort, OOM-kill) or exceeds its limit is
+recorded as ``error`` with the signal or the limit, the worker is replaced, and the run
+goes on. Every finished check is appended to ``checks.jsonl`` and fsync'ed before the next
+one starts, so a runner killed with SIGKILL loses only the check in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adaptcheck.models.ladder import CheckSpec
+from adaptcheck.models.results import CheckResult, Status
+
+WORKER_STARTUP_TIMEOUT_S = 180.0
+"""Importing torch and a vendor extension can be slow on first use; a broken driver can hang it."""
+
+
+class WorkerDied(Exception):
+    """The worker process ended or was killed; ``reason`` says how."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _signal_name(returncode: int | None) -> str:
+    if returncode is None:
+        return "unknown exit"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class Worker:
+    """One worker process and its two pipes."""
+
+    def __init__(self, init: dict[str, Any], log_path: Path) -> None:
+        self.init = init
+        self.log_path = log_path
+        cmd_r, cmd_w = os.pipe()
+        res_r, res_w = os.pipe()
+        self._log = open(log_path, "ab")  # noqa: SIM115 - kept open for the worker's lifetime
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "adaptcheck.ladder.worker", str(cmd_r), str(res_w)],
+            pass_fds=(cmd_r, res_w),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a hang is killed with all its children
+            env=env,
+        )
+        os.close(cmd_r)
+        os.close(res_w)
+        self._cmd = os.fdopen(cmd_w, "w", encoding="utf-8")
+        self._res_fd = res_r
+        self._buf = b""
+        self._send(init)
+        reply = self._receive(WORKER_STARTUP_TIMEOUT_S, what="worker start-up")
+        if not reply.get("ready"):
+            self.kill()
+            raise WorkerDied(f"worker could not set up the device context: {reply.get('error', 'unknown error')}")
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        try:
+            self._cmd.write(json.dumps(obj) + "\n")
+            self._cmd.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(self._death_reason()) from None
+
+    def _receive(self, timeout_s: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise WorkerDied(f"{what} exceeded its time limit of {timeout_s:g} s and was killed")
+            ready, _, _ = select.select([self._res_fd], [], [], min(remaining, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(self._res_fd, 65536)
+            if not chunk:
+                raise WorkerDied(self._death_reason())
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line)
+
+    def _death_reason(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = self.proc.returncode
+        return f"the check's process died ({_signal_name(rc)}){self._log_tail()}"
+
+    def _log_tail(self) -> str:
+        try:
+            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return f"; last output: {lines[-1][:300]}" if lines else ""
+
+    def run(self, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self._send(msg)
+        return self._receive(timeout_s, what=f"check {msg['id']!r}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (a hung driver call ignores gentler signals)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.close()
+
+    def close(self) -> None:
+        for closer in (self._cmd.close, lambda: os.close(self._res_fd), self._log.close):
+            try:
+                closer()
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        """Graceful end: close its command pipe, give it a moment, then kill."""
+        try:
+            self._cmd.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+
+@dataclass
+class PlannedRun:
+    """One check to execute."""
+
+    spec: CheckSpec
+    timeout_s: float
+
+
+def _to_results(spec: CheckSpec, reply: dict[str, Any]) -> list[CheckResult]:
+    base = {"step": spec.step, "kind": spec.kind, "tags": spec.tags}
+    if "exception" in reply:
+        return [CheckResult(id=spec.id, status=Status.ERROR, message=f"check raised {reply['exception']}",
+                            details={"traceback": reply.get("traceback", "")},
+                            duration_s=reply.get("duration_s", 0.0), **base)]
+    outcomes = reply["outcomes"]
+    per = reply.get("duration_s", 0.0) / max(1, len(outcomes))
+    out: list[CheckResult] = []
+    for o in outcomes:
+        sub = o.pop("subid", None)
+        out.append(CheckResult(id=f"{spec.id}.{sub}" if sub else spec.id, duration_s=per, **base, **o))
+    return out
+
+
+def error_results(spec: CheckSpec, message: str, duration_s: float = 0.0) -> list[CheckResult]:
+    """The single ``error`` result of a check that could not complete."""
+    return [CheckResult(id=spec.id, step=spec.step, kind=spec.kind, tags=spec.tags, status=Status.ERROR,
+                        message=message, duration_s=duration_s)]
+
+
+class JournalWriter:
+    """Append-only ``checks.jsonl``: one record per finished check, durable before the next starts."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, spec_id: str, results: list[CheckResult]) -> None:
+        record = {"spec_id": spec_id, "results": [r.model_dump(mode="json") for r in results]}
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def read(self) -> dict[str, list[CheckResult]]:
+        """Finished checks by spec id. A torn last line (killed mid-write) is ignored."""
+        done: dict[str, list[CheckResult]] = {}
+        if not self.path.exists():
+            return done
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+                done[rec["spec_id"]] = [CheckResult.model_validate(r) for r in rec["results"]]
+            except (json.JSONDecodeError, KeyError, ValueError):
+                continue
+        return done
+
+
+def execute(
+    planned: Iterable[PlannedRun],
+    init: dict[str, Any],
+    journal: JournalWriter,
+    log_path: Path,
+    on_start: Callable[[CheckSpec], None] | None = None,
+    on_done: Callable[[CheckSpec, list[CheckResult]], None] | None = None,
+) -> dict[str, list[CheckResult]]:
+    """Run each planned check in the worker, replacing the worker after any death."""
+    worker: Worker | None = None
+    finished: dict[str, list[CheckResult]] = {}
+    try:
+        for item in planned:
+            spec = item.spec
+            if on_start:
+                on_start(spec)
+            start = time.perf_counter()
+            try:
+                if worker is None or not worker.alive():
+                    worker = Worker(init, log_path)
+                reply = worker.run({"id": spec.id, "kind": spec.kind, "params": spec.params}, item.timeout_s)
+                results = _to_results(spec, reply)
+            except WorkerDied as died:
+                if worker is not None:
+                    worker.kill()
+                worker = None
+                results = error_results(spec, died.reason, time.perf_counter() - start)
+            journal.append(spec.id, results)
+            finished[spec.id] = results
+            if on_done:
+                on_done(spec, results)
+    except BaseException:
+        # Interrupted (Ctrl-C) or failing: a check in flight may be hung, so do not wait for it.
+        if worker is not None:
+            worker.kill()
+        raise
+    if worker is not None:
+        worker.stop()
+    return finished

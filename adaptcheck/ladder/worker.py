@@ -1,0 +1,98 @@
+"""The isolated worker process that executes checks.
+
+The runner starts ``python -m adaptcheck.ladder.worker CMD_FD RES_FD`` in its own process
+session, sends one JSON line to set up the context, then one JSON line per check, and
+reads one JSON line back per check on a dedicated pipe (so whatever a check or a vendor
+library prints to stdout cannot corrupt the protocol; stdout/stderr go to worker.log).
+If a check segfaults, aborts or hangs, only this process dies; the runner records the
+check as ``error`` and starts a fresh worker for the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the runner is gone (e.g. SIGKILLed), so no worker is ever orphaned."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent_pid:
+            os._exit(3)
+
+
+def _context(init: dict[str, Any]) -> Any:
+    from adaptcheck.backends.registry import get_backend
+    from adaptcheck.ladder.check import CheckContext
+    from adaptcheck.models.ladder import ModelSpec
+
+    return CheckContext(
+        backend=get_backend(init["backend"]),
+        device_index=int(init["device_index"]),
+        seed=int(init["seed"]),
+        run_dir=Path(init["run_dir"]),
+        model=ModelSpec.model_validate(init["model"]),
+        device_count=int(init.get("device_count", 1)),
+    )
+
+
+def _run_one(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    from adaptcheck.ladder.check import Outcome
+    from adaptcheck.ladder.registry import get_check_class
+
+    start = time.perf_counter()
+    try:
+        cls = get_check_class(msg["kind"])
+        params = cls.params_model.model_validate(msg.get("params") or {})
+        got = cls().run(ctx, params)
+        outcomes = got if isinstance(got, list) else [got]
+        if not outcomes:
+            raise RuntimeError("check returned no outcome")
+        payload = [Outcome.model_validate(o).model_dump(mode="json") for o in outcomes]
+        return {"id": msg["id"], "outcomes": payload, "duration_s": time.perf_counter() - start}
+    except Exception as exc:  # noqa: BLE001 - a Python error in a check is its result, not the worker's death
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        return {
+            "id": msg["id"],
+            "exception": f"{type(exc).__name__}: {exc}",
+            "traceback": tb[-4000:],
+            "duration_s": time.perf_counter() - start,
+        }
+
+
+def main(argv: list[str]) -> int:
+    cmd_fd, res_fd = int(argv[0]), int(argv[1])
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    cmd = os.fdopen(cmd_fd, "r", encoding="utf-8")
+    res = os.fdopen(res_fd, "w", encoding="utf-8")
+
+    def send(obj: dict[str, Any]) -> None:
+        res.write(json.dumps(obj, default=str) + "\n")
+        res.flush()
+
+    init = json.loads(cmd.readline() or "null")
+    if init is None:
+        return 0
+    try:
+        ctx = _context(init)
+    except Exception as exc:  # noqa: BLE001
+        send({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    send({"ready": True, "pid": os.getpid()})
+    for line in cmd:
+        if not line.strip():
+            continue
+        send(_run_one(ctx, json.loads(line)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""Schema of a ladder definition (``ladders/*.yaml``).
+
+A ladder is flat, versioned data: the model it certifies with, the checks of each step
+(kind + strict params + time limit + tags), and the grade rules. Everything is validated
+strictly (unknown keys are errors) so a typo never silently disables a check.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LADDER_SCHEMA_VERSION = 1
+LEVELS = ("L1", "L2", "L3", "L4", "L5")
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(Strict):
+    """The model the ladder certifies with."""
+
+    name: str = Field(default="embedded:tiny-llama", description="'embedded:NAME' or a local HF model path.")
+    precision: Literal["fp32", "fp16", "bf16"] = Field(default="bf16", description="Serving precision.")
+    context_length: int = Field(default=2048, gt=0, description="Context length to certify.")
+    revision: str | None = Field(default=None, description="Model revision, when known.")
+
+
+class CheckSpec(Strict):
+    """One check of the ladder."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", description="Unique id, e.g. 'smoke.matmul'.")
+    step: int = Field(ge=1, le=5, description="Ladder step 1-5.")
+    kind: str = Field(description="Check kind from the registry (``adaptcheck kinds`` lists them).")
+    description: str = Field(default="", description="What the check proves (shown in the report).")
+    timeout_s: float | None = Field(default=None, gt=0, description="Time limit; defaults.timeout_s when absent.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Kind-specific parameters, validated strictly.")
+    tags: list[str] = Field(default_factory=list, description="Free tags used by grade conditions.")
+
+
+class ConditionSpec(Strict):
+    """A grade condition: every selected check must pass, and at least one must be selected."""
+
+    id: str = Field(description="Condition id.")
+    description: str = Field(description="What must hold, in words.")
+    checks: list[str] = Field(default_factory=list, description="Check ids or glob patterns ('smoke.*').")
+    steps: list[int] = Field(default_factory=list, description="Every check of these steps.")
+    tags: list[str] = Field(default_factory=list, description="Every check carrying one of these tags.")
+    when: Literal["always", "multi_device"] = Field(
+        default="always", description="'multi_device': only demanded when more than one device is visible."
+    )
+
+    @model_validator(mode="after")
+    def _selects_something(self) -> "ConditionSpec":
+        if not (self.checks or self.steps or self.tags):
+            raise ValueError("a condition must select checks by 'checks', 'steps' or 'tags'")
+        return self
+
+
+class LevelSpec(Strict):
+    """One grade level and its conditions."""
+
+    level: Literal["L1", "L2", "L3", "L4", "L5"] = Field(description="Level id.")
+    name: str = Field(description="Level name, e.g. 'device usable'.")
+    conditions: list[ConditionSpec] = Field(min_length=1, description="All must hold.")
+
+
+class GradeSpec(Strict):
+    """The grade rules."""
+
+    levels: list[LevelSpec] = Field(description="L1..L5 in order.")
+
+    @field_validator("levels")
+    @classmethod
+    def _ordered(cls, levels: list[LevelSpec]) -> list[LevelSpec]:
+        got = [lv.level for lv in levels]
+        if got != list(LEVELS[: len(got)]) or not got:
+            raise ValueError(f"levels must be listed in order starting at L1, got {got}")
+        return levels
+
+
+class Defaults(Strict):
+    """Defaults applied to every check."""
+
+    timeout_s: float = Field(default=120.0, gt=0, description="Per-check time limit in seconds.")
+
+
+class LadderSpec(Strict):
+    """A whole ladder file."""
+
+    schema_version: int = Field(description=f"Ladder schema version; this adaptcheck reads {LADDER_SCHEMA_VERSION}.")
+    id: str = Field(description="Ladder id, e.g. 'quick'.")
+    version: str = Field(description="Version of this ladder's content.")
+    description: str = Field(default="", description="What the ladder is for.")
+    defaults: Defaults = Field(default_factory=Defaults, description="Defaults for every check.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Model under certification.")
+    steps: dict[int, str] = Field(
+        default_factory=lambda: {
+            1: "compatibility matrix",
+            2: "tensor smoke",
+            3: "operator numerics",
+            4: "framework bring-up",
+            5: "performance baseline",
+        },
+        description="Step number → name.",
+    )
+    checks: list[CheckSpec] = Field(min_length=1, description="Checks in run order.")
+    grade: GradeSpec = Field(description="Grade rules.")
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v != LADDER_SCHEMA_VERSION:
+            raise ValueError(f"unsupported ladder schema_version {v}; this adaptcheck reads {LADDER_SCHEMA_VERSION}")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "LadderSpec":
+        seen: set[str] = set()
+        for c in self.checks:
+            if c.id in seen:
+                raise ValueError(f"duplicate check id {c.id!r}")
+            seen.add(c.id)
+        return self
+
+    def timeout_for(self, check: CheckSpec) -> float:
+        """The effective time limit of a check."""
+        return check.timeout_s if check.timeout_s is not None else self.defaults.timeout_s

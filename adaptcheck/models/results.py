@@ -1,0 +1,189 @@
+"""Schema of ``results.json``: every check outcome, the environment and the grade.
+
+The file is versioned (:data:`SCHEMA_VERSION`); :meth:`RunResults.load` refuses files of
+another major version with a one-line error. The grade stored here is recomputed from the
+checks and the ladder's rules alone (``adaptcheck grade`` does exactly that), so the CLI,
+the report and CI always agree.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from adaptcheck.errors import InvalidInputError
+from adaptcheck.models.environment import Environment
+from adaptcheck.models.ladder import GradeSpec
+
+SCHEMA_VERSION = "1.0"
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now, so timestamps in results are unambiguous."""
+    return datetime.now(timezone.utc)
+
+
+class Status(str, Enum):
+    """Outcome of one check. Only ``pass`` ever counts towards a grade."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+    SKIP = "skip"
+
+
+class CheckResult(BaseModel):
+    """One executed (or deliberately not executed) check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=1, le=5, description="Ladder step 1-5 the check belongs to.")
+    id: str = Field(description="Unique check id within the ladder, e.g. 'smoke.matmul'.")
+    kind: str = Field(description="Check kind from the registry that produced it.")
+    status: Status = Field(description="pass | fail | error | skip.")
+    applicable: bool = Field(
+        default=True,
+        description=(
+            "False only when the backend declares it lacks the capability (e.g. no streams on CPU); "
+            "a non-applicable skip does not block a grade, every other non-pass does."
+        ),
+    )
+    message: str = Field(default="", description="Human summary: why it failed, was skipped or errored.")
+    metrics: dict[str, Any] = Field(default_factory=dict, description="Measured numbers, flat name → value.")
+    details: dict[str, Any] = Field(default_factory=dict, description="Structured evidence (worst elements, verdict inputs).")
+    duration_s: float = Field(default=0.0, ge=0, description="Wall time of the check in seconds.")
+    tags: list[str] = Field(default_factory=list, description="Tags from the ladder (used by grade rules).")
+
+
+class ConditionResult(BaseModel):
+    """One grade condition evaluated against the checks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="Condition id from the ladder.")
+    description: str = Field(description="What the condition demands.")
+    holds: bool = Field(description="True only when every selected check passed (and at least one ran).")
+    reason: str = Field(default="", description="Why it does not hold: which checks failed / did not run.")
+    checks: list[str] = Field(default_factory=list, description="Ids of the checks the condition selected.")
+
+
+class LevelResult(BaseModel):
+    """All conditions of one level."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: str = Field(description="'L1' … 'L5'.")
+    name: str = Field(description="Level name, e.g. 'device usable'.")
+    holds: bool = Field(description="Every condition of this level holds.")
+    conditions: list[ConditionResult] = Field(description="Each condition with its verdict.")
+
+
+class GradeResult(BaseModel):
+    """The grade and what blocks the next level."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: str = Field(description="Highest level whose conditions (and all lower levels') hold: 'L0' … 'L5'.")
+    name: str = Field(description="Name of that level ('none' for L0).")
+    blockers: list[str] = Field(default_factory=list, description="Unmet conditions of the next level, one line each.")
+    levels: list[LevelResult] = Field(default_factory=list, description="Every level with its conditions.")
+    steps_not_run: list[int] = Field(default_factory=list, description="Steps excluded by --steps or not reached.")
+
+
+class LadderRef(BaseModel):
+    """Which ladder produced the run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="Ladder id, e.g. 'quick'.")
+    version: str = Field(description="Ladder version string.")
+    source: str = Field(description="Path or 'builtin:NAME' the ladder was loaded from.")
+    sha256: str = Field(description="SHA-256 of the ladder text, to prove which definition ran.")
+
+
+class PlannedCheck(BaseModel):
+    """A check the ladder planned, whether or not it ran (so a missing result is visible)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="Check id.")
+    step: int = Field(ge=1, le=5, description="Step it belongs to.")
+    kind: str = Field(description="Check kind.")
+    description: str = Field(default="", description="What it proves.")
+    tags: list[str] = Field(default_factory=list, description="Tags (used by grade conditions).")
+    timeout_s: float = Field(gt=0, description="Its time limit in seconds.")
+
+
+class DeviceRef(BaseModel):
+    """The device the ladder ran on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field(description="Backend name, e.g. 'cpu', 'cuda'.")
+    display_name: str = Field(description="Backend display name, e.g. 'NVIDIA CUDA'.")
+    torch_device: str = Field(description="torch device string, e.g. 'cuda:0'.")
+    device_name: str = Field(description="Device product name as torch/SMI reports it.")
+    device_count: int = Field(ge=0, description="Devices of this backend visible to the process.")
+
+
+class RunResults(BaseModel):
+    """The whole ``results.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: str = Field(default=SCHEMA_VERSION, description="Version of this schema.")
+    adaptcheck_version: str = Field(description="adaptcheck version that produced the file.")
+    run_id: str = Field(description="Unique id of the run (also the default folder name).")
+    started_at: datetime = Field(description="Start of the run (UTC).")
+    finished_at: datetime | None = Field(default=None, description="End of the run (UTC); None if interrupted.")
+    complete: bool = Field(default=False, description="False when the run was interrupted before its last check.")
+    command: list[str] = Field(default_factory=list, description="The command line, to reproduce the run.")
+    ladder: LadderRef = Field(description="The ladder that ran.")
+    seed: int = Field(description="Random seed used by every check.")
+    steps: list[int] = Field(description="Steps selected for this run.")
+    device: DeviceRef = Field(description="The device under test.")
+    environment: Environment | None = Field(default=None, description="Captured compatibility matrix (step 1).")
+    planned: list[PlannedCheck] = Field(default_factory=list, description="Every check of the ladder, run or not.")
+    grade_rules: GradeSpec = Field(description="The ladder's grade rules, so the grade can be recomputed from this file alone.")
+    checks: list[CheckResult] = Field(default_factory=list, description="Every check result, in ladder order.")
+    grade: GradeResult = Field(description="The grade computed from checks + ladder rules.")
+
+    def save(self, path: Path) -> None:
+        """Write the results as indented JSON (atomically: a crash never leaves half a file)."""
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=2), encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "RunResults":
+        """Read and validate a results file; any problem is a one-line InvalidInputError."""
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InvalidInputError(f"{path}: no such results file", hint="pass the results.json of a run") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidInputError(f"{path}: not a readable JSON file: {exc}") from None
+        if not isinstance(raw, dict):
+            raise InvalidInputError(f"{path}: expected a JSON object at the top level")
+        version = str(raw.get("schema_version", ""))
+        if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+            raise InvalidInputError(
+                f"{path}: results schema version {version or '(missing)'} is not supported",
+                hint=f"this adaptcheck reads {SCHEMA_VERSION}",
+            )
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InvalidInputError(f"{path}: invalid results file at '{where}': {first['msg']}") from None
+
+
+def result_schema() -> dict[str, Any]:
+    """JSON Schema of results.json (``adaptcheck schema`` prints it; docs/results-schema.md describes it)."""
+    return RunResults.model_json_schema()

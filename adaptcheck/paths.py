@@ -1,0 +1,28 @@
+"""Where adaptcheck's shipped data lives.
+
+In a wheel, ``ladders/`` and ``matrices/`` are carried as ``adaptcheck/_data/…``; in a
+source checkout (editable install) they are read from the repository root. One function
+answers both so nothing else cares how adaptcheck was installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def data_dir(name: str) -> Path:
+    """Folder of shipped data: 'ladders' or 'matrices'."""
+    packaged = _PKG / "_data" / name
+    if packaged.is_dir():
+        return packaged
+    source = _PKG.parent / name
+    if source.is_dir():
+        return source
+    raise FileNotFoundError(f"adaptcheck data folder {name!r} is missing from this installation")
+
+
+def default_reports_dir() -> Path:
+    """``reports/`` in the current directory: where a user expects to find their run."""
+    return Path.cwd() / "reports"

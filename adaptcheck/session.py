@@ -1,0 +1,216 @@
+"""A run from start to report: the one library function behind ``adaptcheck run``.
+
+Lays out the run folder (``run.json`` with what is needed to reproduce or resume,
+``ladder.yaml`` snapshot, ``checks.jsonl`` journal, ``worker.log``), executes the selected
+checks through the isolated runner, and writes ``results.json`` and ``report.html``. A run
+that was killed is finished by :func:`resume_run` from the same folder.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import adaptcheck
+from adaptcheck.backends.base import Backend
+from adaptcheck.backends.registry import get_backend, select_backend
+from adaptcheck.errors import DeviceError, InvalidInputError, UsageError
+from adaptcheck.ladder.loader import LoadedLadder, load_ladder, parse_ladder
+from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
+from adaptcheck.models.ladder import CheckSpec, LadderSpec
+from adaptcheck.models.environment import Environment
+from adaptcheck.models.results import (
+    CheckResult,
+    DeviceRef,
+    LadderRef,
+    PlannedCheck,
+    RunResults,
+    utcnow,
+)
+from adaptcheck.paths import default_reports_dir
+from adaptcheck.steps.grade import compute_grade
+
+RUN_META = "run.json"
+LADDER_SNAPSHOT = "ladder.yaml"
+JOURNAL = "checks.jsonl"
+WORKER_LOG = "worker.log"
+RESULTS = "results.json"
+REPORT = "report.html"
+
+
+class RunMeta(BaseModel):
+    """``run.json``: everything needed to resume or reproduce a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(description="Run id.")
+    started_at: datetime = Field(description="Start (UTC).")
+    command: list[str] = Field(description="Command line.")
+    ladder: LadderRef = Field(description="Ladder reference; its text is in ladder.yaml beside this file.")
+    seed: int = Field(description="Seed.")
+    steps: list[int] = Field(description="Steps selected.")
+    device: DeviceRef = Field(description="Device under test.")
+    device_index: int = Field(default=0, description="Device index used.")
+
+
+@dataclass
+class RunOptions:
+    """What ``adaptcheck run`` was asked for."""
+
+    ladder: str = "quick"
+    device: str | None = None
+    steps: list[int] | None = None
+    out: Path | None = None
+    seed: int = 0
+    command: list[str] = field(default_factory=list)
+
+
+class Progress:
+    """Callbacks the CLI implements to show progress; the default shows nothing."""
+
+    def planned(self, checks: list[CheckSpec]) -> None: ...
+
+    def started(self, spec: CheckSpec) -> None: ...
+
+    def finished(self, spec: CheckSpec, results: list[CheckResult]) -> None: ...
+
+
+def parse_steps(text: str | None, available: list[int]) -> list[int]:
+    """'2,3' or '1-3' → [2, 3]; None → every step of the ladder."""
+    if not text:
+        return sorted(available)
+    steps: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                steps.update(range(lo, hi + 1))
+            elif part:
+                steps.add(int(part))
+    except ValueError:
+        raise UsageError(f"--steps {text!r} is not a list of step numbers", hint="e.g. --steps 1,2 or --steps 2-3") from None
+    bad = sorted(s for s in steps if s not in range(1, 6))
+    if bad:
+        raise UsageError(f"--steps: no step {bad[0]}", hint="steps are 1-5 (6, the grade, always runs)")
+    return sorted(steps)
+
+
+def _device_ref(backend: Backend, index: int, count: int) -> DeviceRef:
+    try:
+        name = backend.device_name(index)
+    except Exception as exc:  # noqa: BLE001 - the name is informative only
+        name = f"{backend.display_name} (name unavailable: {type(exc).__name__})"
+    return DeviceRef(backend=backend.name, display_name=backend.display_name,
+                     torch_device=str(backend.torch_device(index)), device_name=name, device_count=count)
+
+
+def _planned(spec: LadderSpec) -> list[PlannedCheck]:
+    return [PlannedCheck(id=c.id, step=c.step, kind=c.kind, description=c.description, tags=c.tags,
+                         timeout_s=spec.timeout_for(c)) for c in spec.checks]
+
+
+def new_run_dir(out: Path | None, run_id: str) -> Path:
+    """``--out DIR`` as given (must be empty or new), else reports/<run_id>/."""
+    target = out if out is not None else default_reports_dir() / run_id
+    if target.exists() and any(target.iterdir()):
+        raise UsageError(f"--out {target} already holds files", hint="choose a new folder, or use --resume to finish that run")
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunResults, Path]:
+    """Run a ladder from the start. Returns the results and the run folder."""
+    ladder = load_ladder(opts.ladder)
+    steps = parse_steps(",".join(map(str, opts.steps)) if opts.steps else None, sorted({c.step for c in ladder.spec.checks}))
+    backend, probe = select_backend(opts.device)
+    started = utcnow()
+    run_id = f"{started.strftime('%Y%m%d-%H%M%S')}-{backend.name}-{secrets.token_hex(3)}"
+    run_dir = new_run_dir(opts.out, run_id)
+    meta = RunMeta(
+        run_id=run_id, started_at=started, command=opts.command,
+        ladder=LadderRef(id=ladder.spec.id, version=ladder.spec.version, source=ladder.source, sha256=ladder.sha256),
+        seed=opts.seed, steps=steps, device=_device_ref(backend, 0, probe.device_count),
+    )
+    (run_dir / LADDER_SNAPSHOT).write_text(ladder.text, encoding="utf-8")
+    (run_dir / RUN_META).write_text(meta.model_dump_json(indent=2), encoding="utf-8")
+    return _continue(run_dir, meta, ladder.spec, backend, progress), run_dir
+
+
+def resume_run(run_dir: Path, progress: Progress | None = None) -> tuple[RunResults, Path]:
+    """Finish a run whose process was killed: skip checks already in the journal."""
+    meta_path = run_dir / RUN_META
+    if not meta_path.is_file():
+        raise InvalidInputError(f"{run_dir}: not a run folder (no {RUN_META})", hint="pass the folder a run wrote")
+    try:
+        meta = RunMeta.model_validate_json(meta_path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise InvalidInputError(f"{meta_path}: unreadable run metadata: {str(exc).splitlines()[0]}") from None
+    spec = parse_ladder((run_dir / LADDER_SNAPSHOT).read_text(encoding="utf-8"), str(run_dir / LADDER_SNAPSHOT))
+    backend = get_backend(meta.device.backend)
+    probe = backend.probe()
+    if not probe.available:
+        raise DeviceError(f"device {meta.device.backend!r} of this run is not available now: {probe.reason}")
+    return _continue(run_dir, meta, spec, backend, progress), run_dir
+
+
+def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, progress: Progress | None) -> RunResults:
+    progress = progress or Progress()
+    journal = JournalWriter(run_dir / JOURNAL)
+    done = journal.read()
+    selected = [c for c in spec.checks if c.step in meta.steps]
+    progress.planned(selected)
+    todo = []
+    for c in selected:
+        if c.id in done:
+            progress.finished(c, done[c.id])
+        else:
+            todo.append(PlannedRun(c, spec.timeout_for(c)))
+    init = {"backend": backend.name, "device_index": meta.device_index, "seed": meta.seed,
+            "run_dir": str(run_dir), "model": spec.model.model_dump(mode="json"),
+            "device_count": meta.device.device_count}
+    execute(todo, init, journal, run_dir / WORKER_LOG, on_start=progress.started, on_done=progress.finished)
+    results = assemble(meta, spec, journal.read(), complete=True)
+    write_outputs(results, run_dir)
+    return results
+
+
+def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]], complete: bool) -> RunResults:
+    """Results in ladder order, the environment lifted out of the capture check, the grade computed."""
+    checks: list[CheckResult] = []
+    environment: Environment | None = None
+    for c in spec.checks:
+        for r in done.get(c.id, []):
+            env = r.details.pop("environment", None) if r.kind == "matrix.capture" else None
+            if env is not None:
+                environment = Environment.model_validate(env)
+            checks.append(r)
+    planned = _planned(spec)
+    all_done = all(c.id in done for c in spec.checks if c.step in meta.steps)
+    return RunResults(
+        adaptcheck_version=adaptcheck.__version__, run_id=meta.run_id, started_at=meta.started_at,
+        finished_at=utcnow() if complete and all_done else None, complete=complete and all_done,
+        command=meta.command, ladder=meta.ladder, seed=meta.seed, steps=meta.steps, device=meta.device,
+        environment=environment, planned=planned, grade_rules=spec.grade, checks=checks,
+        grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count),
+    )
+
+
+def regrade(results: RunResults) -> RunResults:
+    """Recompute the grade from the file's own checks and rules (what ``adaptcheck grade`` trusts)."""
+    grade = compute_grade(results.grade_rules, results.planned, results.checks, results.steps,
+                          results.device.device_count)
+    return results.model_copy(update={"grade": grade})
+
+
+def write_outputs(results: RunResults, run_dir: Path) -> None:
+    """results.json, then the HTML report rendered from it."""
+    from adaptcheck.report import write_report
+
+    results.save(run_dir / RESULTS)
+    write_report(results, run_dir / REPORT)

@@ -1,0 +1,131 @@
+"""Step 6: compute the L0-L5 grade from check results and the ladder's rules alone.
+
+A condition holds only when it selects at least one planned check, every selected check
+has a result, at least one of them passed, and every other one passed or is a
+*non-applicable* skip (the backend declared it lacks the capability). A check that did
+not run — excluded step, interrupted run, crashed worker, skipped for a missing framework
+— never counts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from adaptcheck.models.ladder import ConditionSpec, GradeSpec
+from adaptcheck.models.results import (
+    CheckResult,
+    ConditionResult,
+    GradeResult,
+    LevelResult,
+    PlannedCheck,
+    Status,
+)
+
+LEVEL_NAMES = {"L0": "none"}
+
+
+def _matches(check_id: str, pattern: str) -> bool:
+    """A pattern selects a check id, or the sub-results an expanding check produced."""
+    return fnmatch.fnmatchcase(check_id, pattern) or check_id.startswith(pattern + ".")
+
+
+def _selects(cond: ConditionSpec, check_id: str, step: int, tags: list[str]) -> bool:
+    return (
+        any(_matches(check_id, p) for p in cond.checks)
+        or step in cond.steps
+        or bool(set(tags) & set(cond.tags))
+    )
+
+
+def _parent_id(result_id: str, planned_ids: set[str]) -> str:
+    """The planned check a (possibly expanded) result id belongs to."""
+    rid = result_id
+    while rid not in planned_ids and "." in rid:
+        rid = rid.rsplit(".", 1)[0]
+    return rid
+
+
+def evaluate_condition(
+    cond: ConditionSpec,
+    planned: list[PlannedCheck],
+    results: list[CheckResult],
+    steps_run: list[int],
+    device_count: int,
+) -> ConditionResult:
+    """Evaluate one condition."""
+    if cond.when == "multi_device" and device_count <= 1:
+        return ConditionResult(id=cond.id, description=cond.description, holds=True,
+                               reason="not demanded: only one device is visible")
+    sel_planned = [p for p in planned if _selects(cond, p.id, p.step, p.tags)]
+    planned_ids = {p.id for p in planned}
+    sel_results = [r for r in results
+                   if _selects(cond, r.id, r.step, r.tags)
+                   or _parent_id(r.id, planned_ids) in {p.id for p in sel_planned}]
+    problems: list[str] = []
+    if not sel_planned and not sel_results:
+        problems.append("no check of this ladder provides the evidence")
+    have = {_parent_id(r.id, planned_ids) for r in sel_results}
+    for p in sel_planned:
+        if p.id in have:
+            continue
+        if p.step not in steps_run:
+            problems.append(f"{p.id} not run (step {p.step} not selected)")
+        else:
+            problems.append(f"{p.id} has no result (run interrupted?)")
+    passed = 0
+    for r in sel_results:
+        if r.status is Status.PASS:
+            passed += 1
+        elif r.status is Status.SKIP and not r.applicable:
+            continue
+        else:
+            msg = f": {r.message}" if r.message else ""
+            problems.append(f"{r.id} {r.status.value}{msg}")
+    if not problems and passed == 0:
+        problems.append("no selected check passed (all were not applicable)")
+    return ConditionResult(
+        id=cond.id,
+        description=cond.description,
+        holds=not problems,
+        reason="; ".join(problems),
+        checks=sorted({r.id for r in sel_results} | {p.id for p in sel_planned if p.id not in have}),
+    )
+
+
+def compute_grade(
+    rules: GradeSpec,
+    planned: list[PlannedCheck],
+    results: list[CheckResult],
+    steps_run: list[int],
+    device_count: int,
+) -> GradeResult:
+    """The highest level whose conditions, and every lower level's, hold; blockers of the next."""
+    levels: list[LevelResult] = []
+    for lv in rules.levels:
+        conds = [evaluate_condition(c, planned, results, steps_run, device_count) for c in lv.conditions]
+        levels.append(LevelResult(level=lv.level, name=lv.name, holds=all(c.holds for c in conds), conditions=conds))
+    grade, name = "L0", LEVEL_NAMES["L0"]
+    next_level: LevelResult | None = None
+    for lv in levels:
+        if not lv.holds:
+            next_level = lv
+            break
+        grade, name = lv.level, lv.name
+    blockers = (
+        [f"{next_level.level} {c.id}: {c.description} — {c.reason}" for c in next_level.conditions if not c.holds]
+        if next_level
+        else []
+    )
+    all_steps = sorted({p.step for p in planned})
+    return GradeResult(
+        level=grade,
+        name=name,
+        blockers=blockers,
+        levels=levels,
+        steps_not_run=[s for s in all_steps if s not in steps_run],
+    )
+
+
+def level_at_least(level: str, required: str) -> bool:
+    """'L3' >= 'L2'."""
+    return int(level[1:]) >= int(required[1:])

@@ -1,0 +1,1 @@
+"""Step 1: capture the compatibility matrix and check it against the rules in matrices/."""

@@ -1,0 +1,1 @@
+"""Step 2: tensor smoke tests on the selected device."""
