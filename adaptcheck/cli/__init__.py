@@ -1,0 +1,1 @@
+"""Command-line interface: thin commands that parse, call one library function and render."""

@@ -1,0 +1,21 @@
+"""``adaptcheck schema``: print the JSON Schema of results.json or of a ladder file."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from adaptcheck.errors import UsageError, did_you_mean
+from adaptcheck.models.ladder import LadderSpec
+from adaptcheck.models.results import RunResults
+
+SCHEMAS = {"results": RunResults, "ladder": LadderSpec}
+
+
+def schema(which: str = typer.Argument("results", help="results or ladder.")) -> None:
+    """Print a JSON Schema on stdout."""
+    model = SCHEMAS.get(which)
+    if model is None:
+        raise UsageError(f"no schema {which!r}", hint=did_you_mean(which, list(SCHEMAS)))
+    typer.echo(json.dumps(model.model_json_schema(), indent=2))

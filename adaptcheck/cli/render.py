@@ -1,0 +1,38 @@
+"""Shared human renderings for the CLI: the per-step summary and the grade with blockers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from adaptcheck.cli.output import Output
+from adaptcheck.models.results import RunResults, Status
+
+STEP_NAMES = {1: "compatibility matrix", 2: "tensor smoke", 3: "operator numerics", 4: "framework bring-up",
+              5: "performance baseline"}
+
+
+def print_summary(out: Output, results: RunResults) -> None:
+    """One row per step: counts of each status and the time spent."""
+    rows = []
+    for step in sorted({p.step for p in results.planned}):
+        checks = [c for c in results.checks if c.step == step]
+        if step not in results.steps:
+            rows.append([step, STEP_NAMES.get(step, ""), "-", "-", "-", "-", "-", "not run"])
+            continue
+        counts = Counter("n/a" if c.status is Status.SKIP and not c.applicable else c.status.value for c in checks)
+        rows.append([step, STEP_NAMES.get(step, ""), counts["pass"], counts["fail"], counts["error"], counts["skip"],
+                     counts["n/a"], f"{sum(c.duration_s for c in checks):.1f}s"])
+    out.table("Summary", ["step", "name", "pass", "fail", "error", "skip", "n/a", "time"], rows)
+
+
+def print_grade(out: Output, results: RunResults) -> None:
+    """The grade line and the blockers for the next level."""
+    g = results.grade
+    out.info(f"Grade: {g.level} ({g.name}) on {results.device.device_name} [{results.device.backend}]",
+             style="bold green" if g.level != "L0" else "bold red")
+    if g.steps_not_run:
+        out.info(f"Steps not run: {', '.join(map(str, g.steps_not_run))}", style="yellow")
+    if g.blockers:
+        out.info("Blockers for the next level:", style="bold")
+        for b in g.blockers:
+            out.info(f"  - {b}")

@@ -1,0 +1,191 @@
+"""The CLI as a user meets it: real processes, exit codes, one-line errors, plugin discovery."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+DUMMY_LADDER = [
+    {"id": "first", "step": 1, "kind": "dummy.pass"},
+    {"id": "second", "step": 2, "kind": "dummy.fail"},
+]
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [l for l in stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("adaptcheck: error: "), stderr
+    return lines[0]
+
+
+def test_backends_lists_builtins_and_plugins_with_reasons() -> None:
+    done = run_cli(["backends", "--format", "json"])
+    assert done.returncode == 0, done.stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    builtin = {"cpu", "cuda", "rocm", "hygon", "xpu", "ascend", "cambricon", "musa", "metax"}
+    assert builtin <= set(rows)
+    assert rows["cpu"]["available"] is True
+    for name in builtin - {"cpu"}:
+        assert rows[name]["available"] is False and rows[name]["reason"], name
+    # Third-party plugin discovered through the same entry-point group...
+    assert rows["dummy"]["source"].startswith("adaptcheck-dummy-plugin")
+    assert "ADAPTCHECK_DUMMY" in rows["dummy"]["reason"]
+    # ... and a broken one is listed with its error instead of breaking discovery.
+    assert rows["broken"]["available"] is False
+    assert "broken on purpose" in rows["broken"]["load_error"]
+
+
+def test_plugin_backend_is_selected_when_available(write_ladder) -> None:
+    ladder = write_ladder(DUMMY_LADDER)
+    done = run_cli(["run", "--ladder", str(ladder), "--out", str(ladder.parent / "r"), "--format", "json"],
+                   env={"ADAPTCHECK_DUMMY": "dummy"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["device"]["backend"] == "dummy"
+
+
+def test_refining_backend_supersedes_the_one_it_refines(write_ladder) -> None:
+    ladder = write_ladder(DUMMY_LADDER)
+    done = run_cli(["run", "--ladder", str(ladder), "--out", str(ladder.parent / "r"), "--format", "json"],
+                   env={"ADAPTCHECK_DUMMY": "dummy,dummy_refined"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["device"]["backend"] == "dummy_refined"
+
+
+def test_several_accelerators_is_an_error_listing_them(write_ladder) -> None:
+    ladder = write_ladder(DUMMY_LADDER)
+    done = run_cli(["run", "--ladder", str(ladder), "--out", str(ladder.parent / "r")],
+                   env={"ADAPTCHECK_DUMMY": "dummy,dummy_other"})
+    assert done.returncode == 4
+    line = _one_error_line(done.stderr)
+    assert "dummy, dummy_other" in line and "--device" in line
+
+
+def test_unknown_device_suggests_and_unavailable_device_says_why(write_ladder) -> None:
+    ladder = write_ladder(DUMMY_LADDER)
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cudaa"])
+    assert done.returncode == 2
+    assert "did you mean 'cuda'" in _one_error_line(done.stderr)
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cuda"])
+    assert done.returncode == 4
+    assert "torch.cuda.is_available() is False" in _one_error_line(done.stderr) or "not available" in done.stderr
+
+
+def test_malformed_ladder_exit_3_with_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nid: x\nchecks: [\n")
+    done = run_cli(["run", "--ladder", str(bad), "--device", "cpu"])
+    assert done.returncode == 3
+    assert f"{bad}:" in _one_error_line(done.stderr)
+
+
+def test_unknown_kind_and_ladder_name(write_ladder, tmp_path: Path) -> None:
+    ladder = write_ladder([{"id": "a", "step": 2, "kind": "dummy.pas"}])
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu"])
+    assert done.returncode == 3
+    assert "did you mean 'dummy.pass'" in _one_error_line(done.stderr)
+    done = run_cli(["run", "--ladder", "standrad", "--device", "cpu"])
+    assert done.returncode == 2
+    assert "did you mean 'standard'" in _one_error_line(done.stderr)
+
+
+def test_bad_steps_and_nonempty_out(write_ladder) -> None:
+    ladder = write_ladder(DUMMY_LADDER)
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--steps", "7"])
+    assert done.returncode == 2 and "no step 7" in _one_error_line(done.stderr)
+    out = ladder.parent / "occupied"
+    out.mkdir()
+    (out / "x").write_text("keep me")
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out)])
+    assert done.returncode == 2 and "already holds files" in _one_error_line(done.stderr)
+    assert (out / "x").read_text() == "keep me"
+
+
+@pytest.fixture
+def dummy_results(write_ladder) -> Path:
+    ladder = write_ladder(DUMMY_LADDER)
+    out = ladder.parent / "run"
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out), "--quiet"])
+    assert done.returncode == 0, done.stderr
+    return out / "results.json"
+
+
+def test_grade_exit_codes(dummy_results: Path, tmp_path: Path) -> None:
+    ok = run_cli(["grade", str(dummy_results), "--require", "L1"])
+    assert ok.returncode == 0, ok.stderr
+    assert "Grade: L1" in ok.stderr
+    below = run_cli(["grade", str(dummy_results), "--require", "L2", "--format", "json"])
+    assert below.returncode == 1
+    data = json.loads(below.stdout)
+    assert data["grade"] == "L1" and data["meets"] is False
+    assert any("second fail: failed on purpose" in b for b in data["blockers"])
+    assert "second fail" in below.stderr  # blockers printed for humans too
+    bad_level = run_cli(["grade", str(dummy_results), "--require", "L9"])
+    assert bad_level.returncode == 2
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert run_cli(["grade", str(broken)]).returncode == 3
+    assert run_cli(["grade", str(tmp_path / "missing.json")]).returncode == 3
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"schema_version": "9.0"}))
+    done = run_cli(["grade", str(wrong)])
+    assert done.returncode == 3 and "schema version 9.0" in _one_error_line(done.stderr)
+
+
+def test_grade_recomputes_rather_than_trusting_the_file(dummy_results: Path) -> None:
+    data = json.loads(dummy_results.read_text())
+    data["grade"]["level"] = "L5"  # a hand-edited grade
+    dummy_results.write_text(json.dumps(data))
+    done = run_cli(["grade", str(dummy_results), "--require", "L2"])
+    assert done.returncode == 1
+    assert "the file says L5" in done.stderr
+
+
+def test_run_require_gates_the_exit_code(write_ladder) -> None:
+    ladder = write_ladder(DUMMY_LADDER)
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(ladder.parent / "a"),
+                    "--require", "L2", "--quiet"])
+    assert done.returncode == 1
+    assert "below the required L2" in done.stderr
+
+
+def test_report_rerenders(dummy_results: Path, tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "r.html"
+    done = run_cli(["report", str(dummy_results), "-o", str(target)])
+    assert done.returncode == 0, done.stderr
+    html = target.read_text()
+    assert "second" in html and "L1" in html
+
+
+def test_steps_subset_names_the_steps_not_run(write_ladder) -> None:
+    ladder = write_ladder(DUMMY_LADDER)
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--steps", "2",
+                    "--out", str(ladder.parent / "s"), "--format", "json"])
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert [c["id"] for c in data["checks"]] == ["second"]
+    assert data["grade"]["steps_not_run"] == [1]
+    assert data["grade"]["level"] == "L0"
+    assert "Steps not run: 1" in done.stderr
+
+
+def test_kinds_and_schema() -> None:
+    kinds = run_cli(["kinds", "--format", "json"])
+    assert kinds.returncode == 0
+    names = {k["kind"] for k in json.loads(kinds.stdout)}
+    assert {"smoke.matmul", "matrix.rules", "dummy.crash"} <= names
+    schema = run_cli(["schema", "results"])
+    assert json.loads(schema.stdout)["title"] == "RunResults"
+    assert run_cli(["schema", "resuls"]).returncode == 2
+
+
+def test_docs_match_the_models() -> None:
+    from adaptcheck.models.docgen import DOCS, render
+
+    root = Path(__file__).resolve().parents[2] / "docs"
+    for which, (model, title, intro) in DOCS.items():
+        assert (root / f"{which}-schema.md").read_text() == render(model, title, intro) + "\n", (
+            f"docs/{which}-schema.md is stale: python -m adaptcheck.models.docgen {which} > docs/{which}-schema.md")

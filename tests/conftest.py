@@ -1,0 +1,63 @@
+"""Shared fixtures: run the real CLI in a subprocess and write throw-away ladders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 300,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``adaptcheck ARGS`` as a user runs it (a real process, real exit code)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "adaptcheck", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd)
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return run_cli
+
+
+GRADE_ANY_STEP = """
+grade:
+  levels:
+    - level: L1
+      name: device usable
+      conditions:
+        - id: first
+          description: the first check passes
+          checks: [{first}]
+    - level: L2
+      name: model runs
+      conditions:
+        - id: everything
+          description: every check passes
+          steps: [1, 2, 3, 4, 5]
+"""
+
+
+def ladder_text(checks: list[dict[str, object]], *, timeout_s: float = 60, grade: str | None = None) -> str:
+    """A ladder YAML with the given checks (dicts of id/step/kind/params/timeout_s)."""
+    import yaml
+
+    body = yaml.safe_dump({"schema_version": 1, "id": "test", "version": "0", "defaults": {"timeout_s": timeout_s},
+                           "checks": checks}, sort_keys=False)
+    return body + textwrap.dedent(grade if grade is not None else GRADE_ANY_STEP.format(first=checks[0]["id"]))
+
+
+@pytest.fixture
+def write_ladder(tmp_path: Path) -> Callable[..., Path]:
+    def _write(checks: list[dict[str, object]], **kw: object) -> Path:
+        path = tmp_path / "ladder.yaml"
+        path.write_text(ladder_text(checks, **kw))  # type: ignore[arg-type]
+        return path
+
+    return _write

@@ -1,0 +1,125 @@
+"""Grade computation: highest level whose conditions all hold; a check that did not run never counts."""
+
+from __future__ import annotations
+
+from adaptcheck.ladder.loader import load_ladder
+from adaptcheck.models.ladder import GradeSpec
+from adaptcheck.models.results import CheckResult, PlannedCheck, Status
+from adaptcheck.steps.grade import compute_grade, level_at_least
+
+RULES = GradeSpec.model_validate({"levels": [
+    {"level": "L1", "name": "device usable", "conditions": [
+        {"id": "visible", "description": "device visible", "checks": ["smoke.visible"]},
+        {"id": "smoke", "description": "step 2 passes", "steps": [2]}]},
+    {"level": "L2", "name": "model runs", "conditions": [
+        {"id": "ops", "description": "model ops", "tags": ["model_ops"]},
+        {"id": "single", "description": "single request", "checks": ["fw.single"]}]},
+    {"level": "L3", "name": "service usable", "conditions": [
+        {"id": "coll", "description": "collectives", "checks": ["fw.coll"], "when": "multi_device"},
+        {"id": "rules", "description": "compatible", "checks": ["matrix.rules"]}]},
+]})
+
+PLANNED = [
+    PlannedCheck(id="matrix.rules", step=1, kind="k", timeout_s=1),
+    PlannedCheck(id="smoke.visible", step=2, kind="k", timeout_s=1),
+    PlannedCheck(id="smoke.streams", step=2, kind="k", timeout_s=1),
+    PlannedCheck(id="ops.gemm", step=3, kind="k", tags=["model_ops"], timeout_s=1),
+    PlannedCheck(id="fw.single", step=4, kind="k", timeout_s=1),
+    PlannedCheck(id="fw.coll", step=4, kind="k", timeout_s=1),
+]
+
+
+def r(id_: str, step: int, status: Status = Status.PASS, applicable: bool = True, tags: list[str] | None = None) -> CheckResult:
+    return CheckResult(id=id_, step=step, kind="k", status=status, applicable=applicable, tags=tags or [])
+
+
+def all_pass() -> list[CheckResult]:
+    return [r("matrix.rules.cuda", 1), r("matrix.rules.vllm_torch", 1, Status.SKIP, applicable=False),
+            r("smoke.visible", 2), r("smoke.streams", 2, Status.SKIP, applicable=False),
+            r("ops.gemm", 3, tags=["model_ops"]), r("fw.single", 4), r("fw.coll", 4)]
+
+
+def test_everything_passing_reaches_the_top_level() -> None:
+    g = compute_grade(RULES, PLANNED, all_pass(), [1, 2, 3, 4], device_count=1)
+    assert g.level == "L3" and g.blockers == []
+
+
+def test_non_applicable_skip_does_not_block_but_plain_skip_does() -> None:
+    results = all_pass()
+    results[3] = r("smoke.streams", 2, Status.SKIP, applicable=True)
+    g = compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], device_count=1)
+    assert g.level == "L0"
+    assert any("smoke.streams skip" in b for b in g.blockers)
+
+
+def test_step_not_run_never_counts_and_is_named() -> None:
+    results = [x for x in all_pass() if x.step != 3]
+    g = compute_grade(RULES, PLANNED, results, [1, 2, 4], device_count=1)
+    assert g.level == "L1"
+    assert g.steps_not_run == [3]
+    assert any("ops.gemm not run (step 3 not selected)" in b for b in g.blockers)
+
+
+def test_missing_result_of_a_selected_step_blocks() -> None:
+    results = [x for x in all_pass() if x.id != "fw.single"]
+    g = compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], device_count=1)
+    assert g.level == "L1"
+    assert any("fw.single has no result" in b for b in g.blockers)
+
+
+def test_error_and_fail_block_with_their_message() -> None:
+    for status in (Status.FAIL, Status.ERROR):
+        results = all_pass()
+        results[2] = CheckResult(id="smoke.visible", step=2, kind="k", status=status, message="died (SIGSEGV)")
+        g = compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], device_count=1)
+        assert g.level == "L0"
+        assert any(f"smoke.visible {status.value}: died (SIGSEGV)" in b for b in g.blockers)
+
+
+def test_expanded_subresults_count_for_their_parent() -> None:
+    results = all_pass()
+    results[0] = r("matrix.rules.cuda", 1, Status.FAIL)
+    g = compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], device_count=1)
+    assert g.level == "L2"
+    assert any("matrix.rules.cuda fail" in b for b in g.blockers)
+
+
+def test_multi_device_condition_only_demanded_with_several_devices() -> None:
+    results = [x for x in all_pass() if x.id != "fw.coll"]
+    assert compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], device_count=1).level == "L3"
+    g = compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], device_count=2)
+    assert g.level == "L2" and any("fw.coll has no result" in b for b in g.blockers)
+
+
+def test_higher_level_never_granted_over_a_failed_lower_one() -> None:
+    results = all_pass()
+    results[2] = r("smoke.visible", 2, Status.FAIL)
+    g = compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], device_count=1)
+    assert g.level == "L0"
+    assert [lv.holds for lv in g.levels] == [False, True, True]
+
+
+def test_condition_with_only_not_applicable_checks_does_not_hold() -> None:
+    planned = [PlannedCheck(id="smoke.streams", step=2, kind="k", timeout_s=1)]
+    rules = GradeSpec.model_validate({"levels": [{"level": "L1", "name": "x", "conditions": [
+        {"id": "s", "description": "streams", "checks": ["smoke.streams"]}]}]})
+    g = compute_grade(rules, planned, [r("smoke.streams", 2, Status.SKIP, applicable=False)], [2], 1)
+    assert g.level == "L0"
+
+
+def test_placeholder_steps_cap_the_builtin_ladder_at_l1() -> None:
+    """With steps 3-5 not implemented, passing steps 1-2 gives L1, never more."""
+    spec = load_ladder("quick").spec
+    planned = [PlannedCheck(id=c.id, step=c.step, kind=c.kind, tags=c.tags, timeout_s=1) for c in spec.checks]
+    results = [CheckResult(id=c.id, step=c.step, kind=c.kind, tags=c.tags,
+                           status=Status.PASS if c.kind != "placeholder.not_implemented" else Status.SKIP,
+                           message="" if c.kind != "placeholder.not_implemented" else "not implemented")
+               for c in spec.checks]
+    g = compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1)
+    assert g.level == "L1"
+    assert any("ops.numerics skip: not implemented" in b for b in g.blockers)
+
+
+def test_level_at_least() -> None:
+    assert level_at_least("L3", "L2") and level_at_least("L2", "L2") and not level_at_least("L1", "L2")
+    assert not level_at_least("L0", "L1")

@@ -1,0 +1,114 @@
+"""Ladder YAML: strict validation with file:line, did-you-mean for unknown kinds and ladders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adaptcheck.errors import LadderError, UnknownNameError
+from adaptcheck.ladder.loader import builtin_ladders, load_ladder, parse_ladder
+from tests.conftest import ladder_text
+
+
+def test_builtin_ladders_load_and_cover_every_step() -> None:
+    assert {"quick", "standard"} <= set(builtin_ladders())
+    for name in ("quick", "standard"):
+        spec = load_ladder(name).spec
+        assert {c.step for c in spec.checks} == {1, 2, 3, 4, 5}
+        assert [lv.level for lv in spec.grade.levels] == ["L1", "L2", "L3", "L4", "L5"]
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
+    text = "schema_version: 1\nid: x\nchecks:\n  - id: a\n    kind: [unclosed\n"
+    with pytest.raises(LadderError) as err:
+        parse_ladder(text, "bad.yaml")
+    assert err.value.message.startswith("bad.yaml:")
+    assert "malformed YAML" in err.value.message
+    line = int(err.value.message.split(":")[1])
+    assert line in (5, 6)
+
+
+def test_unknown_kind_suggests_the_closest(tmp_path: Path) -> None:
+    text = ladder_text([{"id": "m", "step": 2, "kind": "smoke.matmull"}])
+    with pytest.raises(LadderError) as err:
+        parse_ladder(text, "l.yaml")
+    msg = err.value.one_line()
+    assert "unknown check kind 'smoke.matmull'" in msg
+    assert "did you mean 'smoke.matmul'" in msg
+    assert msg.startswith("l.yaml:")
+    assert ":" in msg and "\n" not in msg
+
+
+def test_unknown_key_is_an_error_with_its_line() -> None:
+    text = ladder_text([{"id": "a", "step": 2, "kind": "dummy.pass", "timeout": 5}])
+    with pytest.raises(LadderError) as err:
+        parse_ladder(text, "l.yaml")
+    assert "checks.0.timeout" in err.value.message
+    lines = text.splitlines()
+    line_no = int(err.value.message.split(":")[1])
+    assert "timeout" in lines[line_no - 1]
+
+
+def test_bad_params_are_rejected_with_line() -> None:
+    text = ladder_text([{"id": "c", "step": 2, "kind": "dummy.crash", "params": {"how": "x", "extra": 1}}])
+    with pytest.raises(LadderError) as err:
+        parse_ladder(text, "l.yaml")
+    assert "params extra" in err.value.message
+
+
+def test_kind_in_wrong_step_is_rejected() -> None:
+    text = ladder_text([{"id": "m", "step": 3, "kind": "smoke.matmul"}])
+    with pytest.raises(LadderError, match="belongs to step 2"):
+        parse_ladder(text, "l.yaml")
+
+
+def test_duplicate_keys_and_ids_are_rejected() -> None:
+    dup_key = ladder_text([{"id": "a", "step": 2, "kind": "dummy.pass"}]).replace("version: '0'", "version: '0'\nversion: '1'")
+    with pytest.raises(LadderError, match="duplicate key 'version'"):
+        parse_ladder(dup_key, "l.yaml")
+    dup_id = ladder_text([{"id": "a", "step": 2, "kind": "dummy.pass"}, {"id": "a", "step": 2, "kind": "dummy.fail"}])
+    with pytest.raises(LadderError, match="duplicate check id 'a'"):
+        parse_ladder(dup_id, "l.yaml")
+
+
+def test_condition_selecting_nothing_is_a_typo() -> None:
+    grade = """
+grade:
+  levels:
+    - level: L1
+      name: device usable
+      conditions:
+        - id: c
+          description: d
+          checks: [smoke.devise_visible]
+"""
+    text = ladder_text([{"id": "smoke.device_visible", "step": 2, "kind": "dummy.pass"}], grade=grade)
+    with pytest.raises(LadderError, match="did you mean 'smoke.device_visible'"):
+        parse_ladder(text, "l.yaml")
+
+
+def test_levels_must_be_in_order() -> None:
+    grade = """
+grade:
+  levels:
+    - level: L2
+      name: x
+      conditions:
+        - {id: c, description: d, steps: [2]}
+"""
+    with pytest.raises(LadderError, match="in order starting at L1"):
+        parse_ladder(ladder_text([{"id": "a", "step": 2, "kind": "dummy.pass"}], grade=grade), "l.yaml")
+
+
+def test_unknown_ladder_name_and_missing_file() -> None:
+    with pytest.raises(UnknownNameError) as err:
+        load_ladder("quik")
+    assert "did you mean 'quick'" in err.value.one_line()
+    with pytest.raises(LadderError, match="no such ladder file"):
+        load_ladder("/nonexistent/ladder.yaml")
+
+
+def test_not_a_mapping() -> None:
+    with pytest.raises(LadderError, match="must be a YAML mapping"):
+        parse_ladder("- just\n- a list\n", "l.yaml")

@@ -1,0 +1,96 @@
+"""Check kinds that misbehave on purpose, to prove the runner's isolation."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from adaptcheck.ladder.check import Check, CheckContext, NoParams, Outcome
+
+
+class PassCheck(Check):
+    kind = "dummy.pass"
+    step = 0
+    description = "Always passes; leaves a marker file so tests can see it ran."
+
+    def run(self, ctx: CheckContext, params: NoParams) -> Outcome:
+        marker = ctx.run_dir / "ran.txt"
+        with open(marker, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        return Outcome.passed("fine", metrics={"pid": os.getpid(), "seed": ctx.seed})
+
+
+class FailCheck(Check):
+    kind = "dummy.fail"
+    step = 0
+
+    def run(self, ctx: CheckContext, params: NoParams) -> Outcome:
+        return Outcome.failed("failed on purpose")
+
+
+class RaiseCheck(Check):
+    kind = "dummy.raise"
+    step = 0
+
+    def run(self, ctx: CheckContext, params: NoParams) -> Outcome:
+        raise ValueError("raised on purpose")
+
+
+class CrashParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    how: str = "segfault"
+
+
+class CrashCheck(Check):
+    kind = "dummy.crash"
+    step = 0
+    params_model = CrashParams
+
+    def run(self, ctx: CheckContext, params: CrashParams) -> Outcome:
+        print("about to crash", flush=True)
+        if params.how == "segfault":
+            ctypes.string_at(0)  # dereferences NULL: a real SIGSEGV
+        elif params.how == "abort":
+            os.abort()
+        elif params.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif params.how == "exit":
+            os._exit(7)
+        return Outcome.passed("did not crash")
+
+
+class HangCheck(Check):
+    kind = "dummy.hang"
+    step = 0
+
+    def run(self, ctx: CheckContext, params: NoParams) -> Outcome:
+        # Ignores SIGTERM like a process stuck in a driver call would.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
+
+
+class SleepParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seconds: float = 1.0
+    marker: str = ""
+
+
+class SleepCheck(Check):
+    kind = "dummy.sleep"
+    step = 0
+    params_model = SleepParams
+
+    def run(self, ctx: CheckContext, params: SleepParams) -> Outcome:
+        if params.marker:
+            marker = Path(ctx.run_dir, params.marker)
+            if marker.exists():  # second attempt (after --resume): finish at once
+                return Outcome.passed("resumed")
+            marker.write_text(str(os.getpid()))
+        time.sleep(params.seconds)
+        return Outcome.passed(f"slept {params.seconds}s")
