@@ -1,15 +1,40 @@
-"""The self-contained HTML report: build plain view data first, render it second."""
+"""The self-contained HTML report: build plain view data first, render it second.
+
+``write_report`` is the entry point the run session and ``adaptcheck report`` call;
+:mod:`adaptcheck.report.view` builds the data and :mod:`adaptcheck.report.render` lays it out.
+"""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from adaptcheck.models.results import RunResults
+from adaptcheck.report.render import render
+from adaptcheck.report.view import build_view
+
+__all__ = ["write_report"]
 
 
 def write_report(results: RunResults, path: Path) -> None:
-    """Render the report of ``results`` into ``path`` (STUB: being written)."""
-    import html
+    """Render the report of ``results`` into ``path`` (UTF-8, atomically).
 
-    path.write_text(f"<!doctype html><title>adaptcheck</title><pre>{html.escape(results.model_dump_json(indent=2))}</pre>",
-                    encoding="utf-8")
+    The page is written to a temporary file in the same folder and moved over ``path``,
+    so a reader (or a crash) never sees half a report and an older report stays intact
+    until the new one is complete.
+    """
+    path = Path(path)
+    text = render(build_view(results))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        # mkstemp creates 0600; a report is meant to be shared like any other output file.
+        os.chmod(tmp, 0o644)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

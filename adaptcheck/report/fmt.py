@@ -1,0 +1,117 @@
+"""Formatting of values for the report: numbers, durations, statuses, JSON evidence.
+
+Everything here returns plain strings so the view stays plain data and the template never
+has to format (templates that compute are hard to test and easy to get inconsistent).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from adaptcheck.models.results import CheckResult, Status
+
+# Display label of each status key. 'na' (a skip the backend declared inapplicable) is kept
+# apart from 'skip' because only the latter can block a grade; 'notrun' is a planned check
+# with no result at all.
+STATUS_LABELS: dict[str, str] = {
+    "pass": "pass",
+    "fail": "fail",
+    "error": "error",
+    "skip": "skip",
+    "na": "n/a",
+    "notrun": "not run",
+}
+
+# A glyph next to each status so it reads without colour (and in black-and-white print).
+STATUS_GLYPHS: dict[str, str] = {
+    "pass": "✓",
+    "fail": "✗",
+    "error": "!",
+    "skip": "–",
+    "na": "○",
+    "notrun": "·",
+}
+
+NOT_PRESENT = "not present"
+
+# Long evidence would make the single-file report unwieldy; the full data is in results.json.
+MAX_DETAILS_CHARS = 20_000
+MAX_VALUE_CHARS = 300
+
+
+def status_key(check: CheckResult) -> str:
+    """The report's status key of one check result."""
+    if check.status is Status.SKIP and not check.applicable:
+        return "na"
+    return check.status.value
+
+
+def format_float(value: float) -> str:
+    """3-4 significant digits; scientific for tiny or huge magnitudes (errors, byte counts)."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value == 0:
+        return "0"
+    mag = abs(value)
+    if mag < 1e-3 or mag >= 1e9:
+        return f"{value:.3e}"
+    if mag >= 1e4:
+        # Large but ordinary magnitudes (tokens, MiB): digits grouped, no spurious decimals.
+        return f"{value:,.0f}"
+    text = f"{value:.4g}"
+    if "." not in text and "e" not in text and value != int(value):
+        # Never print a non-integer as an integer: a cosine of 0.9999991 shown as '1' would
+        # hide exactly the deviation the reader is looking for.
+        for digits in range(5, 11):
+            text = f"{value:.{digits}g}"
+            if "." in text or "e" in text:
+                break
+    return text
+
+
+def format_value(value: Any) -> str:
+    """Any metric value as a short string."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, float):
+        return format_float(value)
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        text = "[" + ", ".join(format_value(v) for v in value) + "]"
+    else:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 1] + "…"
+
+
+def format_duration(seconds: float) -> str:
+    """A wall time as humans read it: '0.4 ms', '120 ms', '12.3 s', '2 min 05 s'."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e3:.2f} ms" if seconds > 0 else "0 s"
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def format_details(details: dict[str, Any]) -> str:
+    """Structured evidence as indented JSON, truncated past a size the page can carry."""
+    if not details:
+        return ""
+    text = json.dumps(details, indent=2, default=str, ensure_ascii=False, sort_keys=False)
+    if len(text) > MAX_DETAILS_CHARS:
+        text = text[:MAX_DETAILS_CHARS] + f"\n… truncated ({len(text):,} characters in all; see results.json)"
+    return text

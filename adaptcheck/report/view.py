@@ -1,0 +1,343 @@
+"""Build the report's view data from a :class:`RunResults` — plain data, no HTML.
+
+The template only lays out what is here: every decision (what counts as 'not run', how a
+number is printed, which level is the blocked one, bar geometry) is made in Python where it
+can be tested. The view is dataclasses of strings, numbers, booleans and lists, so
+``json.dumps(dataclasses.asdict(view))`` works and another renderer could reuse it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
+from adaptcheck.report.fmt import (
+    STATUS_GLYPHS,
+    STATUS_LABELS,
+    format_details,
+    format_duration,
+    format_value,
+    status_key,
+)
+from adaptcheck.report.matrix import MatrixView, build_matrix
+
+# RunResults does not carry the ladder's step names; these are the standard ones.
+STEP_NAMES: dict[int, str] = {
+    1: "compatibility matrix",
+    2: "tensor smoke",
+    3: "operator numerics",
+    4: "framework bring-up",
+    5: "performance baseline",
+}
+SLOWEST_SHOWN = 10
+# Order in which a step's checks decide its own status (worst first); n/a never blocks.
+_SEVERITY = ("error", "fail", "notrun", "skip", "pass", "na")
+
+
+@dataclass
+class Label:
+    """A status as the page shows it: key (CSS class), text label, glyph."""
+
+    key: str
+    label: str
+    glyph: str
+
+
+def _label(key: str) -> Label:
+    return Label(key=key, label=STATUS_LABELS[key], glyph=STATUS_GLYPHS[key])
+
+
+@dataclass
+class Ref:
+    """A check id, with the in-page anchor of its result when it has one."""
+
+    id: str
+    anchor: str
+
+
+@dataclass
+class ConditionView:
+    id: str
+    description: str
+    holds: bool
+    verdict: str
+    reason: str
+    checks: list[Ref]
+
+
+@dataclass
+class LevelView:
+    level: str
+    name: str
+    holds: bool
+    # 'achieved' (part of the grade), 'next' (the level the blockers belong to), 'above'.
+    state: str
+    conditions: list[ConditionView]
+
+
+@dataclass
+class Count:
+    """How many checks of a step ended with one status."""
+
+    status: Label
+    count: int
+
+
+@dataclass
+class Metric:
+    """One measured number, already formatted."""
+
+    name: str
+    value: str
+
+
+@dataclass
+class BarSegment:
+    """One segment of a step's status bar, in percent of the bar's width."""
+
+    status: Label
+    count: int
+    x: float
+    width: float
+
+
+@dataclass
+class StepView:
+    step: int
+    name: str
+    anchor: str
+    ran: bool
+    label: Label  # the step's own status: 'not run' when excluded, else the worst of its checks
+    not_run_reason: str
+    counts: list[Count]
+    total: int
+    duration: str
+    bar: list[BarSegment]
+
+
+@dataclass
+class DurationBar:
+    id: str
+    anchor: str
+    status: Label
+    duration: str
+    width: float
+
+
+@dataclass
+class CheckView:
+    id: str
+    anchor: str
+    kind: str
+    description: str
+    status: Label
+    message: str
+    duration: str
+    metrics: list[Metric]
+    details: str
+    tags: list[str]
+
+
+@dataclass
+class CheckGroup:
+    step: int
+    name: str
+    anchor: str
+    checks: list[CheckView]
+
+
+@dataclass
+class ReproduceView:
+    command: str
+    adaptcheck_version: str
+    schema_version: str
+    ladder: str
+    ladder_source: str
+    ladder_sha256: str
+    seed: int
+    steps: str
+    device: str
+
+
+@dataclass
+class ReportView:
+    title: str
+    run_id: str
+    hostname: str
+    device: str
+    started: str
+    finished: str
+    complete: bool
+    grade_level: str
+    grade_name: str
+    grade_max: str
+    next_level: str
+    blockers: list[str]
+    levels: list[LevelView]
+    steps: list[StepView]
+    slowest: list[DurationBar]
+    matrix: MatrixView
+    check_groups: list[CheckGroup]
+    reproduce: ReproduceView
+    legend: list[Label] = field(default_factory=lambda: [_label(k) for k in STATUS_LABELS])
+
+
+def _anchors(ids: list[str]) -> dict[str, str]:
+    """A unique, attribute-safe fragment id for every check id (ids of expanded results are free text)."""
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for cid in ids:
+        base = "check-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", cid).strip("-") or "x")
+        anchor, n = base, 2
+        while anchor in used:
+            anchor, n = f"{base}-{n}", n + 1
+        used.add(anchor)
+        out[cid] = anchor
+    return out
+
+
+def _has_result(planned: PlannedCheck, result_ids: set[str]) -> bool:
+    """Expanding checks store results as '<id>.<subid>'; either form counts as a result."""
+    return planned.id in result_ids or any(r.startswith(planned.id + ".") for r in result_ids)
+
+
+def _not_run_reason(step: int, results: RunResults) -> str:
+    if step in results.grade.steps_not_run:
+        selected = ", ".join(str(s) for s in results.steps) or "none"
+        return f"step {step} was not selected for this run (steps run: {selected})"
+    if not results.complete:
+        return "not reached: the run was interrupted before this check"
+    return "no result was recorded for this check"
+
+
+def _not_run_view(p: PlannedCheck, anchor: str, results: RunResults) -> CheckView:
+    return CheckView(id=p.id, anchor=anchor, kind=p.kind, description=p.description, status=_label("notrun"),
+                     message=_not_run_reason(p.step, results), duration="—", metrics=[], details="", tags=p.tags)
+
+
+def _check_view(c: CheckResult, anchor: str, description: str) -> CheckView:
+    return CheckView(
+        id=c.id, anchor=anchor, kind=c.kind, description=description, status=_label(status_key(c)),
+        message=c.message, duration=format_duration(c.duration_s),
+        metrics=[Metric(name=k, value=format_value(v)) for k, v in c.metrics.items()],
+        details=format_details(c.details), tags=c.tags,
+    )
+
+
+def _parent(cid: str, planned: dict[str, PlannedCheck]) -> PlannedCheck | None:
+    rid = cid
+    while rid not in planned and "." in rid:
+        rid = rid.rsplit(".", 1)[0]
+    return planned.get(rid)
+
+
+def _check_groups(results: RunResults, anchors: dict[str, str]) -> list[CheckGroup]:
+    """Every result plus every planned check without one, grouped by step in ladder order."""
+    planned = {p.id: p for p in results.planned}
+    result_ids = {c.id for c in results.checks}
+    by_step: dict[int, list[CheckView]] = defaultdict(list)
+    for c in results.checks:
+        parent = _parent(c.id, planned)
+        by_step[c.step].append(_check_view(c, anchors[c.id], parent.description if parent else ""))
+    for p in results.planned:
+        if not _has_result(p, result_ids):
+            by_step[p.step].append(_not_run_view(p, anchors[p.id], results))
+    return [CheckGroup(step=s, name=STEP_NAMES.get(s, f"step {s}"), anchor=f"step-{s}", checks=by_step[s])
+            for s in sorted(by_step)]
+
+
+def _step_views(results: RunResults, groups: list[CheckGroup]) -> list[StepView]:
+    durations: dict[int, float] = defaultdict(float)
+    for c in results.checks:
+        durations[c.step] += c.duration_s
+    steps = sorted({g.step for g in groups} | set(results.grade.steps_not_run))
+    by_step = {g.step: g for g in groups}
+    views = []
+    for s in steps:
+        checks = by_step[s].checks if s in by_step else []
+        counts = {k: sum(1 for c in checks if c.status.key == k) for k in STATUS_LABELS}
+        total = len(checks)
+        bar, x = [], 0.0
+        for key, n in counts.items():
+            if n:
+                width = 100.0 * n / total
+                bar.append(BarSegment(status=_label(key), count=n, x=round(x, 3), width=round(width, 3)))
+                x += width
+        not_selected = s in results.grade.steps_not_run
+        worst = next((k for k in _SEVERITY if counts[k]), "pass")
+        views.append(StepView(
+            step=s, name=STEP_NAMES.get(s, f"step {s}"), anchor=f"step-{s}",
+            ran=not not_selected, label=_label("notrun" if not_selected or not total else worst),
+            not_run_reason=_not_run_reason(s, results) if not_selected else "",
+            counts=[Count(status=_label(k), count=n) for k, n in counts.items() if n], total=total,
+            duration=format_duration(durations[s]) if not not_selected else "—", bar=bar,
+        ))
+    return views
+
+
+def _slowest(results: RunResults, anchors: dict[str, str]) -> list[DurationBar]:
+    ranked = sorted(results.checks, key=lambda c: c.duration_s, reverse=True)[:SLOWEST_SHOWN]
+    top = ranked[0].duration_s if ranked else 0.0
+    return [DurationBar(id=c.id, anchor=anchors[c.id], status=_label(status_key(c)),
+                        duration=format_duration(c.duration_s),
+                        width=round(100.0 * c.duration_s / top, 3) if top > 0 else 0.0)
+            for c in ranked]
+
+
+def _levels(results: RunResults, anchors: dict[str, str]) -> list[LevelView]:
+    grade_n = int(results.grade.level[1:])
+    views = []
+    for lv in results.grade.levels:
+        n = int(lv.level[1:])
+        state = "achieved" if n <= grade_n else "next" if n == grade_n + 1 else "above"
+        conds = [ConditionView(id=c.id, description=c.description, holds=c.holds,
+                               verdict="holds" if c.holds else "does not hold", reason=c.reason,
+                               checks=[Ref(id=x, anchor=anchors.get(x, "")) for x in c.checks])
+                 for c in lv.conditions]
+        views.append(LevelView(level=lv.level, name=lv.name, holds=lv.holds, state=state, conditions=conds))
+    return views
+
+
+def _device_text(results: RunResults) -> str:
+    d = results.device
+    return f"{d.device_name} ({d.display_name}, {d.torch_device}, {d.device_count} visible)"
+
+
+def _reproduce(results: RunResults) -> ReproduceView:
+    lad = results.ladder
+    return ReproduceView(
+        command=shlex.join(results.command) if results.command else "(not recorded)",
+        adaptcheck_version=results.adaptcheck_version, schema_version=results.schema_version,
+        ladder=f"{lad.id} {lad.version}", ladder_source=lad.source, ladder_sha256=lad.sha256,
+        seed=results.seed, steps=", ".join(str(s) for s in results.steps), device=_device_text(results),
+    )
+
+
+def build_view(results: RunResults) -> ReportView:
+    """The whole report as plain data."""
+    ids = [c.id for c in results.checks]
+    result_ids = set(ids)
+    ids += [p.id for p in results.planned if not _has_result(p, result_ids) and p.id not in result_ids]
+    anchors = _anchors(ids)
+    groups = _check_groups(results, anchors)
+    levels = _levels(results, anchors)
+    next_level = next((lv.level for lv in levels if lv.state == "next"), "")
+    env = results.environment
+    return ReportView(
+        title=f"adaptcheck {results.grade.level} — {results.device.device_name}",
+        run_id=results.run_id,
+        hostname=env.hostname if env else "not present",
+        device=_device_text(results),
+        started=results.started_at.isoformat(timespec="seconds"),
+        finished=results.finished_at.isoformat(timespec="seconds") if results.finished_at else "not finished",
+        complete=results.complete,
+        grade_level=results.grade.level, grade_name=results.grade.name,
+        grade_max=results.grade_rules.levels[-1].level if results.grade_rules.levels else "L5",
+        next_level=next_level, blockers=list(results.grade.blockers), levels=levels,
+        steps=_step_views(results, groups), slowest=_slowest(results, anchors),
+        matrix=build_matrix(env, results.checks, anchors), check_groups=groups,
+        reproduce=_reproduce(results),
+    )
