@@ -14,6 +14,7 @@ functions so that each parser is tested against recorded real output.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -149,25 +150,49 @@ class Backend(ABC):
                 raise
             return ProbeResult.no(f"probe raised {type(exc).__name__}: {exc}")
 
+    install_hint: ClassVar[str] = ""
+    """How to install the extension module, appended to "<ext> is not installed"."""
+    import_hint: ClassVar[str] = ""
+    """The usual fix when the extension is installed but fails to import (library path …)."""
+    visible_devices_env: ClassVar[str | None] = None
+    """Environment variable that hides devices (CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES …)."""
+
+    def import_failure_hint(self, exc: BaseException) -> str:
+        """Advice for an extension that is installed but fails to import; override to refine."""
+        return f" ({self.import_hint})" if self.import_hint else ""
+
     def _probe(self) -> ProbeResult:
-        """Default probe: import the extension, then ask ``torch.<module>.is_available()``."""
-        if self.extension_module:
+        """Default probe: import the extension, then ask ``torch.<module>.is_available()``.
+
+        "Not installed" and "installed but broken" (vendor libraries missing from the loader
+        path, torch/extension mismatch) need different fixes, so they get different reasons.
+        """
+        ext = self.extension_module
+        if ext:
+            if importlib.util.find_spec(ext) is None:
+                return ProbeResult.no(f"{ext} is not installed" + (f" ({self.install_hint})" if self.install_hint else ""))
             try:
-                importlib.import_module(self.extension_module)
-            except ImportError as exc:
-                return ProbeResult.no(f"{self.extension_module} is not installed ({exc})")
+                importlib.import_module(ext)
+            except Exception as exc:  # noqa: BLE001 - any import failure is a reason, never a crash
+                return ProbeResult.no(f"{ext} is installed but failed to import: {type(exc).__name__}: {exc}"
+                                      + self.import_failure_hint(exc))
         try:
             import torch
         except ImportError as exc:
             return ProbeResult.no(f"torch is not importable: {exc}")
+        api = f"torch.{self.torch_module}"
         mod = getattr(torch, self.torch_module, None)
         if mod is None or not hasattr(mod, "is_available"):
-            return ProbeResult.no(f"torch has no torch.{self.torch_module} device API")
+            return ProbeResult.no(f"{ext} imported but {api} is missing (torch / {ext} version mismatch?)" if ext
+                                  else f"torch has no {api} device API")
         if not mod.is_available():
-            return ProbeResult.no(f"torch.{self.torch_module}.is_available() is False")
+            found = f": {ext} {module_version(ext) or '?'} found no device" if ext else ""
+            checks = [c for c in (f"'{self.smi_tool}'" if self.smi_tool else "", "the driver", self.visible_devices_env) if c]
+            return ProbeResult.no(f"{api}.is_available() is False{found} (check {', '.join(checks)})")
         count = int(mod.device_count())
         if count < 1:
-            return ProbeResult.no(f"torch.{self.torch_module}.device_count() is 0")
+            hides = f" ({self.visible_devices_env} hides every device?)" if self.visible_devices_env else ""
+            return ProbeResult.no(f"{api}.device_count() is 0{hides}")
         return ProbeResult(True, "", count)
 
     # --- torch hooks ----------------------------------------------------------------
@@ -227,6 +252,8 @@ class Backend(ABC):
     # --- vendor tool ----------------------------------------------------------------
     smi_command: ClassVar[tuple[str, ...]] = ()
     """Command whose output :meth:`parse_smi` understands."""
+    tool_timeout_s: ClassVar[float] = 20.0
+    """How long a vendor tool may take before it counts as hung."""
 
     @staticmethod
     def parse_smi(text: str) -> list[DeviceInfo]:
@@ -237,7 +264,7 @@ class Backend(ABC):
         """Devices from the vendor tool (falling back to torch), and a note on where they came from."""
         note = ""
         if self.smi_command:
-            out = run_tool(self.smi_command)
+            out = run_tool(self.smi_command, self.tool_timeout_s)
             if out.ok:
                 try:
                     devices = self.parse_smi(out.stdout)

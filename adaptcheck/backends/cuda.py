@@ -27,7 +27,6 @@ from typing import Any
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
 from adaptcheck.models.environment import DeviceInfo
 
-TOOL_TIMEOUT_S: float = 20.0
 """Limit for one vendor-tool call. A module attribute so tests can shorten it."""
 
 # Where a MetaX MACA install leaves evidence. Module-level so tests can point them elsewhere.
@@ -300,21 +299,6 @@ class CudaBackend(Backend):
     def parse_smi(text: str) -> list[DeviceInfo]:
         return parse_nvidia_smi_xml(text)
 
-    def inventory(self) -> tuple[list[DeviceInfo], str]:
-        out = run_tool(self.smi_command, timeout_s=TOOL_TIMEOUT_S)
-        note = ""
-        if out.ok:
-            try:
-                devices = self.parse_smi(out.stdout)
-            except Exception as exc:  # noqa: BLE001 - truncated/garbled XML must not stop capture
-                devices, note = [], f"nvidia-smi output not understood: {type(exc).__name__}: {exc}"
-            if devices:
-                return devices, f"from {' '.join(self.smi_command)}"
-            note = note or "nvidia-smi reported no GPUs"
-        else:
-            note = out.error
-        return self._torch_inventory(), f"{note}; from torch"
-
     def runtime_versions(self) -> dict[str, str | None]:
         versions: dict[str, str | None] = {name: None for name in self.runtime_names}
         torch, _ = torch_or_reason()
@@ -330,7 +314,7 @@ class CudaBackend(Backend):
                 versions["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
             except Exception:  # noqa: BLE001
                 pass
-        out = run_tool(self.smi_command, timeout_s=TOOL_TIMEOUT_S)
+        out = run_tool(self.smi_command, timeout_s=self.tool_timeout_s)
         if out.ok:
             try:
                 header = parse_nvidia_smi_xml_header(out.stdout)

@@ -25,7 +25,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.backends import cuda as _cuda
 from adaptcheck.backends.base import ProbeResult, run_tool
 from adaptcheck.backends.cuda import clean_text, cuda_api_probe, leading_number, module_present, read_first_line, \
     torch_or_reason, torch_version_tag
@@ -219,7 +218,7 @@ class HygonBackend(RocmBackend):
         used: list[str] = []
         notes: list[str] = []
         for command in ((exe,), (exe, *self.INFO_COMMAND)):
-            out = run_tool(command, timeout_s=_cuda.TOOL_TIMEOUT_S)
+            out = run_tool(command, timeout_s=self.tool_timeout_s)
             if out.ok:
                 texts.append(out.stdout)
                 used.append(" ".join(command))
@@ -243,7 +242,7 @@ class HygonBackend(RocmBackend):
             except Exception:  # noqa: BLE001 - versions are best effort
                 pass
         versions["dtk"] = read_first_line([root / ".info" / "version" for root in dtk_roots()])
-        out = run_tool((hy_smi_command(), "--showdriverversion"), timeout_s=_cuda.TOOL_TIMEOUT_S)
+        out = run_tool((hy_smi_command(), "--showdriverversion"), timeout_s=self.tool_timeout_s)
         if out.ok:
             versions["dcu_driver"] = parse_hy_smi_driver(out.stdout)
         return versions

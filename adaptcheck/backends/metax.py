@@ -183,18 +183,6 @@ class MetaxBackend(CudaBackend):
     def parse_smi(text: str) -> list[DeviceInfo]:
         return parse_mx_smi(text)
 
-    def inventory(self) -> tuple[list[DeviceInfo], str]:
-        out = run_tool(self.smi_command, timeout_s=_cuda.TOOL_TIMEOUT_S)
-        note = ""
-        if out.ok:
-            try:
-                return self.parse_smi(out.stdout), f"from {' '.join(self.smi_command)}"
-            except Exception as exc:  # noqa: BLE001 - unknown output must not stop capture
-                note = f"mx-smi output not understood: {type(exc).__name__}: {exc}"
-        else:
-            note = out.error
-        return self._torch_inventory(), f"{note}; from torch"
-
     def runtime_versions(self) -> dict[str, str | None]:
         versions: dict[str, str | None] = {name: None for name in self.runtime_names}
         torch, _ = torch_or_reason()
@@ -205,7 +193,7 @@ class MetaxBackend(CudaBackend):
                     versions["mccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
                 except Exception:  # noqa: BLE001 - versions are best effort
                     pass
-        out = run_tool(self.smi_command, timeout_s=_cuda.TOOL_TIMEOUT_S)
+        out = run_tool(self.smi_command, timeout_s=self.tool_timeout_s)
         header: dict[str, Any] = {}
         if out.ok:
             try:

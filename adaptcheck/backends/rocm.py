@@ -22,7 +22,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.backends import cuda as _cuda
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
 from adaptcheck.backends.cuda import clean_text, cuda_api_probe, leading_number, read_first_line, torch_build_label, \
     torch_or_reason
@@ -281,7 +280,7 @@ class RocmBackend(Backend):
 
     def inventory(self) -> tuple[list[DeviceInfo], str]:
         notes: list[str] = []
-        out = run_tool(AMD_SMI_STATIC, timeout_s=_cuda.TOOL_TIMEOUT_S)
+        out = run_tool(AMD_SMI_STATIC, timeout_s=self.tool_timeout_s)
         if out.ok:
             try:
                 devices = self.parse_smi(out.stdout)
@@ -290,7 +289,7 @@ class RocmBackend(Backend):
                 notes.append(f"amd-smi static output not understood: {type(exc).__name__}: {exc}")
             if devices:
                 source = "from amd-smi static --json"
-                metric = run_tool(AMD_SMI_METRIC, timeout_s=_cuda.TOOL_TIMEOUT_S)
+                metric = run_tool(AMD_SMI_METRIC, timeout_s=self.tool_timeout_s)
                 try:
                     if metric.ok:
                         devices = merge_metric(devices, parse_amd_smi_metric(metric.stdout))
@@ -305,7 +304,7 @@ class RocmBackend(Backend):
         else:
             notes.append(out.error)
         # rocm-smi is deprecated but is still the only tool on ROCm ≤ 6.0 hosts.
-        old = run_tool(ROCM_SMI_FALLBACK, timeout_s=_cuda.TOOL_TIMEOUT_S)
+        old = run_tool(ROCM_SMI_FALLBACK, timeout_s=self.tool_timeout_s)
         if old.ok:
             try:
                 devices = parse_rocm_smi_json(old.stdout)

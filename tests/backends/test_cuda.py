@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from adaptcheck.backends import cuda as cuda_mod
 from adaptcheck.backends.cuda import CudaBackend, parse_nvidia_smi_xml, parse_nvidia_smi_xml_header
 from adaptcheck.backends.registry import discover
 
@@ -133,7 +132,7 @@ def test_inventory_runs_the_tool_and_parses(tmp_path: Path, monkeypatch: pytest.
     ("", "nvidia-smi output not understood"),
     ("<nvidia_smi_log><driver_version>535</driver", "nvidia-smi output not understood"),
     ("<?xml version='1.0'?><nvidia_smi_log><driver_version>1</driver_version></nvidia_smi_log>",
-     "nvidia-smi reported no GPUs"),
+     "nvidia-smi reported no devices"),
 ])
 def test_bad_output_falls_back_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str,
                                            expected: str) -> None:
@@ -153,7 +152,7 @@ def test_failing_tool_reports_its_exit_and_message(tmp_path: Path, monkeypatch: 
 
 def test_hanging_tool_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_fake_tool(tmp_path, monkeypatch, "nvidia-smi", body="exec sleep 30")
-    monkeypatch.setattr(cuda_mod, "TOOL_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(CudaBackend, "tool_timeout_s", 0.5)
     devices, note = CudaBackend().inventory()
     assert devices == []
     assert "did not answer within 0.5 s" in note

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from adaptcheck.backends import cuda as cuda_mod
 from adaptcheck.backends import hygon as hygon_mod
 from adaptcheck.backends.hygon import HygonBackend, parse_hy_smi, parse_hy_smi_driver
 from adaptcheck.backends.registry import discover
@@ -124,7 +123,7 @@ def test_inventory_with_garbage_falls_back_with_note(tmp_path: Path, monkeypatch
 
 def test_hanging_hy_smi_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_fake_tool(tmp_path, monkeypatch, "hy-smi", "exec sleep 30")
-    monkeypatch.setattr(cuda_mod, "TOOL_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(HygonBackend, "tool_timeout_s", 0.5)
     devices, note = HygonBackend().inventory()
     assert devices == [] and "hy-smi did not answer within 0.5 s" in note
 

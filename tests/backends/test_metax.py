@@ -111,7 +111,7 @@ def test_bad_output_falls_back_with_a_note(tmp_path: Path, monkeypatch: pytest.M
 
 def test_hanging_mx_smi_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_fake_tool(tmp_path, monkeypatch, "mx-smi", "exec sleep 30")
-    monkeypatch.setattr(cuda_mod, "TOOL_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(MetaxBackend, "tool_timeout_s", 0.5)
     devices, note = MetaxBackend().inventory()
     assert devices == [] and "mx-smi did not answer within 0.5 s" in note
 

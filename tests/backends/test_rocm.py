@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from adaptcheck.backends import cuda as cuda_mod
 from adaptcheck.backends.registry import discover
 from adaptcheck.backends.rocm import RocmBackend, fp8_flavour_for_arch, merge_metric, parse_amd_smi_metric, \
     parse_amd_smi_static, parse_rocm_smi_json
@@ -150,7 +149,7 @@ def test_inventory_with_nothing_usable_falls_back_to_torch(tmp_path: Path, monke
 
 def test_hanging_amd_smi_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_fake_tool(tmp_path, monkeypatch, "amd-smi", "exec sleep 30")
-    monkeypatch.setattr(cuda_mod, "TOOL_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(RocmBackend, "tool_timeout_s", 0.5)
     devices, note = RocmBackend().inventory()
     assert devices == []
     assert "amd-smi did not answer within 0.5 s" in note
