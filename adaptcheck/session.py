@@ -20,7 +20,7 @@ import adaptcheck
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import get_backend, select_backend
 from adaptcheck.errors import DeviceError, InvalidInputError, UsageError
-from adaptcheck.ladder.loader import LoadedLadder, load_ladder, parse_ladder
+from adaptcheck.ladder.loader import load_ladder, parse_ladder
 from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
 from adaptcheck.models.ladder import CheckSpec, LadderSpec
 from adaptcheck.models.environment import Environment
@@ -211,6 +211,9 @@ def regrade(results: RunResults) -> RunResults:
 def write_outputs(results: RunResults, run_dir: Path) -> None:
     """results.json, then the HTML report rendered from it."""
     from adaptcheck.report import write_report
+    from adaptcheck.steps.matrix.redact import scrub_text
 
+    # Last line of defence: a secret's value must not leave the machine through a message.
+    results = RunResults.model_validate_json(scrub_text(results.model_dump_json()))
     results.save(run_dir / RESULTS)
     write_report(results, run_dir / REPORT)

@@ -192,9 +192,11 @@ class JournalWriter:
         self.path = path
 
     def append(self, spec_id: str, results: list[CheckResult]) -> None:
+        from adaptcheck.steps.matrix.redact import scrub_text
+
         record = {"spec_id": spec_id, "results": [r.model_dump(mode="json") for r in results]}
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(scrub_text(json.dumps(record)) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 

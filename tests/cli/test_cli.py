@@ -189,3 +189,18 @@ def test_docs_match_the_models() -> None:
     for which, (model, title, intro) in DOCS.items():
         assert (root / f"{which}-schema.md").read_text() == render(model, title, intro) + "\n", (
             f"docs/{which}-schema.md is stale: python -m adaptcheck.models.docgen {which} > docs/{which}-schema.md")
+
+
+def test_secret_values_never_leave_the_machine(write_ladder) -> None:
+    secret = "hf_SuperSecretValue12345"
+    ladder = write_ladder([{"id": "first", "step": 1, "kind": "dummy.echo_env", "params": {"name": "HF_TOKEN"}}])
+    out = ladder.parent / "leak"
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out), "--format", "json"],
+                   env={"HF_TOKEN": secret})
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["checks"][0]["status"] == "fail"
+    assert "connect failed with key" in data["checks"][0]["message"]
+    for text in (done.stdout, done.stderr, (out / "results.json").read_text(), (out / "report.html").read_text(),
+                 (out / "checks.jsonl").read_text()):
+        assert secret not in text

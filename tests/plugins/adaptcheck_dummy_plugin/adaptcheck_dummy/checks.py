@@ -94,3 +94,20 @@ class SleepCheck(Check):
             marker.write_text(str(os.getpid()))
         time.sleep(params.seconds)
         return Outcome.passed(f"slept {params.seconds}s")
+
+
+class EchoEnvParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class EchoEnvCheck(Check):
+    """Leaks an environment variable's value into its message, as a careless check might."""
+
+    kind = "dummy.echo_env"
+    step = 0
+    params_model = EchoEnvParams
+
+    def run(self, ctx: CheckContext, params: EchoEnvParams) -> Outcome:
+        value = os.environ.get(params.name, "")
+        return Outcome.failed(f"connect failed with key {value}", details={"key": value})
