@@ -1,53 +1,37 @@
-"""Step-2 check kinds (STUB: being written)."""
+"""Step-2 check kinds (the names the ``adaptcheck.checks`` entry points point at).
+
+The checks live in topic modules; this module gathers them under their registered names:
+
+========================  ===========================  =====================
+kind                      class                        module
+========================  ===========================  =====================
+smoke.device_visible      DeviceVisibleCheck           :mod:`.device`
+smoke.alloc_free          AllocFreeCheck               :mod:`.memory`
+smoke.roundtrip           RoundTripCheck               :mod:`.memory`
+smoke.fill_zero           FillZeroCheck                :mod:`.memory`
+smoke.matmul              MatmulCheck                  :mod:`.matmul`
+smoke.synchronize         SynchronizeCheck             :mod:`.device`
+smoke.streams_events      StreamsEventsCheck           :mod:`.device`
+smoke.dtypes              DtypeProbeCheck              :mod:`.dtypes`
+========================  ===========================  =====================
+
+Every check reaches the device through :class:`~.ops.DeviceOps` (tests substitute a wrong
+one to prove the numerical checks can fail) and sizes its work to the device.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from adaptcheck.steps.smoke.device import (
+    DeviceVisibleCheck,
+    StreamsEventsCheck,
+    SynchronizeCheck,
+)
+from adaptcheck.steps.smoke.dtypes import DtypeProbeCheck
+from adaptcheck.steps.smoke.matmul import MatmulCheck
+from adaptcheck.steps.smoke.memory import AllocFreeCheck, FillZeroCheck, RoundTripCheck
+from adaptcheck.steps.smoke.ops import DeviceOps, SmokeCheck
 
-from pydantic import BaseModel, ConfigDict
-
-from adaptcheck.ladder.check import Check, CheckContext, Outcome
-
-
-class AnyParams(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _Stub(Check):
-    step = 2
-    params_model = AnyParams
-
-    def run(self, ctx: CheckContext, params: Any) -> Outcome:
-        raise NotImplementedError
-
-
-class DeviceVisibleCheck(_Stub):
-    kind = "smoke.device_visible"
-
-
-class AllocFreeCheck(_Stub):
-    kind = "smoke.alloc_free"
-
-
-class RoundTripCheck(_Stub):
-    kind = "smoke.roundtrip"
-
-
-class FillZeroCheck(_Stub):
-    kind = "smoke.fill_zero"
-
-
-class MatmulCheck(_Stub):
-    kind = "smoke.matmul"
-
-
-class SynchronizeCheck(_Stub):
-    kind = "smoke.synchronize"
-
-
-class StreamsEventsCheck(_Stub):
-    kind = "smoke.streams_events"
-
-
-class DtypeProbeCheck(_Stub):
-    kind = "smoke.dtypes"
+__all__ = [
+    "AllocFreeCheck", "DeviceOps", "DeviceVisibleCheck", "DtypeProbeCheck", "FillZeroCheck", "MatmulCheck",
+    "RoundTripCheck", "SmokeCheck", "StreamsEventsCheck", "SynchronizeCheck",
+]

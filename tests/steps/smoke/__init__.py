@@ -1,0 +1,1 @@
+"""Tests of step 2, tensor smoke."""
