@@ -43,7 +43,7 @@ class RichProgress(RunProgress):
             style = STATUS_STYLE.get(label, "")
             msg = f" — {r.message}" if r.message and r.status is not Status.PASS else ""
             if not self.out.quiet:
-                self.bar.console.print(f"[{style}]{label:>5}[/] {r.id} ({r.duration_s:.2f}s){_esc(msg)}")
+                self.bar.console.print(f"[{style}]{label:>5}[/] {r.id} ({r.duration_s:.2f}s){_esc(msg)}", soft_wrap=True)
         self.bar.advance(self.task)
 
     def stop(self) -> None:
