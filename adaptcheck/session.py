@@ -174,7 +174,12 @@ def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, 
     init = {"backend": backend.name, "device_index": meta.device_index, "seed": meta.seed,
             "run_dir": str(run_dir), "model": spec.model.model_dump(mode="json"),
             "device_count": meta.device.device_count}
-    execute(todo, init, journal, run_dir / WORKER_LOG, on_start=progress.started, on_done=progress.finished)
+    try:
+        execute(todo, init, journal, run_dir / WORKER_LOG, on_start=progress.started, on_done=progress.finished)
+    except KeyboardInterrupt:
+        # Ctrl-C: still leave a readable (incomplete) results.json and report of what finished.
+        write_outputs(assemble(meta, spec, journal.read(), complete=False), run_dir)
+        raise
     results = assemble(meta, spec, journal.read(), complete=True)
     write_outputs(results, run_dir)
     return results

@@ -61,3 +61,19 @@ def write_ladder(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return _write
+
+
+def _accelerator_available() -> bool:
+    from adaptcheck.backends.registry import probe_all
+
+    return any(info.cls is not None and info.cls.is_accelerator and probe.available and not info.name.startswith("dummy")
+               for info, probe in probe_all())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``accelerator`` skip cleanly on a CPU-only machine."""
+    marked = [item for item in items if item.get_closest_marker("accelerator")]
+    if marked and not _accelerator_available():
+        skip = pytest.mark.skip(reason="no accelerator backend is available on this machine")
+        for item in marked:
+            item.add_marker(skip)

@@ -50,7 +50,13 @@ def _root(
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, map errors to one line + exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        # With standalone_mode=False, click turns Ctrl-C into a returned 130 and typer.Exit
+        # into its returned code instead of raising.
+        code = app(args=argv, standalone_mode=False)
+        if code == ExitCode.INTERRUPTED:
+            raise KeyboardInterrupt
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except AdaptcheckError as exc:
         Output().error(exc.one_line())
         sys.exit(int(exc.exit_code))

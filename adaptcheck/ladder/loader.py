@@ -1,8 +1,8 @@
 """Load a ladder from YAML and validate it strictly, with file:line in every error.
 
-YAML is read with ``safe_load`` semantics; the composed node tree is kept only to map a
-validation error's location back to a line number, and to reject duplicate keys (which
-``safe_load`` would silently resolve to the last one, hiding a typo).
+Parsing, duplicate-key rejection and line mapping come from :mod:`adaptcheck.yamldata`;
+this module adds what only a ladder has: check kinds, their params and step, and grade
+conditions that must select real checks.
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ import fnmatch
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from adaptcheck.errors import LadderError, UnknownNameError, did_you_mean
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.models.ladder import LadderSpec
 from adaptcheck.paths import data_dir
+from adaptcheck.yamldata import describe, line_of, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -66,27 +65,14 @@ def load_ladder(name_or_path: str) -> LoadedLadder:
 
 def parse_ladder(text: str, filename: str) -> LadderSpec:
     """Validate ladder text. Errors name ``filename:line``."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise LadderError(f"{filename}{line}: malformed YAML: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise LadderError(f"{filename}: malformed YAML: {exc}") from None
-    if root is None or not isinstance(data, dict):
-        raise LadderError(f"{filename}:1: a ladder must be a YAML mapping with 'schema_version', 'id', 'checks', 'grade'")
-    _reject_duplicate_keys(root, filename)
+    data, root = parse_yaml(text, filename, LadderError)
     try:
         spec = LadderSpec.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = list(err["loc"])
-        raise LadderError(f"{filename}:{_line_of(root, loc)}: {'.'.join(map(str, loc)) or '(top)'}: {err['msg']}") from None
+        raise LadderError(describe(exc, root, filename)) from None
 
     for i, check in enumerate(spec.checks):
-        where = f"{filename}:{_line_of(root, ['checks', i, 'kind'])}"
+        where = f"{filename}:{line_of(root, ['checks', i, 'kind'])}"
         try:
             cls = get_check_class(check.kind)
         except UnknownNameError as exc:
@@ -96,46 +82,14 @@ def parse_ladder(text: str, filename: str) -> LadderSpec:
         try:
             cls.params_model.model_validate(check.params)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ["checks", i, "params", *err["loc"]]
-            raise LadderError(f"{filename}:{_line_of(root, loc)}: check {check.id!r} params"
-                              f" {'.'.join(map(str, err['loc'])) or ''}: {err['msg']}") from None
+            raise LadderError(f"{describe(exc, root, filename, ('checks', i, 'params'))} (check {check.id!r})") from None
 
     ids = [c.id for c in spec.checks]
     for li, level in enumerate(spec.grade.levels):
         for ci, cond in enumerate(level.conditions):
             for pi, pattern in enumerate(cond.checks):
                 if not any(fnmatch.fnmatchcase(cid, pattern) or pattern.startswith(cid + ".") for cid in ids):
-                    line = _line_of(root, ["grade", "levels", li, "conditions", ci, "checks", pi])
+                    line = line_of(root, ["grade", "levels", li, "conditions", ci, "checks", pi])
                     raise LadderError(f"{filename}:{line}: condition {cond.id!r} selects {pattern!r}, which matches"
                                       f" no check of this ladder ({did_you_mean(pattern, ids)})")
     return spec
-
-
-def _reject_duplicate_keys(node: yaml.Node, filename: str) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: set[Any] = set()
-        for key, value in node.value:
-            if key.value in seen:
-                raise LadderError(f"{filename}:{key.start_mark.line + 1}: duplicate key {key.value!r}")
-            seen.add(key.value)
-            _reject_duplicate_keys(value, filename)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _reject_duplicate_keys(item, filename)
-
-
-def _line_of(root: yaml.Node, loc: list[Any]) -> int:
-    """Line (1-based) of the deepest node reachable along ``loc``."""
-    node = root
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            nxt = next((v for k, v in node.value if str(k.value) == str(part)), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-            nxt = node.value[part]
-        else:
-            nxt = None
-        if nxt is None:
-            break
-        node = nxt
-    return node.start_mark.line + 1

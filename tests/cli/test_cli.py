@@ -204,3 +204,18 @@ def test_secret_values_never_leave_the_machine(write_ladder) -> None:
     for text in (done.stdout, done.stderr, (out / "results.json").read_text(), (out / "report.html").read_text(),
                  (out / "checks.jsonl").read_text()):
         assert secret not in text
+
+
+def test_env_prints_the_matrix_in_every_format() -> None:
+    as_json = run_cli(["env", "--format", "json"], env={"MY_API_KEY": "abcdef123456", "CUDA_VISIBLE_DEVICES": "0"})
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["backend"] == "cpu" and data["torch"].startswith("2.")
+    assert data["env_vars"].get("CUDA_VISIBLE_DEVICES") == "0"
+    assert "abcdef123456" not in as_json.stdout
+    as_yaml = run_cli(["env", "--format", "yaml"])
+    import yaml
+
+    assert yaml.safe_load(as_yaml.stdout)["arch"] == data["arch"]
+    table = run_cli(["env"])
+    assert table.returncode == 0 and "Accelerators" in table.stderr and table.stdout == ""

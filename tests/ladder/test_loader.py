@@ -54,7 +54,7 @@ def test_bad_params_are_rejected_with_line() -> None:
     text = ladder_text([{"id": "c", "step": 2, "kind": "dummy.crash", "params": {"how": "x", "extra": 1}}])
     with pytest.raises(LadderError) as err:
         parse_ladder(text, "l.yaml")
-    assert "params extra" in err.value.message
+    assert "checks.0.params.extra: unknown key" in err.value.message and "(check 'c')" in err.value.message
 
 
 def test_kind_in_wrong_step_is_rejected() -> None:
@@ -110,5 +110,5 @@ def test_unknown_ladder_name_and_missing_file() -> None:
 
 
 def test_not_a_mapping() -> None:
-    with pytest.raises(LadderError, match="must be a YAML mapping"):
+    with pytest.raises(LadderError, match="expected a YAML mapping at the top level"):
         parse_ladder("- just\n- a list\n", "l.yaml")

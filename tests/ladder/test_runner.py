@@ -130,3 +130,26 @@ def test_sigkill_then_resume_keeps_finished_checks(tmp_path: Path, write_ladder)
     # 'first' ran exactly once: it was not repeated by the resume.
     assert (run_dir / "ran.txt").read_text().count("\n") == 2  # first + last
     assert (run_dir / "results.json").exists() and (run_dir / "report.html").exists()
+
+
+def test_ctrl_c_writes_incomplete_results_and_exits_130(tmp_path: Path, write_ladder) -> None:
+    ladder = write_ladder([
+        {"id": "first", "step": 1, "kind": "dummy.pass"},
+        {"id": "slow", "step": 2, "kind": "dummy.sleep", "params": {"seconds": 300, "marker": "slow.started"}},
+    ])
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(ladder), "--device", "cpu",
+                             "--out", str(run_dir), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "slow.started").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "interrupted" in err and "--resume" in err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["complete"] is False and results["finished_at"] is None
+    assert [c["id"] for c in results["checks"]] == ["first"]
+    assert (run_dir / "report.html").exists()
