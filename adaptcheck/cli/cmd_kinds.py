@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from adaptcheck.cli.output import Format, Output
@@ -11,7 +13,7 @@ from adaptcheck.ladder.registry import get_check_class, kind_names
 def kinds(fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml.")) -> None:
     """List check kinds with their step and parameters."""
     out = Output(fmt)
-    data = []
+    data: list[dict[str, Any]] = []
     for name in kind_names():
         try:
             cls = get_check_class(name)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import typer
+from pydantic import BaseModel
 
 from adaptcheck.errors import UsageError, did_you_mean
 from adaptcheck.models.ladder import LadderSpec
 from adaptcheck.models.results import RunResults
 
-SCHEMAS = {"results": RunResults, "ladder": LadderSpec}
+SCHEMAS: dict[str, type[BaseModel]] = {"results": RunResults, "ladder": LadderSpec}
 
 
 def schema(which: str = typer.Argument("results", help="results or ladder.")) -> None:

@@ -165,7 +165,7 @@ class PlannedRun:
 
 
 def _to_results(spec: CheckSpec, reply: dict[str, Any]) -> list[CheckResult]:
-    base = {"step": spec.step, "kind": spec.kind, "tags": spec.tags}
+    base: dict[str, Any] = {"step": spec.step, "kind": spec.kind, "tags": spec.tags}
     if "exception" in reply:
         return [CheckResult(id=spec.id, status=Status.ERROR, message=f"check raised {reply['exception']}",
                             details={"traceback": reply.get("traceback", "")},

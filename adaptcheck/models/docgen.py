@@ -55,7 +55,7 @@ def render(root: type[BaseModel], title: str, intro: str) -> str:
     return "\n".join(lines)
 
 
-DOCS = {
+DOCS: dict[str, tuple[type[BaseModel], str, str]] = {
     "results": (RunResults, "results.json schema",
                 f"Schema version **{SCHEMA_VERSION}** (`schema_version`). A reader refuses another major version. "
                 "Full JSON Schema: `adaptcheck schema results`."),

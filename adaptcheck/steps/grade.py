@@ -106,11 +106,11 @@ def compute_grade(
         levels.append(LevelResult(level=lv.level, name=lv.name, holds=all(c.holds for c in conds), conditions=conds))
     grade, name = "L0", LEVEL_NAMES["L0"]
     next_level: LevelResult | None = None
-    for lv in levels:
-        if not lv.holds:
-            next_level = lv
+    for result in levels:
+        if not result.holds:
+            next_level = result
             break
-        grade, name = lv.level, lv.name
+        grade, name = result.level, result.name
     blockers = (
         [f"{next_level.level} {c.id}: {c.description} — {c.reason}" for c in next_level.conditions if not c.holds]
         if next_level
