@@ -21,6 +21,7 @@ import importlib.util
 import os
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,18 @@ def read_first_line(paths: list[Path]) -> str | None:
         except OSError:
             continue
     return None
+
+
+def nccl_version(torch: Any) -> str | None:
+    """Version of the collective library behind ``torch.cuda.nccl`` ("2.21.5"), None if unknown.
+
+    That is NCCL on CUDA builds, RCCL on ROCm/DTK builds and MCCL on MACA builds. Reading it
+    does not initialise a device; any failure counts as unknown (versions are best effort).
+    """
+    try:
+        return ".".join(str(p) for p in torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 - versions are best effort
+        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,17 +322,22 @@ class CudaBackend(Backend):
                 versions["cudnn"] = str(cudnn) if cudnn else None
             except Exception:  # noqa: BLE001 - versions are best effort
                 pass
-            try:
-                # Reading the NCCL version does not initialise a device.
-                versions["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-            except Exception:  # noqa: BLE001
-                pass
-        out = run_tool(self.smi_command, timeout_s=self.tool_timeout_s)
-        if out.ok:
-            try:
-                header = parse_nvidia_smi_xml_header(out.stdout)
-                versions["nvidia_driver"] = header["driver_version"]
-                versions["cuda_driver"] = header["cuda_version"]
-            except Exception:  # noqa: BLE001
-                pass
+            versions["nccl"] = nccl_version(torch)
+        header = self._smi_header(parse_nvidia_smi_xml_header)
+        versions["nvidia_driver"] = header.get("driver_version")
+        versions["cuda_driver"] = header.get("cuda_version")
         return versions
+
+    def _smi_header(self, parse: Callable[[str], Mapping[str, Any]]) -> dict[str, Any]:
+        """``smi_command``'s output read by PARSE; empty when the tool fails or PARSE raises.
+
+        The header facts (driver, runtime release) feed ``runtime_versions()``, which is best
+        effort: a missing or misbehaving tool leaves those versions None.
+        """
+        out = run_tool(self.smi_command, timeout_s=self.tool_timeout_s)
+        if not out.ok:
+            return {}
+        try:
+            return dict(parse(out.stdout))
+        except Exception:  # noqa: BLE001 - versions are best effort
+            return {}

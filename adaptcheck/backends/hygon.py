@@ -27,7 +27,7 @@ from typing import Any
 
 from adaptcheck.backends.base import ProbeResult, run_tool
 from adaptcheck.backends.cuda import clean_text, cuda_api_probe, leading_number, module_present, read_first_line, \
-    torch_or_reason, torch_version_tag
+    torch_version_tag
 from adaptcheck.backends.rocm import RocmBackend
 from adaptcheck.models.environment import DeviceInfo
 
@@ -233,14 +233,7 @@ class HygonBackend(RocmBackend):
         return self._torch_inventory(), "; ".join(notes + ["from torch"])
 
     def runtime_versions(self) -> dict[str, str | None]:
-        versions: dict[str, str | None] = {name: None for name in self.runtime_names}
-        torch, _ = torch_or_reason()
-        if torch is not None and getattr(torch.version, "hip", None):
-            versions["hip"] = str(torch.version.hip)
-            try:
-                versions["rccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-            except Exception:  # noqa: BLE001 - versions are best effort
-                pass
+        versions = self._hip_versions()
         versions["dtk"] = read_first_line([root / ".info" / "version" for root in dtk_roots()])
         out = run_tool((hy_smi_command(), "--showdriverversion"), timeout_s=self.tool_timeout_s)
         if out.ok:

@@ -20,12 +20,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from adaptcheck.backends import cuda as _cuda
-from adaptcheck.backends.base import ProbeResult, run_tool
+from adaptcheck.backends.base import ProbeResult
 from adaptcheck.backends.cuda import CudaBackend, clean_text, cuda_api_probe, maca_install_evidence, metax_torch_tag, \
-    read_first_line, torch_build_label, torch_or_reason
+    nccl_version, read_first_line, torch_build_label, torch_or_reason
 from adaptcheck.models.environment import DeviceInfo
 
 _HEADER_FIELDS = {
@@ -189,17 +188,8 @@ class MetaxBackend(CudaBackend):
         if torch is not None:
             versions["maca_torch_tag"] = metax_torch_tag(torch)
             if versions["maca_torch_tag"]:
-                try:
-                    versions["mccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-                except Exception:  # noqa: BLE001 - versions are best effort
-                    pass
-        out = run_tool(self.smi_command, timeout_s=self.tool_timeout_s)
-        header: dict[str, Any] = {}
-        if out.ok:
-            try:
-                header = parse_mx_smi_header(out.stdout)
-            except Exception:  # noqa: BLE001
-                header = {}
+                versions["mccl"] = nccl_version(torch)
+        header = self._smi_header(parse_mx_smi_header)
         versions["metax_driver"] = header.get("driver_version")
         # mx-smi prints the MACA release; without it, look for a version file in the install.
         versions["maca"] = header.get("maca_version") or read_first_line(

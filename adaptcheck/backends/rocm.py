@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
-from adaptcheck.backends.cuda import clean_text, cuda_api_probe, leading_number, read_first_line, torch_build_label, \
-    torch_or_reason
+from adaptcheck.backends.cuda import clean_text, cuda_api_probe, leading_number, nccl_version, read_first_line, \
+    torch_build_label, torch_or_reason
 from adaptcheck.models.environment import DeviceInfo
 
 ROCM_DIRS: tuple[str, ...] = ("/opt/rocm",)
@@ -318,13 +318,16 @@ class RocmBackend(Backend):
         return self._torch_inventory(), "; ".join(notes + ["from torch"])
 
     def runtime_versions(self) -> dict[str, str | None]:
+        versions = self._hip_versions()
+        versions["rocm"] = read_first_line([root / ".info" / "version" for root in rocm_roots()])
+        return versions
+
+    def _hip_versions(self) -> dict[str, str | None]:
+        """Every name in ``runtime_names`` mapped to None, with 'hip' and 'rccl' filled in from
+        torch when it is a HIP build; subclasses (Hygon DTK) add their own names on top."""
         versions: dict[str, str | None] = {name: None for name in self.runtime_names}
         torch, _ = torch_or_reason()
         if torch is not None and getattr(torch.version, "hip", None):
             versions["hip"] = str(torch.version.hip)
-            try:
-                versions["rccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-            except Exception:  # noqa: BLE001 - versions are best effort
-                pass
-        versions["rocm"] = read_first_line([root / ".info" / "version" for root in rocm_roots()])
+            versions["rccl"] = nccl_version(torch)
         return versions

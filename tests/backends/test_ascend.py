@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import stat
 import sys
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from adaptcheck.backends.ascend import (
     parse_npu_smi_info,
     parse_toolkit_install_info,
 )
+from tests.backends.fakes import install_fake_module, install_fake_tool
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
 NPU_SMI = RECORDINGS / "npu-smi"
@@ -24,24 +23,6 @@ CANN = RECORDINGS / "cann"
 REC_910B = NPU_SMI / "info_910B1_x8_npu-smi-24.1.0.txt"
 REC_A3 = NPU_SMI / "info_A3_Ascend910_8x2chips_npu-smi-24.1.rc3.7.txt"
 REC_DUO = NPU_SMI / "info_300IDuo_310P3_npu-smi-25.0.rc1.1.txt"
-
-
-def install_fake_tool(directory: Path, name: str, stdout: str, exit_code: int = 0) -> None:
-    """An executable NAME in DIRECTORY that prints STDOUT and exits with EXIT_CODE."""
-    payload = directory / f"{name}.out"
-    payload.write_text(stdout)
-    script = directory / name
-    script.write_text(f"#!/bin/sh\ncat '{payload}'\nexit {exit_code}\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-
-
-@pytest.fixture
-def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A directory put first on PATH for fake vendor tools."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    return bin_dir
 
 
 # --- npu-smi info --------------------------------------------------------------------
@@ -207,12 +188,9 @@ def test_probe_on_cpu_machine_says_not_installed() -> None:
 
 
 def test_probe_with_broken_extension(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pkg = tmp_path / "torch_npu"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text(
+    install_fake_module(
+        tmp_path, monkeypatch, "torch_npu",
         "raise RuntimeError('libascendcl.so: cannot open shared object file: No such file or directory')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
     result = AscendBackend().probe()
     assert result.available is False
     assert result.reason.startswith("torch_npu is installed but failed to import: RuntimeError: libascendcl.so")
@@ -222,13 +200,10 @@ def test_probe_with_broken_extension(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_probe_extension_without_device_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An importable torch_npu that registers nothing (e.g. built for another torch).
-    (tmp_path / "torch_npu.py").write_text("VERSION = 'fake'\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    install_fake_module(tmp_path, monkeypatch, "torch_npu", "VERSION = 'fake'\n")
     result = AscendBackend().probe()
     assert result.available is False
     assert "torch.npu is missing" in result.reason
-    sys.modules.pop("torch_npu", None)
 
 
 # --- declarations --------------------------------------------------------------------

@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import stat
-import sys
 from pathlib import Path
 
 import pytest
 
 from adaptcheck.backends.cambricon import CambriconBackend, parse_cnmon_table, parse_neuware_version
+from tests.backends.fakes import install_fake_module, install_fake_tool
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
 CNMON_5 = RECORDINGS / "cnmon" / "cnmon_v5.10.13_mlu370-x8_x2.txt"
 CNMON_4 = RECORDINGS / "cnmon" / "cnmon_v4.20.11_mlu370-x4_x3.txt"
 NEUWARE_VERSION = RECORDINGS / "neuware" / "version.txt"
-
-
-def install_fake_tool(directory: Path, name: str, stdout: str, exit_code: int = 0) -> None:
-    """An executable NAME in DIRECTORY that prints STDOUT and exits with EXIT_CODE."""
-    payload = directory / f"{name}.out"
-    payload.write_text(stdout)
-    script = directory / name
-    script.write_text(f"#!/bin/sh\ncat '{payload}'\nexit {exit_code}\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-
-
-@pytest.fixture
-def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    return bin_dir
 
 
 def test_cnmon_5_two_mlu370_x8() -> None:
@@ -124,11 +105,8 @@ def test_probe_on_cpu_machine() -> None:
 
 
 def test_probe_with_broken_extension(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pkg = tmp_path / "torch_mlu"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("raise OSError('libcnrt.so: cannot open shared object file')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "torch_mlu", raising=False)
+    install_fake_module(tmp_path, monkeypatch, "torch_mlu",
+                        "raise OSError('libcnrt.so: cannot open shared object file')\n")
     result = CambriconBackend().probe()
     assert result.available is False
     assert result.reason.startswith("torch_mlu is installed but failed to import: OSError: libcnrt.so")

@@ -3,46 +3,17 @@
 from __future__ import annotations
 
 import copy
-import os
-import stat
 import sys
-import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from adaptcheck.backends.cuda import CudaBackend, parse_nvidia_smi_xml, parse_nvidia_smi_xml_header
 from adaptcheck.backends.registry import discover
+from tests.backends.fakes import install_fake_tool, install_fake_torch
 
 RECORDING = Path(__file__).resolve().parents[1] / "recordings" / "nvidia-smi" / "a100-sxm4-80gb_mig_r535.xml"
-
-
-def install_fake_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, output: str | None = None,
-                      *, body: str | None = None) -> Path:
-    """Put an executable NAME first on PATH that prints OUTPUT (or runs the shell BODY)."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(exist_ok=True)
-    if body is None:
-        data = tmp_path / f"{name}.out"
-        data.write_text(output or "")
-        body = f"cat '{data}'"
-    tool = bindir / name
-    tool.write_text(f"#!/bin/sh\n{body}\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-    return tool
-
-
-def install_fake_torch(monkeypatch: pytest.MonkeyPatch, version: str, *, cuda: str | None = None,
-                       hip: str | None = None, available: bool = True, count: int = 2) -> None:
-    """A stand-in ``torch`` module with just what the probes read."""
-    fake = types.ModuleType("torch")
-    fake.__version__ = version  # type: ignore[attr-defined]
-    fake.version = SimpleNamespace(cuda=cuda, hip=hip)  # type: ignore[attr-defined]
-    fake.cuda = SimpleNamespace(is_available=lambda: available, device_count=lambda: count)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "torch", fake)
 
 
 # --- parsing the recording --------------------------------------------------------------------
@@ -121,8 +92,8 @@ def test_parser_rejects_garbage_loudly(bad: str) -> None:
 
 
 # --- inventory end to end through run_tool ----------------------------------------------------
-def test_inventory_runs_the_tool_and_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "nvidia-smi", RECORDING.read_text())
+def test_inventory_runs_the_tool_and_parses(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "nvidia-smi", RECORDING.read_text())
     devices, note = CudaBackend().inventory()
     assert note == "from nvidia-smi -q -x"
     assert [d.name for d in devices] == ["NVIDIA A100-SXM4-80GB"]
@@ -134,24 +105,23 @@ def test_inventory_runs_the_tool_and_parses(tmp_path: Path, monkeypatch: pytest.
     ("<?xml version='1.0'?><nvidia_smi_log><driver_version>1</driver_version></nvidia_smi_log>",
      "nvidia-smi reported no devices"),
 ])
-def test_bad_output_falls_back_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str,
-                                           expected: str) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "nvidia-smi", output)
+def test_bad_output_falls_back_with_a_note(fake_bin: Path, output: str, expected: str) -> None:
+    install_fake_tool(fake_bin, "nvidia-smi", output)
     devices, note = CudaBackend().inventory()
     assert expected in note and note.endswith("from torch")
     assert devices == []  # no usable CUDA device on this machine, so the torch fallback is empty
 
 
-def test_failing_tool_reports_its_exit_and_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "nvidia-smi",
+def test_failing_tool_reports_its_exit_and_message(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "nvidia-smi",
                       body="echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.' >&2"
                            "; exit 9")
     _, note = CudaBackend().inventory()
     assert "nvidia-smi exited with 9" in note and "could not communicate" in note
 
 
-def test_hanging_tool_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "nvidia-smi", body="exec sleep 30")
+def test_hanging_tool_is_cut_off(fake_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_fake_tool(fake_bin, "nvidia-smi", body="exec sleep 30")
     monkeypatch.setattr(CudaBackend, "tool_timeout_s", 0.5)
     devices, note = CudaBackend().inventory()
     assert devices == []
@@ -164,8 +134,8 @@ def test_missing_tool(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert note == "nvidia-smi not found on PATH; from torch"
 
 
-def test_runtime_versions_read_the_driver_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "nvidia-smi", RECORDING.read_text())
+def test_runtime_versions_read_the_driver_from_nvidia_smi(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "nvidia-smi", RECORDING.read_text())
     versions = CudaBackend().runtime_versions()
     assert versions["nvidia_driver"] == "535.54.03"
     assert versions["cuda_driver"] == "12.2"

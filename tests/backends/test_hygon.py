@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import stat
 import sys
-import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,31 +11,13 @@ from adaptcheck.backends import hygon as hygon_mod
 from adaptcheck.backends.hygon import HygonBackend, parse_hy_smi, parse_hy_smi_driver
 from adaptcheck.backends.registry import discover
 from adaptcheck.backends.rocm import RocmBackend
+from tests.backends.fakes import install_fake_tool, install_fake_torch
 
 HY = Path(__file__).resolve().parents[1] / "recordings" / "hy-smi"
 K100_TABLE = HY / "k100ai_x8_default.txt"
 K100_ALL = HY / "k100ai_x8_all_excerpt.txt"
 K100_MEMAVAIL = HY / "k100ai_x8_showmemavailable.txt"
 BW1000_TABLE = HY / "bw1000_x2_dtk2604_default.txt"
-
-
-def install_fake_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str) -> None:
-    """Put an executable NAME running shell BODY first on PATH."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(exist_ok=True)
-    tool = bindir / name
-    tool.write_text(f"#!/bin/sh\n{body}\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-
-
-def install_fake_torch(monkeypatch: pytest.MonkeyPatch, version: str, *, hip: str | None = None,
-                       available: bool = True, count: int = 8) -> None:
-    fake = types.ModuleType("torch")
-    fake.__version__ = version  # type: ignore[attr-defined]
-    fake.version = SimpleNamespace(cuda=None, hip=hip)  # type: ignore[attr-defined]
-    fake.cuda = SimpleNamespace(is_available=lambda: available, device_count=lambda: count)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "torch", fake)
 
 
 @pytest.fixture
@@ -106,23 +84,23 @@ def test_parser_rejects_output_without_dcus(bad: str) -> None:
 
 
 # --- inventory end to end -----------------------------------------------------------------------
-def test_inventory_combines_both_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "hy-smi",
-                      f'if [ -z "$1" ]; then cat \'{K100_TABLE}\'; else cat \'{K100_ALL}\'; fi')
+def test_inventory_combines_both_calls(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "hy-smi",
+                      body=f'if [ -z "$1" ]; then cat \'{K100_TABLE}\'; else cat \'{K100_ALL}\'; fi')
     devices, note = HygonBackend().inventory()
     assert note == "from hy-smi + hy-smi --showproductname --showmeminfo vram --showdriverversion"
     assert len(devices) == 8 and devices[0].name == "K100_AI" and devices[0].power_w == 114.0
 
 
-def test_inventory_with_garbage_falls_back_with_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "hy-smi", "echo 'Segmentation fault'")
+def test_inventory_with_garbage_falls_back_with_note(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "hy-smi", body="echo 'Segmentation fault'")
     devices, note = HygonBackend().inventory()
     assert devices == []
     assert "hy-smi output not understood: ValueError" in note and note.endswith("from torch")
 
 
-def test_hanging_hy_smi_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "hy-smi", "exec sleep 30")
+def test_hanging_hy_smi_is_cut_off(fake_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_fake_tool(fake_bin, "hy-smi", body="exec sleep 30")
     monkeypatch.setattr(HygonBackend, "tool_timeout_s", 0.5)
     devices, note = HygonBackend().inventory()
     assert devices == [] and "hy-smi did not answer within 0.5 s" in note
@@ -156,7 +134,8 @@ def test_amd_hip_build_is_not_taken_for_dtk(monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.usefixtures("no_dtk_on_host")
 @pytest.mark.parametrize("evidence", ["torch_tag", "dtk_dir", "rocm_path", "hyhal", "hy_smi"])
-def test_each_kind_of_dtk_evidence_is_enough(evidence: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_kind_of_dtk_evidence_is_enough(evidence: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            fake_bin: Path) -> None:
     version = "2.4.1+das.opt1.dtk25041" if evidence == "torch_tag" else "2.4.1"
     install_fake_torch(monkeypatch, version, hip="6.3.24335", count=8)
     if evidence == "dtk_dir":
@@ -168,19 +147,21 @@ def test_each_kind_of_dtk_evidence_is_enough(evidence: str, tmp_path: Path, monk
         (tmp_path / "hyhal").mkdir()
         monkeypatch.setattr(hygon_mod, "HYHAL_DIRS", (str(tmp_path / "hyhal"),))
     elif evidence == "hy_smi":
-        install_fake_tool(tmp_path, monkeypatch, "hy-smi", "true")
+        install_fake_tool(fake_bin, "hy-smi", body="true")
+        monkeypatch.setenv("PATH", str(fake_bin))  # no_dtk_on_host emptied PATH: only the fake tool is on it
     assert HygonBackend.dtk_evidence(sys.modules["torch"])
     result = HygonBackend().probe()
     assert (result.available, result.device_count) == (True, 8)
 
 
-def test_runtime_versions_read_dtk_version_and_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runtime_versions_read_dtk_version_and_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     fake_bin: Path) -> None:
     dtk = tmp_path / "dtk-24.04.2"
     (dtk / ".info").mkdir(parents=True)
     (dtk / ".info" / "version").write_text("24.04.2\n")
     monkeypatch.setattr(hygon_mod, "DTK_GLOBS", (str(tmp_path / "dtk-*"),))
     monkeypatch.delenv("ROCM_PATH", raising=False)
-    install_fake_tool(tmp_path, monkeypatch, "hy-smi", "echo 'Driver Version: 6.3.13'")
+    install_fake_tool(fake_bin, "hy-smi", body="echo 'Driver Version: 6.3.13'")
     versions = HygonBackend().runtime_versions()
     assert versions["dtk"] == "24.04.2" and versions["dcu_driver"] == "6.3.13"
     assert set(versions) == set(HygonBackend.runtime_names)

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import stat
-import sys
-import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,27 +10,9 @@ from adaptcheck.backends import cuda as cuda_mod
 from adaptcheck.backends.cuda import CudaBackend
 from adaptcheck.backends.metax import MetaxBackend, parse_mx_smi, parse_mx_smi_header
 from adaptcheck.backends.registry import discover
+from tests.backends.fakes import install_fake_tool, install_fake_torch
 
 RECORDING = Path(__file__).resolve().parents[1] / "recordings" / "mx-smi" / "c550_x8_mxsmi224.txt"
-
-
-def install_fake_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str) -> None:
-    """Put an executable NAME running shell BODY first on PATH."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(exist_ok=True)
-    tool = bindir / name
-    tool.write_text(f"#!/bin/sh\n{body}\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-
-
-def install_fake_torch(monkeypatch: pytest.MonkeyPatch, version: str, *, cuda: str | None = None,
-                       hip: str | None = None, available: bool = True, count: int = 8) -> None:
-    fake = types.ModuleType("torch")
-    fake.__version__ = version  # type: ignore[attr-defined]
-    fake.version = SimpleNamespace(cuda=cuda, hip=hip)  # type: ignore[attr-defined]
-    fake.cuda = SimpleNamespace(is_available=lambda: available, device_count=lambda: count)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "torch", fake)
 
 
 @pytest.fixture
@@ -91,8 +68,8 @@ def test_parser_rejects_output_without_gpus(bad: str) -> None:
 
 
 # --- inventory end to end -----------------------------------------------------------------------
-def test_inventory_runs_mx_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "mx-smi", f"cat '{RECORDING}'")
+def test_inventory_runs_mx_smi(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "mx-smi", body=f"cat '{RECORDING}'")
     devices, note = MetaxBackend().inventory()
     assert note == "from mx-smi"
     assert len(devices) == 8
@@ -102,22 +79,21 @@ def test_inventory_runs_mx_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ("echo 'no device found'", "mx-smi output not understood: ValueError"),
     ("echo 'mxsml init failed' >&2; exit 3", "mx-smi exited with 3: mxsml init failed"),
 ])
-def test_bad_output_falls_back_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str,
-                                           expected: str) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "mx-smi", body)
+def test_bad_output_falls_back_with_a_note(fake_bin: Path, body: str, expected: str) -> None:
+    install_fake_tool(fake_bin, "mx-smi", body=body)
     devices, note = MetaxBackend().inventory()
     assert devices == [] and expected in note and note.endswith("from torch")
 
 
-def test_hanging_mx_smi_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "mx-smi", "exec sleep 30")
+def test_hanging_mx_smi_is_cut_off(fake_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_fake_tool(fake_bin, "mx-smi", body="exec sleep 30")
     monkeypatch.setattr(MetaxBackend, "tool_timeout_s", 0.5)
     devices, note = MetaxBackend().inventory()
     assert devices == [] and "mx-smi did not answer within 0.5 s" in note
 
 
-def test_runtime_versions_from_mx_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "mx-smi", f"cat '{RECORDING}'")
+def test_runtime_versions_from_mx_smi(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "mx-smi", body=f"cat '{RECORDING}'")
     versions = MetaxBackend().runtime_versions()
     assert versions["maca"] == "2.32.0.6" and versions["metax_driver"] == "2.15.9"
     assert set(versions) == set(MetaxBackend.runtime_names)
@@ -151,9 +127,9 @@ def test_nvidia_build_is_not_taken_for_metax(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.usefixtures("no_maca_on_host")
-def test_mx_smi_alone_is_not_evidence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mx_smi_alone_is_not_evidence(fake_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # MOFFETT's SOLA toolkit ships a different tool under the same name.
-    install_fake_tool(tmp_path, monkeypatch, "mx-smi", "true")
+    install_fake_tool(fake_bin, "mx-smi", body="true")
     install_fake_torch(monkeypatch, "2.6.0+cu124", cuda="12.4")
     assert MetaxBackend().probe().available is False
 

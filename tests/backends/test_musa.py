@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import stat
-import sys
 from pathlib import Path
 
 import pytest
 
 from adaptcheck.backends.musa import MusaBackend, parse_mthreads_gmi_table, parse_musa_version_json
+from tests.backends.fakes import install_fake_module, install_fake_tool
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
 GMI_S5000 = RECORDINGS / "mthreads-gmi" / "gmi-2.4.1_driver-5.1.0-server_mtt-s5000_x8.txt"
 GMI_S80 = RECORDINGS / "mthreads-gmi" / "gmi-1.14.0_driver-2.7.0_mtt-s80_x1.txt"
 MUSA_VERSION = RECORDINGS / "musa" / "version.json"
-
-
-def install_fake_tool(directory: Path, name: str, stdout: str, exit_code: int = 0) -> None:
-    """An executable NAME in DIRECTORY that prints STDOUT and exits with EXIT_CODE."""
-    payload = directory / f"{name}.out"
-    payload.write_text(stdout)
-    script = directory / name
-    script.write_text(f"#!/bin/sh\ncat '{payload}'\nexit {exit_code}\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-
-
-@pytest.fixture
-def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    return bin_dir
 
 
 def test_s5000_eight_gpus() -> None:
@@ -116,11 +97,8 @@ def test_probe_on_cpu_machine() -> None:
 
 
 def test_probe_with_broken_extension(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pkg = tmp_path / "torch_musa"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("raise ImportError('libmusart.so.4: cannot open shared object file')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "torch_musa", raising=False)
+    install_fake_module(tmp_path, monkeypatch, "torch_musa",
+                        "raise ImportError('libmusart.so.4: cannot open shared object file')\n")
     result = MusaBackend().probe()
     assert result.available is False
     assert result.reason.startswith("torch_musa is installed but failed to import: ImportError: libmusart.so.4")

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
-import sys
-import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from adaptcheck.backends.registry import discover
 from adaptcheck.backends.rocm import RocmBackend, fp8_flavour_for_arch, merge_metric, parse_amd_smi_metric, \
     parse_amd_smi_static, parse_rocm_smi_json
+from tests.backends.fakes import install_fake_tool, install_fake_torch
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
 MI210_STATIC = RECORDINGS / "amd-smi" / "mi210_static.json"
@@ -22,29 +18,10 @@ METRIC_RECONSTRUCTED = RECORDINGS / "amd-smi" / "rx7800xt_metric_RECONSTRUCTED.j
 ROCM_SMI = RECORDINGS / "rocm-smi" / "rx7900xt_productname_use_meminfo.json"
 
 
-def install_fake_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str) -> None:
-    """Put an executable NAME running shell BODY first on PATH."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(exist_ok=True)
-    tool = bindir / name
-    tool.write_text(f"#!/bin/sh\n{body}\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-
-
 def amd_smi_body(static: Path | str, metric: Path | str | None = None) -> str:
     """A fake amd-smi that answers 'static' and 'metric' from files (or fails for metric)."""
     metric_branch = f"cat '{metric}'" if metric else "echo 'metric not supported' >&2; exit 2"
     return f'case "$1" in static) cat \'{static}\';; metric) {metric_branch};; *) exit 1;; esac'
-
-
-def install_fake_torch(monkeypatch: pytest.MonkeyPatch, version: str, *, cuda: str | None = None,
-                       hip: str | None = None, available: bool = True, count: int = 2) -> None:
-    fake = types.ModuleType("torch")
-    fake.__version__ = version  # type: ignore[attr-defined]
-    fake.version = SimpleNamespace(cuda=cuda, hip=hip)  # type: ignore[attr-defined]
-    fake.cuda = SimpleNamespace(is_available=lambda: available, device_count=lambda: count)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "torch", fake)
 
 
 # --- parsing the recordings ---------------------------------------------------------------------
@@ -115,40 +92,40 @@ def test_parsers_reject_garbage(bad: str) -> None:
 
 
 # --- inventory end to end -----------------------------------------------------------------------
-def test_inventory_merges_static_and_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "amd-smi", amd_smi_body(MI210_STATIC, METRIC_RECONSTRUCTED))
+def test_inventory_merges_static_and_metric(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "amd-smi", body=amd_smi_body(MI210_STATIC, METRIC_RECONSTRUCTED))
     devices, note = RocmBackend().inventory()
     assert note == "from amd-smi static --json + amd-smi metric --json"
     assert devices[0].name == "AMD Instinct MI210" and devices[0].memory_used_mib == 14569.0
 
 
-def test_inventory_without_metric_keeps_static_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "amd-smi", amd_smi_body(MI210_STATIC))
+def test_inventory_without_metric_keeps_static_and_says_why(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "amd-smi", body=amd_smi_body(MI210_STATIC))
     devices, note = RocmBackend().inventory()
     assert devices[0].memory_total_mib == 65520.0 and devices[0].memory_used_mib is None
     assert "live values missing: amd-smi exited with 2: metric not supported" in note
 
 
-def test_inventory_falls_back_to_rocm_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "amd-smi", "echo '[{\"gpu\": 0, \"asic\"'")  # truncated JSON
-    install_fake_tool(tmp_path, monkeypatch, "rocm-smi", f"cat '{ROCM_SMI}'")
+def test_inventory_falls_back_to_rocm_smi(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "amd-smi", body="echo '[{\"gpu\": 0, \"asic\"'")  # truncated JSON
+    install_fake_tool(fake_bin, "rocm-smi", body=f"cat '{ROCM_SMI}'")
     devices, note = RocmBackend().inventory()
     assert [d.name for d in devices] == ["Radeon RX 7900 XT"]
     assert "amd-smi static output not understood" in note
     assert note.endswith("from rocm-smi --showproductname --showuse --showmeminfo vram --json")
 
 
-def test_inventory_with_nothing_usable_falls_back_to_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "amd-smi", "echo '{\"gpu_data\": []}'")
-    install_fake_tool(tmp_path, monkeypatch, "rocm-smi", "echo 'WARNING: No JSON data to report'")
+def test_inventory_with_nothing_usable_falls_back_to_torch(fake_bin: Path) -> None:
+    install_fake_tool(fake_bin, "amd-smi", body="echo '{\"gpu_data\": []}'")
+    install_fake_tool(fake_bin, "rocm-smi", body="echo 'WARNING: No JSON data to report'")
     devices, note = RocmBackend().inventory()
     assert devices == []
     assert "amd-smi reported no GPUs" in note and "rocm-smi output not understood" in note
     assert note.endswith("from torch")
 
 
-def test_hanging_amd_smi_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_fake_tool(tmp_path, monkeypatch, "amd-smi", "exec sleep 30")
+def test_hanging_amd_smi_is_cut_off(fake_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_fake_tool(fake_bin, "amd-smi", body="exec sleep 30")
     monkeypatch.setattr(RocmBackend, "tool_timeout_s", 0.5)
     devices, note = RocmBackend().inventory()
     assert devices == []

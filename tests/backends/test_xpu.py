@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
-import sys
 from pathlib import Path
 
 import pytest
 
 from adaptcheck.backends import xpu
 from adaptcheck.backends.xpu import XpuBackend, merge_detail, oneapi_version_from_path, parse_xpu_smi_discovery
+from tests.backends.fakes import install_fake_module, install_fake_tool
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings" / "xpu-smi"
 LIST_DOCS = RECORDINGS / "discovery_json_intel-docs_0x020a.json"
@@ -23,23 +21,13 @@ DETAIL_MAX0 = RECORDINGS / "discovery_d0_json_max1100.json"
 def install_fake_xpu_smi(directory: Path, outputs: dict[str, tuple[str, int]]) -> None:
     """A fake ``xpu-smi`` answering each exact argument string with (stdout, exit code);
     any other arguments exit 1 with an error on stderr."""
-    lines = ["#!/bin/sh", 'case "$*" in']
+    lines = ['case "$*" in']
     for i, (args, (stdout, code)) in enumerate(outputs.items()):
         payload = directory / f"xpu-smi.{i}.out"
         payload.write_text(stdout)
         lines.append(f"  '{args}') cat '{payload}'; exit {code};;")
     lines += ["  *) echo \"Error: unsupported arguments $*\" >&2; exit 1;;", "esac"]
-    script = directory / "xpu-smi"
-    script.write_text("\n".join(lines) + "\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-
-
-@pytest.fixture
-def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    return bin_dir
+    install_fake_tool(directory, "xpu-smi", body="\n".join(lines))
 
 
 # --- parsing ---------------------------------------------------------------------------
@@ -191,11 +179,8 @@ def test_probe_on_cpu_torch() -> None:
 
 def test_probe_with_broken_ipex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # On a torch without XPU the probe tries IPEX; a broken IPEX must be a reason.
-    pkg = tmp_path / xpu.IPEX_MODULE
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("raise ImportError('libsycl.so.7: cannot open shared object file')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, xpu.IPEX_MODULE, raising=False)
+    install_fake_module(tmp_path, monkeypatch, xpu.IPEX_MODULE,
+                        "raise ImportError('libsycl.so.7: cannot open shared object file')\n")
     result = XpuBackend().probe()
     assert result.available is False
     assert result.reason == ("intel_extension_for_pytorch is installed but failed to import: "
