@@ -56,6 +56,7 @@ class RunMeta(BaseModel):
     steps: list[int] = Field(description="Steps selected.")
     device: DeviceRef = Field(description="Device under test.")
     device_index: int = Field(default=0, description="Device index used.")
+    op_provider: str | None = Field(default=None, description="--ops: provider for every step-3 op check.")
 
 
 @dataclass
@@ -67,6 +68,7 @@ class RunOptions:
     steps: list[int] | None = None
     out: Path | None = None
     seed: int = 0
+    ops: str | None = None
     command: list[str] = field(default_factory=list)
 
 
@@ -135,7 +137,7 @@ def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunRe
     meta = RunMeta(
         run_id=run_id, started_at=started, command=opts.command,
         ladder=LadderRef(id=ladder.spec.id, version=ladder.spec.version, source=ladder.source, sha256=ladder.sha256),
-        seed=opts.seed, steps=steps, device=_device_ref(backend, 0, probe.device_count),
+        seed=opts.seed, steps=steps, device=_device_ref(backend, 0, probe.device_count), op_provider=opts.ops,
     )
     (run_dir / LADDER_SNAPSHOT).write_text(ladder.text, encoding="utf-8")
     (run_dir / RUN_META).write_text(meta.model_dump_json(indent=2), encoding="utf-8")
@@ -173,7 +175,7 @@ def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, 
             todo.append(PlannedRun(c, spec.timeout_for(c)))
     init = {"backend": backend.name, "device_index": meta.device_index, "seed": meta.seed,
             "run_dir": str(run_dir), "model": spec.model.model_dump(mode="json"),
-            "device_count": meta.device.device_count}
+            "device_count": meta.device.device_count, "op_provider": meta.op_provider}
     try:
         execute(todo, init, journal, run_dir / WORKER_LOG, on_start=progress.started, on_done=progress.finished)
     except KeyboardInterrupt:
@@ -201,15 +203,15 @@ def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]]
         adaptcheck_version=adaptcheck.__version__, run_id=meta.run_id, started_at=meta.started_at,
         finished_at=utcnow() if complete and all_done else None, complete=complete and all_done,
         command=meta.command, ladder=meta.ladder, seed=meta.seed, steps=meta.steps, device=meta.device,
-        environment=environment, planned=planned, grade_rules=spec.grade, checks=checks,
-        grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count),
+        environment=environment, planned=planned, grade_rules=spec.grade, checks=checks, model=spec.model,
+        grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count, spec.model.precision),
     )
 
 
 def regrade(results: RunResults) -> RunResults:
     """Recompute the grade from the file's own checks and rules (what ``adaptcheck grade`` trusts)."""
     grade = compute_grade(results.grade_rules, results.planned, results.checks, results.steps,
-                          results.device.device_count)
+                          results.device.device_count, results.model.precision)
     return results.model_copy(update={"grade": grade})
 
 

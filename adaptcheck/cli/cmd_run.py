@@ -64,6 +64,7 @@ def run(
     steps: Optional[str] = typer.Option(None, "--steps", help="Run only these steps, e.g. '1,2' or '2-3' (the grade names the others as not run)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder (default: reports/<run id>/)."),
     seed: int = typer.Option(0, "--seed", help="Seed for every generated input."),
+    ops: Optional[str] = typer.Option(None, "--ops", help="Op provider for step 3 (name or 'module:object'), instead of the ladder's."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in this folder (other options are taken from it)."),
     require: Optional[str] = typer.Option(None, "--require", help="Exit 1 unless the grade is at least this level (L1-L5)."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table (human, stderr) or json/yaml (results on stdout)."),
@@ -74,6 +75,10 @@ def run(
 
     if require is not None:
         check_level(require)
+    if ops is not None:
+        from adaptcheck.steps.ops.providers.registry import load_provider
+
+        load_provider(ops)  # fail fast, with the one-line reason, before any check runs
     output = Output(fmt, quiet)
     progress = RichProgress(output)
     try:
@@ -81,7 +86,7 @@ def run(
             results, run_dir = resume_run(resume, progress)
         else:
             opts = RunOptions(ladder=ladder, device=device, steps=parse_steps(steps, [1, 2, 3, 4, 5]) if steps else None,
-                              out=out, seed=seed, command=["adaptcheck", *sys.argv[1:]])
+                              out=out, seed=seed, ops=ops, command=["adaptcheck", *sys.argv[1:]])
             results, run_dir = start_run(opts, progress)
     finally:
         progress.stop()

@@ -71,6 +71,8 @@ class CheckContext:
     run_dir: Path
     model: "ModelSpec"
     device_count: int = 1
+    op_provider: str | None = None
+    """Provider for every step-3 op check (``--ops``), overriding the ladder's choice."""
     scratch: dict[str, Any] = field(default_factory=dict)
 
     @property

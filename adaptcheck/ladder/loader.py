@@ -87,8 +87,10 @@ def parse_ladder(text: str, filename: str) -> LadderSpec:
     ids = [c.id for c in spec.checks]
     for li, level in enumerate(spec.grade.levels):
         for ci, cond in enumerate(level.conditions):
-            for pi, pattern in enumerate(cond.checks):
-                if not any(fnmatch.fnmatchcase(cid, pattern) or pattern.startswith(cid + ".") for cid in ids):
+            for pi, raw in enumerate(cond.checks):
+                pattern = raw.replace("{precision}", spec.model.precision)
+                if not any(fnmatch.fnmatchcase(cid, pattern) or pattern.startswith(cid + ".")
+                           or ("." in pattern and fnmatch.fnmatchcase(cid, pattern.rsplit(".", 1)[0])) for cid in ids):
                     line = line_of(root, ["grade", "levels", li, "conditions", ci, "checks", pi])
                     raise LadderError(f"{filename}:{line}: condition {cond.id!r} selects {pattern!r}, which matches"
                                       f" no check of this ladder ({did_you_mean(pattern, ids)})")

@@ -40,6 +40,7 @@ def _context(init: dict[str, Any]) -> Any:
         run_dir=Path(init["run_dir"]),
         model=ModelSpec.model_validate(init["model"]),
         device_count=int(init.get("device_count", 1)),
+        op_provider=init.get("op_provider"),
     )
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adaptcheck.errors import InvalidInputError
 from adaptcheck.models.environment import Environment
-from adaptcheck.models.ladder import GradeSpec
+from adaptcheck.models.ladder import GradeSpec, ModelSpec
 
 SCHEMA_VERSION = "1.0"
 
@@ -145,6 +145,7 @@ class RunResults(BaseModel):
     command: list[str] = Field(default_factory=list, description="The command line, to reproduce the run.")
     ladder: LadderRef = Field(description="The ladder that ran.")
     seed: int = Field(description="Random seed used by every check.")
+    model: ModelSpec = Field(description="Model under certification (its precision selects the step-3 dtype the grade demands).")
     steps: list[int] = Field(description="Steps selected for this run.")
     device: DeviceRef = Field(description="The device under test.")
     environment: Environment | None = Field(default=None, description="Captured compatibility matrix (step 1).")

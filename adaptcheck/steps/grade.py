@@ -37,6 +37,20 @@ def _selects(cond: ConditionSpec, check_id: str, step: int, tags: list[str]) -> 
     )
 
 
+def _selects_planned(cond: ConditionSpec, check_id: str, step: int, tags: list[str]) -> bool:
+    """Like _selects, but a planned check is also selected when the pattern names its
+    sub-results ('ops.*.bf16' selects the planned 'ops.gemm', whose results are 'ops.gemm.bf16')."""
+    return _selects(cond, check_id, step, tags) or any(
+        "." in p and fnmatch.fnmatchcase(check_id, p.rsplit(".", 1)[0]) for p in cond.checks)
+
+
+def substitute(cond: ConditionSpec, precision: str) -> ConditionSpec:
+    """Fill ``{precision}`` in check patterns with the model's precision ('ops.*.{precision}')."""
+    if not any("{precision}" in p for p in cond.checks):
+        return cond
+    return cond.model_copy(update={"checks": [p.replace("{precision}", precision) for p in cond.checks]})
+
+
 def _parent_id(result_id: str, planned_ids: set[str]) -> str:
     """The planned check a (possibly expanded) result id belongs to."""
     rid = result_id
@@ -56,7 +70,7 @@ def evaluate_condition(
     if cond.when == "multi_device" and device_count <= 1:
         return ConditionResult(id=cond.id, description=cond.description, holds=True,
                                reason="not demanded: only one device is visible")
-    sel_planned = [p for p in planned if _selects(cond, p.id, p.step, p.tags)]
+    sel_planned = [p for p in planned if _selects_planned(cond, p.id, p.step, p.tags)]
     planned_ids = {p.id for p in planned}
     sel_results = [r for r in results
                    if _selects(cond, r.id, r.step, r.tags)
@@ -98,11 +112,13 @@ def compute_grade(
     results: list[CheckResult],
     steps_run: list[int],
     device_count: int,
+    precision: str = "bf16",
 ) -> GradeResult:
     """The highest level whose conditions, and every lower level's, hold; blockers of the next."""
     levels: list[LevelResult] = []
     for lv in rules.levels:
-        conds = [evaluate_condition(c, planned, results, steps_run, device_count) for c in lv.conditions]
+        conds = [evaluate_condition(substitute(c, precision), planned, results, steps_run, device_count)
+                 for c in lv.conditions]
         levels.append(LevelResult(level=lv.level, name=lv.name, holds=all(c.holds for c in conds), conditions=conds))
     grade, name = "L0", LEVEL_NAMES["L0"]
     next_level: LevelResult | None = None

@@ -117,7 +117,7 @@ def test_placeholder_steps_cap_the_builtin_ladder_at_l1() -> None:
                for c in spec.checks]
     g = compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1)
     assert g.level == "L1"
-    assert any("ops.numerics skip: not implemented" in b for b in g.blockers)
+    assert any("framework.single_request skip: not implemented" in b for b in g.blockers)
 
 
 def test_level_at_least() -> None:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from adaptcheck.models.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
-from adaptcheck.models.ladder import ConditionSpec, GradeSpec, LevelSpec
+from adaptcheck.models.ladder import ModelSpec, ConditionSpec, GradeSpec, LevelSpec
 from adaptcheck.models.results import (
     CheckResult,
     DeviceRef,
@@ -129,7 +129,7 @@ def make_results(*, steps: list[int] | None = None, environment: Environment | N
         command=["adaptcheck", "run", "--ladder", "quick", "--steps", "1-4", "--seed", "1234",
                  "--out", "reports/my run"],
         ladder=LadderRef(id="quick", version="1.0", source="builtin:quick", sha256="ab" * 32),
-        seed=1234, steps=steps,
+        seed=1234, steps=steps, model=ModelSpec(),
         device=DeviceRef(backend="cuda", display_name="NVIDIA CUDA", torch_device="cuda:0",
                          device_name=device_name, device_count=1),
         environment=env if isinstance(env, Environment) or env is None else None,

@@ -1,0 +1,157 @@
+"""The ``ops.op`` check kind: one operator, one provider, several dtypes and cases.
+
+Outcomes are one per dtype (``ops.gemm.bf16``) so the report can draw an op × dtype matrix
+and the grade can demand exactly the model's dtype. A dtype the backend does not claim, a
+provider that is not installed here, or a provider lacking the op give ``skip`` marked not
+applicable with the reason — never ``pass``. A case whose kernel raises is an ``error``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from adaptcheck.ladder.check import Check, CheckContext, Outcome
+from adaptcheck.steps.ops.catalog import get_op
+from adaptcheck.steps.ops.harness import CaseResult, fit_case, measure_speed, run_case
+from adaptcheck.steps.ops.opdef import CaseBase, OpDef
+from adaptcheck.steps.ops.providers.base import OpProvider
+from adaptcheck.steps.ops.providers.registry import load_provider
+from adaptcheck.steps.ops.tolerance import load_policy
+
+
+class OpCheckParams(BaseModel):
+    """Params of ``ops.op``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    op: str = Field(description="Operator name (``adaptcheck ops`` lists them).")
+    provider: str = Field(default="torch", description="Provider name or 'module:object'; --ops overrides it.")
+    dtypes: list[str] = Field(min_length=1, description="Dtypes to check.")
+    cases: list[dict[str, Any]] = Field(min_length=1, description="Cases; fields depend on the op.")
+    budget_s: float = Field(default=20.0, gt=0, description="Time budget; cases are shrunk to fit it.")
+
+    @model_validator(mode="after")
+    def _known(self) -> "OpCheckParams":
+        op = get_op(self.op)  # UnknownNameError carries the suggestion; pydantic reports it
+        bad = [d for d in self.dtypes if d not in op.dtypes]
+        if bad:
+            raise ValueError(f"op {self.op!r} is not defined for {bad}; it takes {list(op.dtypes)}")
+        names: set[str] = set()
+        for case in self.cases:
+            try:
+                parsed = op.case_model.model_validate(case)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ValueError(f"case {case.get('name', '?')!r}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+            if parsed.name in names:
+                raise ValueError(f"duplicate case name {parsed.name!r}")
+            names.add(parsed.name)
+        return self
+
+    def parsed_cases(self) -> list[CaseBase]:
+        op = get_op(self.op)
+        return [op.case_model.model_validate(c) for c in self.cases]
+
+
+def _finite(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)
+
+
+def summarize(op: OpDef, provider: str, dtype: str, results: list[CaseResult]) -> Outcome:
+    """One outcome for one dtype from its case results."""
+    outputs = [o for r in results for o in r.outputs]
+    worst = max(results, key=lambda r: r.ratio)
+    metrics: dict[str, Any] = {
+        "cases": len(results),
+        "cases_failed": sum(1 for r in results if not r.passed),
+        "ratio_to_tolerance": _finite(worst.ratio),
+        "max_abs_error": max((o.max_abs for o in outputs), default=0.0),
+        "max_rel_error": max((o.max_rel for o in outputs), default=0.0),
+        "mismatch_fraction": max((o.mismatch_fraction for o in outputs), default=0.0),
+        "op_s": sum(r.op_s for r in results),
+        "reference_s": sum(r.reference_s for r in results),
+        "inputs_s": sum(r.inputs_s for r in results),
+        "compare_s": sum(r.compare_s for r in results),
+    }
+    cosines = [o.cosine for o in outputs if o.cosine is not None]
+    if cosines:
+        metrics["min_cosine"] = min(cosines)
+    ulps = [o.max_ulp for o in outputs if o.max_ulp is not None]
+    if ulps:
+        metrics["max_ulp"] = max(ulps)
+    policy = load_policy()
+    details = {
+        "op": op.name, "provider": provider, "dtype": dtype, "signature": op.signature,
+        "tolerance": {out: {"class": k, "mode": policy.get(k).mode, **policy.get(k).limit_for(dtype).model_dump(
+            exclude_none=True)} for out, k in zip(op.outputs, op.tolerance)},
+        "cases": [r.as_dict() for r in results],
+        "worst_case": worst.case,
+    }
+    errors = [r for r in results if r.error]
+    failed = [r for r in results if not r.passed and not r.error]
+    if failed:
+        w = max(failed, key=lambda r: r.ratio)
+        reason = next((o.reason for o in w.outputs if not o.passed), "")
+        return Outcome.failed(f"{len(failed)}/{len(results)} cases out of tolerance; worst '{w.case}'"
+                              f" ({_ratio_text(w.ratio)} of tolerance): {reason}", subid=dtype, metrics=metrics,
+                              details=details)
+    if errors:
+        return Outcome.errored(f"case '{errors[0].case}' raised {errors[0].error}", subid=dtype, metrics=metrics,
+                               details=details)
+    return Outcome.passed(f"{len(results)} cases within tolerance (worst '{worst.case}' at"
+                          f" {_ratio_text(worst.ratio)} of tolerance)", subid=dtype, metrics=metrics, details=details)
+
+
+def _ratio_text(ratio: float) -> str:
+    return "∞" if not math.isfinite(ratio) else f"{ratio:.3g}×"
+
+
+class OpCheck(Check):
+    """One operator against the float64 reference."""
+
+    kind = "ops.op"
+    step = 3
+    description = "An LLM operator on the device vs a CPU float64 reference kernel, per dtype and case."
+    params_model = OpCheckParams
+
+    def __init__(self, provider: OpProvider | None = None) -> None:
+        self._provider = provider  # tests hand in a deliberately wrong provider here
+
+    def _resolve_provider(self, ctx: CheckContext, params: OpCheckParams) -> OpProvider:
+        if self._provider is not None:
+            return self._provider
+        return load_provider(ctx.op_provider or params.provider)
+
+    def run(self, ctx: CheckContext, params: OpCheckParams) -> list[Outcome]:
+        op = get_op(params.op)
+        provider = self._resolve_provider(ctx, params)
+        ok, why = provider.available()
+        if not ok:
+            return [Outcome.skipped(f"provider {provider.name!r} not available: {why}", applicable=False, subid=d)
+                    for d in params.dtypes]
+        fn = provider.get(op.name)
+        if fn is None:
+            return [Outcome.skipped(provider.lacks_reason(op.name), applicable=False, subid=d) for d in params.dtypes]
+        policy = load_policy()
+        runnable = [d for d in params.dtypes if d in ctx.backend.dtypes]
+        speed = measure_speed(ctx, runnable) if runnable else None
+        cases = params.parsed_cases()
+        per_case = params.budget_s / max(1, len(cases) * len(runnable))
+        outcomes: list[Outcome] = []
+        for dtype in params.dtypes:
+            if dtype not in ctx.backend.dtypes:
+                outcomes.append(Outcome.skipped(f"{ctx.backend.display_name} does not claim {dtype}",
+                                                applicable=False, subid=dtype))
+                continue
+            results = []
+            for case in cases:
+                assert speed is not None
+                fitted, scaled = fit_case(case, dtype, speed, per_case)
+                res = run_case(ctx, op, fn, fitted, dtype, policy)
+                res.scaled = scaled
+                results.append(res)
+            outcomes.append(summarize(op, provider.name, dtype, results))
+        return outcomes

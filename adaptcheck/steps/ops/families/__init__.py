@@ -1,0 +1,1 @@
+"""Operator families: each module exports ``OPS: list[OpDef]`` (case model, inputs, reference)."""

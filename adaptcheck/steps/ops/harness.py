@@ -1,0 +1,178 @@
+"""Run one operator over its cases × dtypes on the device and judge it against the reference.
+
+For each dtype: inputs are generated on the CPU in that dtype from a seed derived from the
+run seed, the op, the case and the dtype; the provider gets device copies (clones when the
+op works in place), the reference gets float64/int64 NumPy copies of the very same values.
+Cases are shrunk (never skipped) when the device or the reference would be too slow for
+the check's time budget, and the shrink is recorded. TF32/HF32 are off while ops run, so
+fp32 means fp32.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from adaptcheck.steps.ops.compare import OutputComparison, compare
+from adaptcheck.steps.ops.opdef import CaseBase, OpDef
+from adaptcheck.steps.ops.tolerance import TolerancePolicy
+from adaptcheck.steps.smoke.matmul import full_fp32_precision
+from adaptcheck.steps.smoke.ops import torch_dtype
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from adaptcheck.ladder.check import CheckContext
+
+
+@dataclass
+class CaseResult:
+    """One case in one dtype."""
+
+    case: str
+    dtype: str
+    passed: bool
+    outputs: list[OutputComparison] = field(default_factory=list)
+    error: str = ""
+    scaled: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+    op_s: float = 0.0
+    reference_s: float = 0.0
+    inputs_s: float = 0.0
+    compare_s: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        if self.error:
+            return math.inf
+        return max((o.ratio for o in self.outputs), default=math.inf)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "case": self.case, "dtype": self.dtype, "passed": self.passed, "error": self.error,
+            "ratio": self.ratio if math.isfinite(self.ratio) else str(self.ratio),
+            "outputs": [o.as_dict() for o in self.outputs], "scaled": self.scaled, "notes": self.notes,
+            "seconds": {"op": self.op_s, "reference": self.reference_s, "inputs": self.inputs_s,
+                        "compare": self.compare_s},
+        }
+
+
+def to_numpy(value: Any) -> Any:
+    """A reference argument: tensors become float64 (floats) or int64 (integers) NumPy arrays."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        if t.is_floating_point():
+            return t.to(torch.float64).numpy()
+        if t.dtype == torch.bool:
+            return t.numpy()
+        return t.to(torch.int64).numpy()
+    return value
+
+
+def seed_for(ctx: CheckContext, op: str, case: str, dtype: str) -> int:
+    return ctx.seed_for(f"ops:{op}:{case}:{dtype}")
+
+
+def _synchronize(ctx: CheckContext) -> None:
+    ctx.backend.synchronize(ctx.device_index)
+
+
+def run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBase, dtype: str,
+             policy: TolerancePolicy) -> CaseResult:
+    """Run and judge one case. Exceptions in the provider become an error result."""
+    result = CaseResult(case=case.name, dtype=dtype, passed=False)
+    t0 = time.perf_counter()
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed_for(ctx, op.name, case.name, dtype))
+    inputs = op.make_inputs(case, dtype, gen)
+    result.notes = dict(inputs.notes)
+    ref_args = {k: to_numpy(v) for k, v in inputs.kwargs.items()}
+    dev_args = {k: (v.clone() if op.in_place else v).to(ctx.device) if isinstance(v, torch.Tensor) else v
+                for k, v in inputs.kwargs.items()}
+    result.inputs_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    try:
+        with full_fp32_precision(ctx.backend):
+            got = fn(**dev_args)
+            _synchronize(ctx)
+    except Exception as exc:  # noqa: BLE001 - a kernel that raises is this case's result
+        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        result.op_s = time.perf_counter() - t0
+        return result
+    result.op_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    expected = op.reference(**ref_args)
+    result.reference_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    got_t = got if isinstance(got, tuple) else (got,)
+    exp_t = expected if isinstance(expected, tuple) else (expected,)
+    if len(got_t) != len(op.outputs):
+        result.error = f"provider returned {len(got_t)} outputs, the op has {len(op.outputs)} ({', '.join(op.outputs)})"
+        return result
+    mask = inputs.compare_mask.numpy() if inputs.compare_mask is not None else None
+    for i, (name, klass_name) in enumerate(zip(op.outputs, op.tolerance)):
+        if not isinstance(got_t[i], torch.Tensor):
+            result.error = f"output {name!r} is a {type(got_t[i]).__name__}, not a tensor"
+            return result
+        result.outputs.append(compare(name, got_t[i], np.asarray(exp_t[i]), dtype, policy.get(klass_name),
+                                      mask if i == 0 else None))
+    result.compare_s = time.perf_counter() - t0
+    result.passed = all(o.passed for o in result.outputs)
+    return result
+
+
+@dataclass
+class SpeedModel:
+    """Measured rates used to shrink cases that would not fit the budget."""
+
+    device_flops: dict[str, float]
+    reference_flops: float
+
+
+def measure_speed(ctx: CheckContext, dtypes: list[str]) -> SpeedModel:
+    """Quick GEMM probes on the device per dtype and of the NumPy float64 reference."""
+    from reference_kernels.gemm import gemm as ref_gemm
+
+    rates: dict[str, float] = {}
+    for dtype in dtypes:
+        try:
+            tdt = torch_dtype(dtype, ctx.backend.fp8_flavour)
+            if not tdt.is_floating_point or tdt.itemsize < 2:
+                continue
+            n = 64
+            a = torch.ones(n, n, dtype=tdt, device=ctx.device)
+            torch.matmul(a, a)
+            _synchronize(ctx)
+            t0 = time.perf_counter()
+            torch.matmul(a, a)
+            _synchronize(ctx)
+            rates[dtype] = 2 * n**3 / max(time.perf_counter() - t0, 1e-7)
+        except Exception:  # noqa: BLE001 - a dtype that cannot matmul is judged by its own cases
+            continue
+    n = 48
+    x = np.ones((n, n))
+    t0 = time.perf_counter()
+    ref_gemm(x, x)
+    return SpeedModel(rates, 2 * n**3 / max(time.perf_counter() - t0, 1e-7))
+
+
+def fit_case(case: CaseBase, dtype: str, speed: SpeedModel, budget_s: float) -> tuple[CaseBase, dict[str, Any]]:
+    """Shrink ``case`` until its estimated device + reference time fits ``budget_s``."""
+    work = case.work()
+    device_rate = speed.device_flops.get(dtype) or min(speed.device_flops.values(), default=1e9)
+    estimate = work / device_rate + work / speed.reference_flops
+    if estimate <= budget_s:
+        return case, {}
+    smaller = case.scaled(budget_s / estimate)
+    if smaller.model_dump() == case.model_dump():
+        return case, {}
+    return smaller, {"from": case.model_dump(), "to": smaller.model_dump(),
+                     "why": f"estimated {estimate:.1f}s > budget {budget_s:.1f}s on this device"}

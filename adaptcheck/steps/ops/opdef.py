@@ -1,0 +1,84 @@
+"""What an operator is, for step 3.
+
+An :class:`OpDef` ties together, for one operator name:
+
+* a strict **case model** (pydantic, ``name`` plus shape fields) that ladder YAML fills;
+* **make_inputs(case, dtype, generator)** → :class:`OpInputs`: CPU tensors in the target
+  dtype (plus int index tensors and plain scalars), generated from a seeded generator;
+* a **reference** in :mod:`reference_kernels` that receives the same arguments as float64 /
+  int64 NumPy arrays and returns the expected outputs;
+* a **tolerance class** (``matrices/tolerances.yaml``) per output;
+* the provider **signature** every implementation under test must follow: it receives the
+  same keyword arguments as tensors on the device (scalars unchanged) and returns one
+  tensor or a tuple in the order of ``outputs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+
+class CaseBase(BaseModel):
+    """Base of every op's case model: a name and strict fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Case name shown in the report, e.g. 'long_k'.")
+
+    def scaled(self, factor: float) -> "CaseBase":
+        """A smaller case for a slow device: ``factor`` < 1 is the fraction of work to keep.
+
+        Ops override this for their large dimensions (K, sequence length, vocabulary …);
+        the default keeps the case as it is.
+        """
+        return self
+
+    def work(self) -> float:
+        """Rough floating-point work of the case (for sizing against the device's speed)."""
+        return 1.0
+
+
+@dataclass
+class OpInputs:
+    """Arguments of one op call. Tensors are on the CPU in their final dtype."""
+
+    kwargs: dict[str, Any]
+    """Keyword arguments: torch tensors and plain Python scalars."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """What is special about these inputs (shown in the report)."""
+    compare_mask: "torch.Tensor | None" = None
+    """Optional bool mask over the first output: only these positions are compared (e.g. rows
+    of a greedy sample whose top-1/top-2 gap is clear)."""
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One operator."""
+
+    name: str
+    family: str
+    description: str
+    signature: str
+    case_model: type[CaseBase]
+    make_inputs: Callable[[Any, str, "torch.Generator"], OpInputs]
+    reference: Callable[..., "np.ndarray | tuple[np.ndarray, ...]"]
+    outputs: tuple[str, ...]
+    tolerance: tuple[str, ...]
+    """Tolerance class per output (same length as ``outputs``)."""
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    """Dtypes the op is defined for."""
+    in_place: bool = False
+    """The provider may write into its inputs (vLLM's fused add+RMSNorm, RoPE): the harness
+    hands it clones and keeps the originals for the reference."""
+
+    def __post_init__(self) -> None:
+        if len(self.outputs) != len(self.tolerance):
+            raise ValueError(f"op {self.name}: one tolerance class per output needed")

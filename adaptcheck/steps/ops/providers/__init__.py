@@ -1,0 +1,1 @@
+"""Op providers: the implementations step 3 puts under test."""

@@ -1,0 +1,53 @@
+"""The op-provider contract.
+
+A provider is a named set of op callables following the signatures in the catalog
+(``adaptcheck ops`` lists them): keyword arguments are tensors already on the device
+(scalars unchanged), the return value is a tensor or a tuple in the op's output order.
+``available()`` never raises: it says why a provider cannot be used here (vLLM not
+installed …). ``get()`` returns None for an op the provider lacks, which the check reports
+as ``skip`` with that reason — never as a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+
+class OpProvider:
+    """Base of every provider. A plain object with ``name`` and ``ops`` works too."""
+
+    name: ClassVar[str] = "provider"
+    description: ClassVar[str] = ""
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here, reason when not). Never raises."""
+        return True, ""
+
+    def ops(self) -> dict[str, Callable[..., Any]]:
+        """Op name → callable."""
+        return {}
+
+    def get(self, op: str) -> Callable[..., Any] | None:
+        """The callable for ``op``, or None when this provider lacks it."""
+        return self.ops().get(op)
+
+    def lacks_reason(self, op: str) -> str:
+        """Why ``get(op)`` is None (shown in the skip)."""
+        return f"provider {self.name!r} does not implement {op!r}"
+
+
+class DictProvider(OpProvider):
+    """A provider built from a mapping: what ``--ops module:object`` may point at."""
+
+    def __init__(self, name: str, ops: dict[str, Callable[..., Any]], description: str = "") -> None:
+        self._name = name
+        self._ops = dict(ops)
+        self._description = description
+
+    @property  # type: ignore[override]
+    def name(self) -> str:  # noqa: D102
+        return self._name
+
+    def ops(self) -> dict[str, Callable[..., Any]]:
+        return self._ops

@@ -1,0 +1,48 @@
+"""Find op providers: the ``adaptcheck.op_providers`` entry points, or ``module:object``.
+
+Built-in providers (torch, vllm) use the same entry-point group as third parties. A
+``module:object`` spec (``--ops`` on the command line) may name an OpProvider subclass or
+instance, or a dict of op callables.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from typing import Any
+
+from adaptcheck.errors import UnknownNameError, UsageError, did_you_mean
+from adaptcheck.steps.ops.providers.base import DictProvider, OpProvider
+
+ENTRY_POINT_GROUP = "adaptcheck.op_providers"
+
+
+def provider_names() -> list[str]:
+    return sorted(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _instantiate(obj: Any, label: str) -> OpProvider:
+    if isinstance(obj, type) and issubclass(obj, OpProvider):
+        return obj()
+    if isinstance(obj, OpProvider):
+        return obj
+    if isinstance(obj, dict):
+        return DictProvider(label, obj)
+    raise UsageError(f"{label} is not an OpProvider (class or instance) nor a dict of op callables")
+
+
+def load_provider(name_or_spec: str) -> OpProvider:
+    """A provider by entry-point name ('torch', 'vllm') or by 'module:object'."""
+    if ":" in name_or_spec:
+        module_name, _, attr = name_or_spec.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+            obj = getattr(module, attr)
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(f"--ops {name_or_spec}: cannot load it ({type(exc).__name__}: {exc})",
+                             hint="give an importable 'module:object'") from None
+        return _instantiate(obj, name_or_spec)
+    eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    if name_or_spec not in eps:
+        raise UnknownNameError(f"unknown op provider {name_or_spec!r}", hint=did_you_mean(name_or_spec, list(eps)))
+    return _instantiate(eps[name_or_spec].load(), name_or_spec)

@@ -1,0 +1,1 @@
+"""The torch provider's implementations, one module per family, each exporting ``TORCH_OPS``."""
