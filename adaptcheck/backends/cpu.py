@@ -38,7 +38,8 @@ class CpuBackend(Backend):
     dist_backend = "gloo"
     collective_library = "gloo"
     smi_tool = "lscpu"
-    dtypes = ("fp32", "fp16", "bf16", "int8")
+    # torch's CPU build stores and casts both OCP fp8 formats (smoke.dtypes holds it to that).
+    dtypes = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
     fp8_flavour = "e4m3fn"
     has_streams = False
     is_accelerator = False

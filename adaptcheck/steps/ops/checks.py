@@ -132,6 +132,10 @@ class OpCheck(Check):
         if not ok:
             return [Outcome.skipped(f"provider {provider.name!r} not available: {why}", applicable=False, subid=d)
                     for d in params.dtypes]
+        missing = [d for d in op.requires if d not in ctx.backend.dtypes]
+        if missing:
+            return [Outcome.skipped(f"{ctx.backend.display_name} does not claim {', '.join(missing)}, which {op.name}"
+                                    " needs", applicable=False, subid=d) for d in params.dtypes]
         fn = provider.get(op.name)
         if fn is None:
             return [Outcome.skipped(provider.lacks_reason(op.name), applicable=False, subid=d) for d in params.dtypes]

@@ -75,6 +75,9 @@ class OpDef:
     """Tolerance class per output (same length as ``outputs``)."""
     dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
     """Dtypes the op is defined for."""
+    requires: tuple[str, ...] = ()
+    """Backend dtypes the op needs besides the checked dtype (``fp8_e4m3`` for fp8 ops, ``int8``
+    for w8a8): where the backend does not claim one, the op is not applicable there."""
     in_place: bool = False
     """The provider may write into its inputs (vLLM's fused add+RMSNorm, RoPE): the harness
     hands it clones and keeps the originals for the reference."""

@@ -42,6 +42,13 @@ class Fp32OnlyBackend(CpuBackend):
     dtypes = ("fp32",)  # type: ignore[assignment]  # CpuBackend's unannotated tuple is inferred as 4 strings
 
 
+class NoFp8Backend(CpuBackend):
+    """A CPU that does not claim fp8 (as a device without fp8 would not): fp8 becomes informational."""
+
+    name = "nofp8"
+    dtypes = ("fp32", "fp16", "bf16", "int8")
+
+
 class EveryDtypeBackend(CpuBackend):
     """A CPU that declares every dtype (so fp8 becomes judged, not informational)."""
 

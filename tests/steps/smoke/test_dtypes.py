@@ -18,6 +18,7 @@ from .helpers import (
     EveryDtypeBackend,
     FlipBitOps,
     LowPrecisionAccumulationOps,
+    NoFp8Backend,
     make_ctx,
 )
 
@@ -27,12 +28,13 @@ def test_cpu_declared_dtypes_work_and_table_is_complete(tmp_path: Path) -> None:
     assert o.status == PASS, o.message
     table = o.details["dtypes"]
     assert list(table) == list(ALL_DTYPES)
-    for name in ("fp32", "fp16", "bf16", "int8"):
+    for name in ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8"):
         assert table[name]["declared"] and table[name]["works"], table[name]
     assert set(table["fp32"]["tests"]) == {"create", "add", "matmul", "cast_roundtrip"}
     assert set(table["int8"]["tests"]) == {"create", "add", "cast_roundtrip", "matmul"}
     assert table["int8"]["info"]["matmul_path"] in {"torch._int_mm", "int32 matmul"}
-    assert table["fp8_e4m3"]["declared"] is False  # tried, informational
+    undeclared = DtypeProbeCheck().run(make_ctx(tmp_path, NoFp8Backend()), NoParams()).details["dtypes"]
+    assert undeclared["fp8_e4m3"]["declared"] is False and undeclared["fp8_e4m3"]["works"]  # tried, informational
 
 
 def test_fp8_saturation_is_checked_with_clamp(tmp_path: Path) -> None:
@@ -54,7 +56,7 @@ def test_declared_dtype_that_is_broken_fails(tmp_path: Path) -> None:
 
 def test_undeclared_broken_dtype_does_not_fail(tmp_path: Path) -> None:
     ops = FlipBitOps(element=5, only=(torch.float8_e4m3fn,))
-    o = DtypeProbeCheck(ops).run(make_ctx(tmp_path), NoParams())  # CPU does not declare fp8
+    o = DtypeProbeCheck(ops).run(make_ctx(tmp_path, NoFp8Backend()), NoParams())
     assert o.status == PASS
     assert o.details["dtypes"]["fp8_e4m3"]["works"] is False
 
