@@ -205,6 +205,6 @@ def test_a_crashing_dtype_errors_alone(tmp_path: Path) -> None:
 
 def test_sizing_names_what_bounded_it(tmp_path: Path) -> None:
     out = run(tmp_path, SlowDtypeOps(torch.float16, gflops=0.02),
-              MatmulParams(dtypes=["fp32", "fp16"], budget_s=0.5, max_n=256, max_k=2048))
+              MatmulParams(dtypes=["fp32", "fp16"], budget_s=1.0, max_n=256, max_k=2048))
     assert out["fp32"].details["sizing"]["square"]["limited_by"] == "max_n"
     assert out["fp16"].details["sizing"]["square"]["limited_by"] == "budget (device)"
