@@ -72,9 +72,10 @@ def evaluate_condition(
                                reason="not demanded: only one device is visible")
     sel_planned = [p for p in planned if _selects_planned(cond, p.id, p.step, p.tags)]
     planned_ids = {p.id for p in planned}
-    sel_results = [r for r in results
-                   if _selects(cond, r.id, r.step, r.tags)
-                   or _parent_id(r.id, planned_ids) in {p.id for p in sel_planned}]
+    # Results are selected by the condition itself (a pattern covers an expanding check's
+    # sub-results), never merely for belonging to a selected planned check: 'ops.*.bf16'
+    # must not pull in 'ops.gemm.fp16'.
+    sel_results = [r for r in results if _selects(cond, r.id, r.step, r.tags)]
     problems: list[str] = []
     if not sel_planned and not sel_results:
         problems.append("no check of this ladder provides the evidence")

@@ -123,3 +123,16 @@ def test_placeholder_steps_cap_the_builtin_ladder_at_l1() -> None:
 def test_level_at_least() -> None:
     assert level_at_least("L3", "L2") and level_at_least("L2", "L2") and not level_at_least("L1", "L2")
     assert not level_at_least("L0", "L1")
+
+
+def test_precision_placeholder_demands_only_the_model_dtype() -> None:
+    rules = GradeSpec.model_validate({"levels": [{"level": "L1", "name": "x", "conditions": [
+        {"id": "ops", "description": "ops at model dtype", "checks": ["ops.*.{precision}"]}]}]})
+    planned = [PlannedCheck(id="ops.gemm", step=3, kind="ops.op", timeout_s=1)]
+    results = [r("ops.gemm.bf16", 3), r("ops.gemm.fp16", 3, Status.FAIL)]
+    assert compute_grade(rules, planned, results, [3], 1, precision="bf16").level == "L1"
+    g = compute_grade(rules, planned, results, [3], 1, precision="fp16")
+    assert g.level == "L0" and any("ops.gemm.fp16 fail" in b for b in g.blockers)
+    # Step 3 not run: the planned op check is named as missing evidence.
+    g = compute_grade(rules, planned, [], [1, 2], 1, precision="bf16")
+    assert any("ops.gemm not run (step 3 not selected)" in b for b in g.blockers)
