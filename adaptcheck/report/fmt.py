@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from adaptcheck.models.results import CheckResult, Status
@@ -35,6 +36,20 @@ STATUS_GLYPHS: dict[str, str] = {
 }
 
 NOT_PRESENT = "not present"
+
+
+@dataclass
+class Label:
+    """A status as the page shows it: key (CSS class), text label, glyph."""
+
+    key: str
+    label: str
+    glyph: str
+
+
+def status_label(key: str) -> Label:
+    """The :class:`Label` of a status key of :data:`STATUS_LABELS`."""
+    return Label(key=key, label=STATUS_LABELS[key], glyph=STATUS_GLYPHS[key])
 
 # Long evidence would make the single-file report unwieldy; the full data is in results.json.
 MAX_DETAILS_CHARS = 20_000

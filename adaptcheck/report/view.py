@@ -15,14 +15,16 @@ from dataclasses import dataclass, field
 
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
 from adaptcheck.report.fmt import (
-    STATUS_GLYPHS,
     STATUS_LABELS,
+    Label,
     format_details,
     format_duration,
     format_value,
     status_key,
 )
+from adaptcheck.report.fmt import status_label as _label
 from adaptcheck.report.matrix import MatrixView, build_matrix
+from adaptcheck.report.ops import OpsView, build_ops
 
 # RunResults does not carry the ladder's step names; these are the standard ones.
 STEP_NAMES: dict[int, str] = {
@@ -35,19 +37,6 @@ STEP_NAMES: dict[int, str] = {
 SLOWEST_SHOWN = 10
 # Order in which a step's checks decide its own status (worst first); n/a never blocks.
 _SEVERITY = ("error", "fail", "notrun", "skip", "pass", "na")
-
-
-@dataclass
-class Label:
-    """A status as the page shows it: key (CSS class), text label, glyph."""
-
-    key: str
-    label: str
-    glyph: str
-
-
-def _label(key: str) -> Label:
-    return Label(key=key, label=STATUS_LABELS[key], glyph=STATUS_GLYPHS[key])
 
 
 @dataclass
@@ -180,6 +169,7 @@ class ReportView:
     steps: list[StepView]
     slowest: list[DurationBar]
     matrix: MatrixView
+    ops: OpsView
     check_groups: list[CheckGroup]
     reproduce: ReproduceView
     legend: list[Label] = field(default_factory=lambda: [_label(k) for k in STATUS_LABELS])
@@ -338,6 +328,6 @@ def build_view(results: RunResults) -> ReportView:
         grade_max=results.grade_rules.levels[-1].level if results.grade_rules.levels else "L5",
         next_level=next_level, blockers=list(results.grade.blockers), levels=levels,
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
-        matrix=build_matrix(env, results.checks, anchors), check_groups=groups,
+        matrix=build_matrix(env, results.checks, anchors), ops=build_ops(results, anchors), check_groups=groups,
         reproduce=_reproduce(results),
     )

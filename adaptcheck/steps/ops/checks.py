@@ -19,7 +19,7 @@ from adaptcheck.steps.ops.harness import CaseResult, fit_case, measure_speed, ru
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef
 from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.registry import load_provider
-from adaptcheck.steps.ops.tolerance import load_policy
+from adaptcheck.steps.ops.tolerance import TolerancePolicy, load_policy
 
 
 class OpCheckParams(BaseModel):
@@ -64,10 +64,13 @@ def summarize(op: OpDef, provider: str, dtype: str, results: list[CaseResult]) -
     """One outcome for one dtype from its case results."""
     outputs = [o for r in results for o in r.outputs]
     worst = max(results, key=lambda r: r.ratio)
+    compared = [o.ratio for r in results if not r.error for o in r.outputs]
     metrics: dict[str, Any] = {
         "cases": len(results),
         "cases_failed": sum(1 for r in results if not r.passed),
         "ratio_to_tolerance": _finite(worst.ratio),
+        # Worst ratio over the cases that produced outputs (a raising case makes the one above ∞).
+        "measured_ratio": _finite(max(compared)) if compared else None,
         "max_abs_error": max((o.max_abs for o in outputs), default=0.0),
         "max_rel_error": max((o.max_rel for o in outputs), default=0.0),
         "mismatch_fraction": max((o.mismatch_fraction for o in outputs), default=0.0),
@@ -85,8 +88,7 @@ def summarize(op: OpDef, provider: str, dtype: str, results: list[CaseResult]) -
     policy = load_policy()
     details = {
         "op": op.name, "provider": provider, "dtype": dtype, "signature": op.signature,
-        "tolerance": {out: {"class": k, "mode": policy.get(k).mode, **policy.get(k).limit_for(dtype).model_dump(
-            exclude_none=True)} for out, k in zip(op.outputs, op.tolerance)},
+        "tolerance": {out: _tolerance_details(policy, k, dtype) for out, k in zip(op.outputs, op.tolerance)},
         "cases": [r.as_dict() for r in results],
         "worst_case": worst.case,
     }
@@ -101,8 +103,16 @@ def summarize(op: OpDef, provider: str, dtype: str, results: list[CaseResult]) -
     if errors:
         return Outcome.errored(f"case '{errors[0].case}' raised {errors[0].error}", subid=dtype, metrics=metrics,
                                details=details)
-    return Outcome.passed(f"{len(results)} cases within tolerance (worst '{worst.case}' at"
+    return Outcome.passed(f"{len(results)} case{'s' if len(results) != 1 else ''} within tolerance (worst '{worst.case}' at"
                           f" {_ratio_text(worst.ratio)} of tolerance)", subid=dtype, metrics=metrics, details=details)
+
+
+def _tolerance_details(policy: TolerancePolicy, klass_name: str, dtype: str) -> dict[str, Any]:
+    klass = policy.get(klass_name)
+    out: dict[str, Any] = {"class": klass_name, "mode": klass.mode, **klass.limit_for(dtype).model_dump(exclude_none=True)}
+    if klass.max_code_distance is not None:
+        out["max_code_distance"] = klass.max_code_distance
+    return out
 
 
 def _ratio_text(ratio: float) -> str:
@@ -128,17 +138,21 @@ class OpCheck(Check):
     def run(self, ctx: CheckContext, params: OpCheckParams) -> list[Outcome]:
         op = get_op(params.op)
         provider = self._resolve_provider(ctx, params)
+
+        def not_applicable(reason: str, dtype: str) -> Outcome:
+            return Outcome.skipped(reason, applicable=False, subid=dtype,
+                                   details={"op": op.name, "provider": provider.name, "dtype": dtype})
+
         ok, why = provider.available()
         if not ok:
-            return [Outcome.skipped(f"provider {provider.name!r} not available: {why}", applicable=False, subid=d)
-                    for d in params.dtypes]
+            return [not_applicable(f"provider {provider.name!r} not available: {why}", d) for d in params.dtypes]
         missing = [d for d in op.requires if d not in ctx.backend.dtypes]
         if missing:
-            return [Outcome.skipped(f"{ctx.backend.display_name} does not claim {', '.join(missing)}, which {op.name}"
-                                    " needs", applicable=False, subid=d) for d in params.dtypes]
+            return [not_applicable(f"{ctx.backend.display_name} does not claim {', '.join(missing)}, which {op.name}"
+                                   " needs", d) for d in params.dtypes]
         fn = provider.get(op.name)
         if fn is None:
-            return [Outcome.skipped(provider.lacks_reason(op.name), applicable=False, subid=d) for d in params.dtypes]
+            return [not_applicable(provider.lacks_reason(op.name), d) for d in params.dtypes]
         policy = load_policy()
         runnable = [d for d in params.dtypes if d in ctx.backend.dtypes]
         speed = measure_speed(ctx, runnable) if runnable else None
@@ -147,8 +161,7 @@ class OpCheck(Check):
         outcomes: list[Outcome] = []
         for dtype in params.dtypes:
             if dtype not in ctx.backend.dtypes:
-                outcomes.append(Outcome.skipped(f"{ctx.backend.display_name} does not claim {dtype}",
-                                                applicable=False, subid=dtype))
+                outcomes.append(not_applicable(f"{ctx.backend.display_name} does not claim {dtype}", dtype))
                 continue
             results = []
             for case in cases:
