@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,13 @@ def _synchronize(ctx: CheckContext) -> None:
 def run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBase, dtype: str,
              policy: TolerancePolicy) -> CaseResult:
     """Run and judge one case. Exceptions in the provider become an error result."""
+    scope = op.device_scope(ctx.backend) if op.device_scope is not None else nullcontext()
+    with scope:
+        return _run_case(ctx, op, fn, case, dtype, policy)
+
+
+def _run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBase, dtype: str,
+              policy: TolerancePolicy) -> CaseResult:
     result = CaseResult(case=case.name, dtype=dtype, passed=False)
     t0 = time.perf_counter()
     gen = torch.Generator(device="cpu")

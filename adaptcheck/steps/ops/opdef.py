@@ -16,6 +16,7 @@ An :class:`OpDef` ties together, for one operator name:
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,10 @@ class OpDef:
     requires: tuple[str, ...] = ()
     """Backend dtypes the op needs besides the checked dtype (``fp8_e4m3`` for fp8 ops, ``int8``
     for w8a8): where the backend does not claim one, the op is not applicable there."""
+    device_scope: Callable[[Any], AbstractContextManager[None]] | None = None
+    """Called with the backend; the harness enters the returned context around input
+    generation, the provider call and the reference (the fp8 ops read the backend's fp8
+    flavour from it)."""
     in_place: bool = False
     """The provider may write into its inputs (vLLM's fused add+RMSNorm, RoPE): the harness
     hands it clones and keeps the originals for the reference."""

@@ -1,0 +1,323 @@
+"""Attention family: causal prefill, decode, paged decode, and the paged KV-cache write.
+
+What goes wrong on new hardware: softmax without max subtraction overflows in fp16 once a
+logit passes ~11 (``logit_std`` ≥ 4 makes that certain), causal masks off by one, GQA
+heads mapped ``h % Hk`` instead of ``h // (Hq/Hk)``, the scale dropped or taken as 1/D,
+sequence lengths ignored (so the garbage after them is attended: it is filled with large
+values here so that any leak is loud), paged caches read through the wrong block or
+offset, cache writes to the wrong slot or to slot −1 (padding), and slot / block numbers
+held in narrow integers (caches here have more than 2^16 slots and the largest block and
+slot numbers are always used). Head dims 64/80/96/128 and single-key cases cover the
+odd-size paths.
+
+Layouts follow vLLM's flash-attention backend: the paged cache is
+``[num_blocks, block_size, Hk, D]``; ``slot = block * block_size + offset``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import Field, model_validator
+
+from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
+from adaptcheck.steps.smoke.ops import torch_dtype
+from reference_kernels import attention as ref
+
+GARBAGE_KEY_STD = 4.0
+"""Keys that must never be read are this many times the real keys' spread: if attended they dominate."""
+GARBAGE_VALUE = 512.0
+"""Values that must never be read sit around this (real values are ~N(0, 1))."""
+ELEMENT_COST = 50.0
+"""Host work per tensor element, in reference-flop equivalents: drawing it, converting it to
+float64 and comparing it cost about this much (measured ~50-130 ns per element on a 2-core
+CPU against ~0.3-1 GFLOP/s of the reference GEMM probe). Counted in ``work()`` so that cases
+whose size is memory rather than arithmetic (big caches) also get shrunk on slow hosts."""
+
+
+class HeadsCase(CaseBase):
+    """Head layout and logit scale shared by the attention cases."""
+
+    num_q_heads: int = Field(ge=1, description="Query heads Hq.")
+    num_kv_heads: int = Field(ge=1, description="Key/value heads Hk; Hq must be a multiple (GQA ratio Hq/Hk).")
+    head_size: int = Field(ge=1, description="Head dimension D.")
+    scale: float | None = Field(default=None, gt=0, description="Softmax scale; None: 1/sqrt(D) (what models use).")
+    logit_std: float = Field(default=1.0, gt=0,
+                             description="Spread of the logits scale·q·k (q and k are scaled to get it); "
+                                         "≥ 4 overflows fp16 exp without max subtraction.")
+
+    @model_validator(mode="after")
+    def _gqa(self) -> HeadsCase:
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"num_q_heads {self.num_q_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        return self
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_size)
+
+    @property
+    def qk_gain(self) -> float:
+        """Factor on N(0, 1) q and k so that scale·q·k has standard deviation ``logit_std``."""
+        return math.sqrt(self.logit_std / (self.softmax_scale * math.sqrt(self.head_size)))
+
+    def fewer_heads(self, factor: float) -> tuple[dict[str, int], float]:
+        """Heads shrunk toward one kv head (GQA ratio kept) and the work factor still to take."""
+        group = self.num_q_heads // self.num_kv_heads
+        kv = max(1, int(self.num_kv_heads * factor))
+        return {"num_q_heads": kv * group, "num_kv_heads": kv}, factor * self.num_kv_heads / kv
+
+
+class PrefillCase(HeadsCase):
+    """Causal self-attention over one sequence of ``num_tokens``."""
+
+    num_tokens: int = Field(ge=1, description="Sequence length T.")
+
+    def work(self) -> float:
+        pairs = self.num_tokens * (self.num_tokens + 1) / 2
+        elements = self.num_tokens * (2 * self.num_q_heads + 2 * self.num_kv_heads) * self.head_size
+        return pairs * self.num_q_heads * (4.0 * self.head_size + 5.0) + ELEMENT_COST * elements
+
+    def scaled(self, factor: float) -> PrefillCase:
+        # Heads first: the sequence length is what long cases are about. Work ~ T², so T
+        # takes the square root of what is left.
+        heads, rest = self.fewer_heads(max(factor, 0.0))
+        tokens = max(1, int(self.num_tokens * math.sqrt(min(1.0, rest))))
+        return self.model_copy(update={**heads, "num_tokens": tokens})
+
+
+class DecodeCase(HeadsCase):
+    """One new query token per sequence against that sequence's cached keys."""
+
+    batch: int = Field(ge=1, description="Sequences B.")
+    max_seq_len: int = Field(ge=1, description="Longest sequence S; sequence 0 has this length, the others are "
+                                               "random in [1, S] (sequence 1 has length 1 when B > 1).")
+
+    def work(self) -> float:
+        kv_elements = 2 * self.batch * self.max_seq_len * self.num_kv_heads * self.head_size
+        return (self.batch * self.num_q_heads * self.max_seq_len * (4.0 * self.head_size + 5.0)
+                + ELEMENT_COST * kv_elements)
+
+    def scaled(self, factor: float) -> DecodeCase:
+        factor = max(factor, 0.0)
+        batch = max(1, int(self.batch * factor))
+        heads, rest = self.fewer_heads(min(1.0, factor * self.batch / batch))
+        seq = max(1, int(self.max_seq_len * min(1.0, rest)))
+        return self.model_copy(update={**heads, "batch": batch, "max_seq_len": seq})
+
+
+class PagedCase(DecodeCase):
+    """Decode attention reading K/V through block tables from a paged cache."""
+
+    block_size: int = Field(default=16, ge=1, description="Tokens per cache block.")
+    num_blocks: int | None = Field(default=None, ge=1,
+                                   description="Cache blocks; None: twice what the batch can need, plus one. "
+                                               "The highest block number is always in use.")
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return -(-self.max_seq_len // self.block_size)
+
+    @property
+    def total_blocks(self) -> int:
+        return self.num_blocks if self.num_blocks is not None else 2 * self.batch * self.blocks_per_seq + 1
+
+    @model_validator(mode="after")
+    def _enough_blocks(self) -> PagedCase:
+        if self.total_blocks < self.batch * self.blocks_per_seq:
+            raise ValueError(f"num_blocks {self.total_blocks} < {self.batch * self.blocks_per_seq} blocks the batch may need")
+        return self
+
+    def work(self) -> float:
+        # Attention over the sequences, plus the whole cache drawn and converted on the host.
+        attention = self.batch * self.num_q_heads * self.max_seq_len * (4.0 * self.head_size + 5.0)
+        cache = 2.0 * self.total_blocks * self.block_size * self.num_kv_heads * self.head_size
+        return attention + ELEMENT_COST * cache
+
+    def scaled(self, factor: float) -> PagedCase:
+        smaller = DecodeCase.scaled(self, factor)
+        return self.model_copy(update={k: getattr(smaller, k) for k in
+                                       ("batch", "max_seq_len", "num_q_heads", "num_kv_heads")})
+
+
+class CacheWriteCase(CaseBase):
+    """reshape_and_cache: write ``num_tokens`` new K/V rows into a paged cache by slot."""
+
+    num_tokens: int = Field(ge=1, description="Tokens T (padding included).")
+    num_kv_heads: int = Field(ge=1, description="Key/value heads Hk.")
+    head_size: int = Field(ge=1, description="Head dimension D.")
+    block_size: int = Field(default=16, ge=1, description="Tokens per cache block.")
+    num_blocks: int = Field(ge=1, description="Cache blocks; make num_blocks·block_size > 65536 to exercise "
+                                              "slot numbers past 16 bits. The largest writable slot is used.")
+    num_padding: int = Field(default=1, ge=0, description="Tokens with slot −1 (must not be written).")
+
+    @model_validator(mode="after")
+    def _fits(self) -> CacheWriteCase:
+        if self.num_padding >= self.num_tokens:
+            raise ValueError("num_padding must leave at least one real token")
+        if self.num_tokens - self.num_padding > self.num_blocks * self.block_size - 1:
+            raise ValueError("more real tokens than cache slots (the last slot is kept free)")
+        return self
+
+    def work(self) -> float:
+        # A copy: the cost is the two caches drawn, converted and compared element by element.
+        return ELEMENT_COST * 2.0 * self.num_blocks * self.block_size * self.num_kv_heads * self.head_size
+
+    def scaled(self, factor: float) -> CacheWriteCase:
+        # Fewer kv heads first, then fewer blocks, but the slot numbers stay past 16 bits when
+        # they were (that is what such a case is about) and every real token keeps a slot.
+        factor = max(factor, 0.0)
+        kv = max(1, int(self.num_kv_heads * factor))
+        rest = min(1.0, factor * self.num_kv_heads / kv)
+        slots = self.num_blocks * self.block_size
+        floor_slots = max(min(slots, 2**16 + 2 * self.block_size), self.num_tokens - self.num_padding + 1)
+        blocks = max(-(-floor_slots // self.block_size), int(self.num_blocks * rest))
+        return self.model_copy(update={"num_kv_heads": kv, "num_blocks": min(self.num_blocks, blocks)})
+
+
+def _normal(shape: tuple[int, ...], gen: torch.Generator, std: float = 1.0) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+
+def _notes(case: HeadsCase) -> dict[str, object]:
+    return {"gqa_ratio": case.num_q_heads // case.num_kv_heads, "head_size": case.head_size,
+            "scale": case.softmax_scale, "logit_std": case.logit_std}
+
+
+def _prefill_inputs(case: PrefillCase, dtype: str, gen: torch.Generator) -> OpInputs:
+    tdt = torch_dtype(dtype)
+    t, d, g = case.num_tokens, case.head_size, case.qk_gain
+    q = _normal((t, case.num_q_heads, d), gen, g).to(tdt)
+    k = _normal((t, case.num_kv_heads, d), gen, g).to(tdt)
+    v = _normal((t, case.num_kv_heads, d), gen).to(tdt)
+    return OpInputs({"q": q, "k": k, "v": v, "scale": case.softmax_scale}, notes=_notes(case))
+
+
+def draw_seq_lens(batch: int, max_seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    """``[B]`` int64 lengths in [1, S]: the first is S, the second (if any) is 1."""
+    lens = torch.randint(1, max_seq_len + 1, (batch,), generator=gen, dtype=torch.int64)
+    lens[0] = max_seq_len
+    if batch > 1:
+        lens[1] = 1
+    return lens
+
+
+def _kv_with_garbage(case: DecodeCase, seq_lens: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 ``[B, S, Hk, D]`` keys/values, large garbage after each sequence's length."""
+    shape = (case.batch, case.max_seq_len, case.num_kv_heads, case.head_size)
+    k = _normal(shape, gen, case.qk_gain)
+    v = _normal(shape, gen)
+    beyond = torch.arange(case.max_seq_len)[None, :] >= seq_lens[:, None]  # [B, S]
+    garbage_k = _normal(shape, gen, GARBAGE_KEY_STD * case.qk_gain)
+    garbage_v = GARBAGE_VALUE + _normal(shape, gen, GARBAGE_VALUE / 8)
+    k = torch.where(beyond[:, :, None, None], garbage_k, k)
+    v = torch.where(beyond[:, :, None, None], garbage_v, v)
+    return k, v
+
+
+def _decode_inputs(case: DecodeCase, dtype: str, gen: torch.Generator) -> OpInputs:
+    tdt = torch_dtype(dtype)
+    q = _normal((case.batch, case.num_q_heads, case.head_size), gen, case.qk_gain)
+    seq_lens = draw_seq_lens(case.batch, case.max_seq_len, gen)
+    k, v = _kv_with_garbage(case, seq_lens, gen)
+    return OpInputs({"q": q.to(tdt), "k": k.to(tdt), "v": v.to(tdt), "seq_lens": seq_lens,
+                     "scale": case.softmax_scale},
+                    notes={**_notes(case), "seq_lens": seq_lens.tolist()[:16],
+                           "garbage_after_seq_len": f"keys x{GARBAGE_KEY_STD}, values ~{GARBAGE_VALUE}"})
+
+
+def _paged_inputs(case: PagedCase, dtype: str, gen: torch.Generator) -> OpInputs:
+    tdt = torch_dtype(dtype)
+    bs, nb, per_seq = case.block_size, case.total_blocks, case.blocks_per_seq
+    q = _normal((case.batch, case.num_q_heads, case.head_size), gen, case.qk_gain)
+    seq_lens = draw_seq_lens(case.batch, case.max_seq_len, gen)
+    # Garbage everywhere first: unused blocks and the tail of each last block keep it.
+    cache_shape = (nb, bs, case.num_kv_heads, case.head_size)
+    key_cache = _normal(cache_shape, gen, GARBAGE_KEY_STD * case.qk_gain)
+    value_cache = GARBAGE_VALUE + _normal(cache_shape, gen, GARBAGE_VALUE / 8)
+    # Every sequence gets distinct blocks in shuffled order; the highest block number is the
+    # first block of sequence 0, so wide block numbers are always read.
+    order = torch.randperm(nb, generator=gen)
+    order = torch.cat((torch.tensor([nb - 1]), order[order != nb - 1]))
+    block_tables = torch.empty((case.batch, per_seq), dtype=torch.int64)
+    used = 0
+    for b in range(case.batch):
+        need = -(-int(seq_lens[b]) // bs)
+        block_tables[b, :need] = order[used:used + need]
+        used += need
+        # Table entries past the sequence hold valid but arbitrary block numbers: never to be read.
+        block_tables[b, need:] = torch.randint(0, nb, (per_seq - need,), generator=gen)
+        length = int(seq_lens[b])
+        tok = torch.arange(length)
+        blocks = block_tables[b, tok // bs]
+        key_cache[blocks, tok % bs] = _normal((length, case.num_kv_heads, case.head_size), gen, case.qk_gain)
+        value_cache[blocks, tok % bs] = _normal((length, case.num_kv_heads, case.head_size), gen)
+    return OpInputs({"q": q.to(tdt), "key_cache": key_cache.to(tdt), "value_cache": value_cache.to(tdt),
+                     "block_tables": block_tables, "seq_lens": seq_lens, "scale": case.softmax_scale},
+                    notes={**_notes(case), "seq_lens": seq_lens.tolist()[:16], "num_blocks": nb,
+                           "block_size": bs, "max_block_id": int(block_tables.max())})
+
+
+def _cache_write_inputs(case: CacheWriteCase, dtype: str, gen: torch.Generator) -> OpInputs:
+    tdt = torch_dtype(dtype)
+    t, slots_total = case.num_tokens, case.num_blocks * case.block_size
+    shape = (case.num_blocks, case.block_size, case.num_kv_heads, case.head_size)
+    key_cache = _normal(shape, gen, 100.0).to(tdt)  # old contents: must survive where not written
+    value_cache = _normal(shape, gen, 100.0).to(tdt)
+    key = _normal((t, case.num_kv_heads, case.head_size), gen).to(tdt)
+    value = _normal((t, case.num_kv_heads, case.head_size), gen).to(tdt)
+    # Distinct, scattered slots; the last slot stays free so that a write to slot -1 (Python
+    # indexing wraps it to the last slot) shows; the largest slot that is written is
+    # slots_total - 2, past 2^16 when the cache is that big.
+    real = t - case.num_padding
+    chosen = torch.randperm(slots_total - 1, generator=gen)[:real]
+    if not bool((chosen == slots_total - 2).any()):
+        chosen[0] = slots_total - 2  # still distinct: that slot was not chosen
+    slot_mapping = torch.full((t,), -1, dtype=torch.int64)
+    real_positions = torch.randperm(t, generator=gen)[:real]
+    slot_mapping[real_positions] = chosen
+    return OpInputs({"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
+                     "slot_mapping": slot_mapping},
+                    notes={"slots": slots_total, "max_slot": int(slot_mapping.max()), "padding": case.num_padding,
+                           "needs_more_than_int16": bool(slot_mapping.max() > 2**15 - 1)})
+
+
+OPS = [
+    OpDef(
+        name="prefill_attention", family="attention",
+        description="Causal self-attention over one sequence, grouped-query heads.",
+        signature=("prefill_attention(q: [T, Hq, D], k: [T, Hk, D], v: [T, Hk, D], scale: float) -> "
+                   "out: [T, Hq, D]; causal; query head h reads kv head h // (Hq // Hk)"),
+        case_model=PrefillCase, make_inputs=_prefill_inputs, reference=ref.prefill_attention,
+        outputs=("out",), tolerance=("reduction",),
+    ),
+    OpDef(
+        name="decode_attention", family="attention",
+        description="One query token per sequence against its first seq_lens[b] cached keys.",
+        signature=("decode_attention(q: [B, Hq, D], k: [B, S, Hk, D], v: [B, S, Hk, D], seq_lens: [B] int64, "
+                   "scale: float) -> out: [B, Hq, D]; keys at index >= seq_lens[b] must be ignored"),
+        case_model=DecodeCase, make_inputs=_decode_inputs, reference=ref.decode_attention,
+        outputs=("out",), tolerance=("reduction",),
+    ),
+    OpDef(
+        name="paged_attention", family="attention",
+        description="Decode attention over a paged KV cache addressed through block tables.",
+        signature=("paged_attention(q: [B, Hq, D], key_cache: [num_blocks, block_size, Hk, D], value_cache: "
+                   "[num_blocks, block_size, Hk, D], block_tables: [B, max_blocks] int64, seq_lens: [B] int64, "
+                   "scale: float) -> out: [B, Hq, D]; token i of sequence b is at block block_tables[b, i // "
+                   "block_size], offset i % block_size"),
+        case_model=PagedCase, make_inputs=_paged_inputs, reference=ref.paged_attention,
+        outputs=("out",), tolerance=("reduction",),
+    ),
+    OpDef(
+        name="reshape_and_cache", family="attention",
+        description="Write new keys and values into the paged KV cache by slot (slot -1: padding, skipped).",
+        signature=("reshape_and_cache(key: [T, Hk, D], value: [T, Hk, D], key_cache: [num_blocks, block_size, Hk, "
+                   "D], value_cache: [num_blocks, block_size, Hk, D], slot_mapping: [T] int64) -> (key_cache_out, "
+                   "value_cache_out); slot = block * block_size + offset; may write the caches in place"),
+        case_model=CacheWriteCase, make_inputs=_cache_write_inputs, reference=ref.reshape_and_cache,
+        outputs=("key_cache_out", "value_cache_out"), tolerance=("exact", "exact"),
+        in_place=True,
+    ),
+]
