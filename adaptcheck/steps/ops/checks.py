@@ -163,6 +163,10 @@ class OpCheck(Check):
             if dtype not in ctx.backend.dtypes:
                 outcomes.append(not_applicable(f"{ctx.backend.display_name} does not claim {dtype}", dtype))
                 continue
+            lacks = provider.lacks_dtype(op.name, dtype)
+            if lacks:
+                outcomes.append(not_applicable(lacks, dtype))
+                continue
             results = []
             for case in cases:
                 assert speed is not None
@@ -170,5 +174,7 @@ class OpCheck(Check):
                 res = run_case(ctx, op, fn, fitted, dtype, policy)
                 res.scaled = scaled
                 results.append(res)
-            outcomes.append(summarize(op, provider.name, dtype, results))
+            outcome = summarize(op, provider.name, dtype, results)
+            outcome.details["provider_description"] = provider.description
+            outcomes.append(outcome)
         return outcomes

@@ -32,6 +32,10 @@ class OpProvider:
         """The callable for ``op``, or None when this provider lacks it."""
         return self.ops().get(op)
 
+    def lacks_dtype(self, op: str, dtype: str) -> str | None:
+        """Why this provider cannot run ``op`` in ``dtype`` (a kernel built for bf16 only …), or None."""
+        return None
+
     def lacks_reason(self, op: str) -> str:
         """Why ``get(op)`` is None (shown in the skip)."""
         return f"provider {self.name!r} does not implement {op!r}"

