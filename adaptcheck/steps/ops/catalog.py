@@ -7,7 +7,9 @@ of op names and signatures that providers implement (``adaptcheck ops`` prints i
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from functools import lru_cache
+from types import ModuleType
 
 from adaptcheck.errors import UnknownNameError, did_you_mean
 from adaptcheck.steps.ops.opdef import OpDef
@@ -16,17 +18,22 @@ FAMILIES = ("gemm", "norms", "activations", "rope", "attention", "moe", "quant",
 """Modules under adaptcheck.steps.ops.families, each exporting ``OPS: list[OpDef]``."""
 
 
+def family_modules(package: str) -> Iterator[ModuleType]:
+    """The module of each family under ``package`` (families/ or torch_impl/), skipping absent ones."""
+    for family in FAMILIES:
+        name = f"{package}.{family}"
+        try:
+            yield importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a missing dependency inside the module is a real error
+                raise
+
+
 @lru_cache(maxsize=1)
 def all_ops() -> dict[str, OpDef]:
     """Name → OpDef for every family that is present."""
     ops: dict[str, OpDef] = {}
-    for family in FAMILIES:
-        try:
-            module = importlib.import_module(f"adaptcheck.steps.ops.families.{family}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"adaptcheck.steps.ops.families.{family}":
-                continue
-            raise
+    for module in family_modules("adaptcheck.steps.ops.families"):
         for op in module.OPS:
             if op.name in ops:
                 raise ValueError(f"op {op.name!r} defined twice")

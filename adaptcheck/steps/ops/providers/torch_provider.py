@@ -6,25 +6,18 @@ would use, so on an accelerator it exercises the vendor's torch kernels.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from adaptcheck.steps.ops.catalog import FAMILIES
+from adaptcheck.steps.ops.catalog import family_modules
 from adaptcheck.steps.ops.providers.base import OpProvider
 
 
 @lru_cache(maxsize=1)
 def _collect() -> dict[str, Callable[..., Any]]:
     ops: dict[str, Callable[..., Any]] = {}
-    for family in FAMILIES:
-        try:
-            module = importlib.import_module(f"adaptcheck.steps.ops.torch_impl.{family}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"adaptcheck.steps.ops.torch_impl.{family}":
-                continue
-            raise
+    for module in family_modules("adaptcheck.steps.ops.torch_impl"):
         ops.update(module.TORCH_OPS)
     return ops
 
