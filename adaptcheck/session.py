@@ -9,7 +9,6 @@ that was killed is finished by :func:`resume_run` from the same folder.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar, TYPE_CHECKING
 
 from adaptcheck.backends.base import Backend, ProbeResult
 from adaptcheck.models.environment import DeviceInfo
@@ -39,8 +39,8 @@ class CpuBackend(Backend):
     collective_library = "gloo"
     smi_tool = "lscpu"
     # torch's CPU build stores and casts both OCP fp8 formats (smoke.dtypes holds it to that).
-    dtypes = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
-    fp8_flavour = "e4m3fn"
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
+    fp8_flavour: ClassVar[str | None] = "e4m3fn"
     has_streams = False
     is_accelerator = False
 

@@ -23,7 +23,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
 from adaptcheck.models.environment import DeviceInfo
@@ -282,12 +282,12 @@ class CudaBackend(Backend):
     dist_backend = "nccl"
     collective_library = "nccl"
     smi_tool = "nvidia-smi"
-    smi_command = ("nvidia-smi", "-q", "-x")
+    smi_command: ClassVar[tuple[str, ...]] = ("nvidia-smi", "-q", "-x")
     # fp8 needs sm_89+ (Ada/Hopper/Blackwell); the dtype smoke probe holds older parts to it.
-    dtypes = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
-    fp8_flavour = "e4m3fn"  # NVIDIA implements the OCP FP8 formats (torch.float8_e4m3fn)
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
+    fp8_flavour: ClassVar[str | None] = "e4m3fn"  # NVIDIA implements the OCP FP8 formats (torch.float8_e4m3fn)
     has_streams = True
-    runtime_names = ("cuda", "cudnn", "nccl", "nvidia_driver", "cuda_driver")
+    runtime_names: ClassVar[tuple[str, ...]] = ("cuda", "cudnn", "nccl", "nvidia_driver", "cuda_driver")
 
     # --- probe -------------------------------------------------------------------------------
     def _probe(self) -> ProbeResult:
@@ -296,8 +296,9 @@ class CudaBackend(Backend):
             return ProbeResult.no(why)
         build = torch_build_label(torch)
         version = getattr(torch, "version", None)
-        if getattr(version, "hip", None):
-            return ProbeResult.no(f"{build} is a ROCm/HIP build (torch.version.hip={version.hip}), not NVIDIA CUDA")
+        hip = getattr(version, "hip", None)
+        if hip:
+            return ProbeResult.no(f"{build} is a ROCm/HIP build (torch.version.hip={hip}), not NVIDIA CUDA")
         if not getattr(version, "cuda", None):
             return ProbeResult.no(f"{build} is not a CUDA build (torch.version.cuda is None)")
         tag = metax_torch_tag(torch)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
 from adaptcheck.backends.cuda import clean_text, cuda_api_probe, leading_number, nccl_version, read_first_line, \
@@ -150,7 +150,8 @@ def parse_amd_smi_metric(text: str) -> dict[int, dict[str, float]]:
     temperature_c, power_w}} with only the values present."""
     samples: dict[int, dict[str, float]] = {}
     for position, gpu in enumerate(_amd_gpu_list(text)):
-        index = gpu.get("gpu") if isinstance(gpu.get("gpu"), int) else position
+        gpu_id = gpu.get("gpu")
+        index = gpu_id if isinstance(gpu_id, int) else position
         temperature = _get(gpu, "temperature") or {}
         sample = {
             "memory_used_mib": _mib(_get(gpu, "mem_usage", "used_vram")),
@@ -245,15 +246,15 @@ class RocmBackend(Backend):
     dist_backend = "nccl"  # the "nccl" backend name is served by RCCL in ROCm builds
     collective_library = "rccl"
     smi_tool = "amd-smi"
-    smi_command = AMD_SMI_STATIC
-    dtypes = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
+    smi_command: ClassVar[tuple[str, ...]] = AMD_SMI_STATIC
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
     # The class declares one flavour; MI300 (gfx942), the most deployed fp8-capable Instinct
     # part, computes FNUZ. gfx950/RDNA4 are OCP e4m3fn: inventory rows carry the per-device
     # flavour in extra["fp8_flavour"] (see fp8_flavour_for_arch), and the dtype smoke probe
     # tests what the device really does.
-    fp8_flavour = "e4m3fnuz"
+    fp8_flavour: ClassVar[str | None] = "e4m3fnuz"
     has_streams = True
-    runtime_names = ("hip", "rocm", "rccl")
+    runtime_names: ClassVar[tuple[str, ...]] = ("hip", "rocm", "rccl")
 
     # --- probe -------------------------------------------------------------------------------
     def _hip_build(self) -> tuple[Any | None, str, str]:

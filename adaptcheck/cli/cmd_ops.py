@@ -8,13 +8,14 @@ import typer
 
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.steps.ops.catalog import all_ops
+from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.registry import load_provider, provider_names
 
 
 def ops(fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml.")) -> None:
     """List operators with the signature providers implement and each provider's coverage."""
     out = Output(fmt)
-    providers = {}
+    providers: dict[str, tuple[OpProvider | None, bool, str]] = {}
     for name in provider_names():
         try:
             provider = load_provider(name)

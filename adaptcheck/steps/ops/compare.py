@@ -130,19 +130,21 @@ def _compare(
     res.max_rel = float(rel.max(initial=0.0))
 
     if klass.mode == "allclose":
-        allowed = limit.atol + limit.rtol * np.abs(np.where(fin_r, r_f, 0.0))  # type: ignore[operator]
+        assert limit.atol is not None and limit.rtol is not None  # the policy validator guarantees both
+        allowed = limit.atol + limit.rtol * np.abs(np.where(fin_r, r_f, 0.0))
         bad = (diff > allowed) | special_bad | surprise
         score = diff / np.maximum(allowed, 1e-300)
         res.ratio = float(score.max(initial=0.0))
     elif klass.mode == "normalized":
+        assert limit.max_normalized is not None and limit.min_cosine is not None  # guaranteed by the validator
         scale = float(np.abs(r_f[both]).max(initial=0.0)) or 1.0
         res.normalized = res.max_abs / scale
         gv, rv = g_f[both], r_f[both]
         denom = float(np.linalg.norm(gv) * np.linalg.norm(rv))
         res.cosine = float(np.dot(gv, rv) / denom) if denom > 0 else (1.0 if not gv.any() and not rv.any() else 0.0)
-        bad = (diff > limit.max_normalized * scale) | special_bad | surprise  # type: ignore[operator]
-        cos_short = (1.0 - res.cosine) / max(1.0 - limit.min_cosine, 1e-12)  # type: ignore[operator]
-        res.ratio = max(res.normalized / max(limit.max_normalized, 1e-300), cos_short)  # type: ignore[arg-type]
+        bad = (diff > limit.max_normalized * scale) | special_bad | surprise
+        cos_short = (1.0 - res.cosine) / max(1.0 - limit.min_cosine, 1e-12)
+        res.ratio = max(res.normalized / max(limit.max_normalized, 1e-300), cos_short)
     elif klass.mode == "exact":
         bad = (diff > 0) | special_bad | surprise
         res.ratio = math.inf if bad.any() else 0.0

@@ -11,14 +11,16 @@ as ``skip`` with that reason — never as a pass.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 
 class OpProvider:
     """Base of every provider. A plain object with ``name`` and ``ops`` works too."""
 
-    name: ClassVar[str] = "provider"
-    description: ClassVar[str] = ""
+    name: str = "provider"
+    """Name shown in results (``--ops module:object`` providers are named by that spec)."""
+    description: str = ""
+    """What the provider runs, shown beside each op result."""
 
     def available(self) -> tuple[bool, str]:
         """(usable here, reason when not). Never raises."""
@@ -45,13 +47,9 @@ class DictProvider(OpProvider):
     """A provider built from a mapping: what ``--ops module:object`` may point at."""
 
     def __init__(self, name: str, ops: dict[str, Callable[..., Any]], description: str = "") -> None:
-        self._name = name
+        self.name = name
+        self.description = description
         self._ops = dict(ops)
-        self._description = description
-
-    @property  # type: ignore[override]
-    def name(self) -> str:  # noqa: D102
-        return self._name
 
     def ops(self) -> dict[str, Callable[..., Any]]:
         return self._ops
