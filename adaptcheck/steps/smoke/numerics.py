@@ -35,15 +35,32 @@ class MatmulTolerance:
         return {"normalized": self.normalized, "cosine": self.cosine, "note": self.note}
 
 
-MATMUL_TOLERANCES: dict[str, MatmulTolerance] = {
+_MATMUL_NOTES = {
     # fp32 only holds with TF32/HF32 off: TF32 rounds inputs to 10 mantissa bits (~1e-4 error).
-    "fp32": MatmulTolerance(1e-5, note="fp32 accumulate, TF32/HF32 off"),
+    "fp32": "fp32 accumulate, TF32/HF32 off",
     # Output rounding alone is ≤ 2^-9 ≈ 2e-3 of an element; 1.6e-2 is the field's bf16 rtol.
-    "bf16": MatmulTolerance(1.6e-2, note="fp32 accumulate, bf16 output"),
+    "bf16": "fp32 accumulate, bf16 output",
     # Output rounding alone is ≤ 2^-11 ≈ 4.9e-4; fp16 accumulation over long K exceeds 2e-3.
-    "fp16": MatmulTolerance(2e-3, note="fp32 accumulate, fp16 output"),
+    "fp16": "fp32 accumulate, fp16 output",
 }
-"""Per-dtype matmul limits (DESIGN.md §4; sources: torch.testing, vLLM kernel tests, FlagGems)."""
+
+
+def _matmul_tolerances() -> dict[str, MatmulTolerance]:
+    """The limits of the step-3 ``reduction`` class (matrices/tolerances.yaml), so a matmul is
+    judged by the same numbers in step 2 and step 3 and they are kept in one place."""
+    from adaptcheck.steps.ops.tolerance import load_policy
+
+    reduction = load_policy().get("reduction")
+    out: dict[str, MatmulTolerance] = {}
+    for name, note in _MATMUL_NOTES.items():
+        limit = reduction.limit_for(name)
+        assert limit.max_normalized is not None and limit.min_cosine is not None  # validated by the policy
+        out[name] = MatmulTolerance(limit.max_normalized, limit.min_cosine, note)
+    return out
+
+
+MATMUL_TOLERANCES: dict[str, MatmulTolerance] = _matmul_tolerances()
+"""Per-dtype matmul limits: the ``reduction`` class of matrices/tolerances.yaml (DESIGN.md §4)."""
 
 
 @dataclass(frozen=True)
