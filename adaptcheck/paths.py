@@ -26,3 +26,22 @@ def data_dir(name: str) -> Path:
 def default_reports_dir() -> Path:
     """``reports/`` in the current directory: where a user expects to find their run."""
     return Path.cwd() / "reports"
+
+
+def cache_dir(*parts: str) -> Path:
+    """adaptcheck's cache (synthetic models, compiler caches), created on demand.
+
+    ``$ADAPTCHECK_CACHE_DIR`` when set (CI and tests point it at a scratch folder), else
+    ``$XDG_CACHE_HOME/adaptcheck``, else ``~/.cache/adaptcheck``.
+    """
+    import os
+
+    root_env = os.environ.get("ADAPTCHECK_CACHE_DIR")
+    if root_env:
+        root = Path(root_env)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = (Path(xdg) if xdg else Path.home() / ".cache") / "adaptcheck"
+    path = root.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

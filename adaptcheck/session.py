@@ -56,6 +56,9 @@ class RunMeta(BaseModel):
     device: DeviceRef = Field(description="Device under test.")
     device_index: int = Field(default=0, description="Device index used.")
     op_provider: str | None = Field(default=None, description="--ops: provider for every step-3 op check.")
+    model: str | None = Field(default=None, description="--model: model used instead of the ladder's ('embedded:NAME' or a local path).")
+    endpoint: str | None = Field(default=None, description="--endpoint: base URL of an OpenAI-compatible server under test.")
+    endpoint_model: str | None = Field(default=None, description="--endpoint-model: served model name to request.")
 
 
 @dataclass
@@ -68,6 +71,9 @@ class RunOptions:
     out: Path | None = None
     seed: int = 0
     ops: str | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    endpoint_model: str | None = None
     command: list[str] = field(default_factory=list)
 
 
@@ -137,6 +143,7 @@ def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunRe
         run_id=run_id, started_at=started, command=opts.command,
         ladder=LadderRef(id=ladder.spec.id, version=ladder.spec.version, source=ladder.source, sha256=ladder.sha256),
         seed=opts.seed, steps=steps, device=_device_ref(backend, 0, probe.device_count), op_provider=opts.ops,
+        model=opts.model, endpoint=opts.endpoint, endpoint_model=opts.endpoint_model,
     )
     (run_dir / LADDER_SNAPSHOT).write_text(ladder.text, encoding="utf-8")
     (run_dir / RUN_META).write_text(meta.model_dump_json(indent=2), encoding="utf-8")
@@ -162,6 +169,8 @@ def resume_run(run_dir: Path, progress: Progress | None = None) -> tuple[RunResu
 
 def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, progress: Progress | None) -> RunResults:
     progress = progress or Progress()
+    if meta.model is not None:
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": meta.model})})
     journal = JournalWriter(run_dir / JOURNAL)
     done = journal.read()
     selected = [c for c in spec.checks if c.step in meta.steps]
@@ -174,7 +183,9 @@ def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, 
             todo.append(PlannedRun(c, spec.timeout_for(c)))
     init = {"backend": backend.name, "device_index": meta.device_index, "seed": meta.seed,
             "run_dir": str(run_dir), "model": spec.model.model_dump(mode="json"),
-            "device_count": meta.device.device_count, "op_provider": meta.op_provider}
+            "device_count": meta.device.device_count, "op_provider": meta.op_provider,
+            "endpoint": {"url": meta.endpoint, "model": meta.endpoint_model, "reference": meta.model is not None}
+            if meta.endpoint else None}
     try:
         execute(todo, init, journal, run_dir / WORKER_LOG, on_start=progress.started, on_done=progress.finished)
     except KeyboardInterrupt:

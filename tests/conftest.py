@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.servers"]  # session servers: vllm_server, transformers_server
+
 
 def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 300,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -19,6 +21,20 @@ def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: floa
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "adaptcheck", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def adaptcheck_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """adaptcheck's cache (synthetic models, vLLM and inductor caches) for the whole session:
+    ``$ADAPTCHECK_CACHE_DIR`` when the caller set one (CI may keep it between runs), else a
+    session temporary folder, so tests never write to the user's home cache. CLI runs in
+    subprocesses inherit it."""
+    existing = os.environ.get("ADAPTCHECK_CACHE_DIR")
+    if existing:
+        return Path(existing)
+    path = tmp_path_factory.mktemp("adaptcheck-cache")
+    os.environ["ADAPTCHECK_CACHE_DIR"] = str(path)
+    return path
 
 
 @pytest.fixture

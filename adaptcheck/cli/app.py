@@ -12,7 +12,17 @@ import sys
 import typer
 
 from adaptcheck import __version__
-from adaptcheck.cli import cmd_backends, cmd_env, cmd_grade, cmd_kinds, cmd_ops, cmd_report, cmd_run, cmd_schema
+from adaptcheck.cli import (
+    cmd_backends,
+    cmd_env,
+    cmd_frameworks,
+    cmd_grade,
+    cmd_kinds,
+    cmd_ops,
+    cmd_report,
+    cmd_run,
+    cmd_schema,
+)
 from adaptcheck.cli.output import Output
 from adaptcheck.errors import AdaptcheckError, ExitCode
 
@@ -32,6 +42,7 @@ app.command("env")(cmd_env.env)
 app.command("backends")(cmd_backends.backends)
 app.command("kinds")(cmd_kinds.kinds)
 app.command("ops")(cmd_ops.ops)
+app.command("frameworks")(cmd_frameworks.frameworks)
 app.command("schema")(cmd_schema.schema)
 
 

@@ -65,6 +65,9 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder (default: reports/<run id>/)."),
     seed: int = typer.Option(0, "--seed", help="Seed for every generated input."),
     ops: Optional[str] = typer.Option(None, "--ops", help="Op provider for step 3 (name or 'module:object'), instead of the ladder's."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: a local Hugging Face folder or 'embedded:NAME' (never downloaded)."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Also test this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1); API key from $ADAPTCHECK_API_KEY or $OPENAI_API_KEY."),
+    endpoint_model: Optional[str] = typer.Option(None, "--endpoint-model", help="Served model name to request from --endpoint (default: the first it lists)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in this folder (other options are taken from it)."),
     require: Optional[str] = typer.Option(None, "--require", help="Exit 1 unless the grade is at least this level (L1-L5)."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table (human, stderr) or json/yaml (results on stdout)."),
@@ -86,7 +89,8 @@ def run(
             results, run_dir = resume_run(resume, progress)
         else:
             opts = RunOptions(ladder=ladder, device=device, steps=parse_steps(steps, [1, 2, 3, 4, 5]) if steps else None,
-                              out=out, seed=seed, ops=ops, command=["adaptcheck", *sys.argv[1:]])
+                              out=out, seed=seed, ops=ops, model=model, endpoint=endpoint, endpoint_model=endpoint_model,
+                              command=["adaptcheck", *sys.argv[1:]])
             results, run_dir = start_run(opts, progress)
     finally:
         progress.stop()

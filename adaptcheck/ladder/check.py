@@ -73,6 +73,11 @@ class CheckContext:
     device_count: int = 1
     op_provider: str | None = None
     """Provider for every step-3 op check (``--ops``), overriding the ladder's choice."""
+    endpoint: dict[str, Any] | None = None
+    """``--endpoint``: {'url', 'model', 'reference'} — 'reference' is True when ``--model``
+    names a local copy of the served weights (so a CPU reference can be computed)."""
+    check_id: str = ""
+    """Id of the check being run (set by the worker before each check)."""
     scratch: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -41,6 +41,7 @@ def _context(init: dict[str, Any]) -> Any:
         model=ModelSpec.model_validate(init["model"]),
         device_count=int(init.get("device_count", 1)),
         op_provider=init.get("op_provider"),
+        endpoint=init.get("endpoint"),
     )
 
 
@@ -50,6 +51,7 @@ def _run_one(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
 
     start = time.perf_counter()
     try:
+        ctx.check_id = msg["id"]
         cls = get_check_class(msg["kind"])
         params = cls.params_model.model_validate(msg.get("params") or {})
         got = cls().run(ctx, params)

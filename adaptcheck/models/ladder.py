@@ -50,8 +50,10 @@ class ConditionSpec(Strict):
     checks: list[str] = Field(default_factory=list, description="Check ids or glob patterns ('smoke.*').")
     steps: list[int] = Field(default_factory=list, description="Every check of these steps.")
     tags: list[str] = Field(default_factory=list, description="Every check carrying one of these tags.")
-    when: Literal["always", "multi_device"] = Field(
-        default="always", description="'multi_device': only demanded when more than one device is visible."
+    when: Literal["always", "multi_device", "where_applicable"] = Field(
+        default="always", description="'multi_device': only demanded when more than one device is visible; "
+        "'where_applicable': only demanded when some selected check applies here (e.g. a compile on/off "
+        "comparison, which only frameworks with that switch can make)."
     )
 
     @model_validator(mode="after")

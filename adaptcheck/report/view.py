@@ -23,6 +23,7 @@ from adaptcheck.report.fmt import (
     status_key,
 )
 from adaptcheck.report.fmt import status_label as _label
+from adaptcheck.report.framework import FrameworkView, build_framework
 from adaptcheck.report.matrix import MatrixView, build_matrix
 from adaptcheck.report.ops import OpsView, build_ops
 
@@ -170,6 +171,7 @@ class ReportView:
     slowest: list[DurationBar]
     matrix: MatrixView
     ops: OpsView
+    framework: FrameworkView
     check_groups: list[CheckGroup]
     reproduce: ReproduceView
     legend: list[Label] = field(default_factory=lambda: [_label(k) for k in STATUS_LABELS])
@@ -328,6 +330,7 @@ def build_view(results: RunResults) -> ReportView:
         grade_max=results.grade_rules.levels[-1].level if results.grade_rules.levels else "L5",
         next_level=next_level, blockers=list(results.grade.blockers), levels=levels,
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
-        matrix=build_matrix(env, results.checks, anchors), ops=build_ops(results, anchors), check_groups=groups,
+        matrix=build_matrix(env, results.checks, anchors), ops=build_ops(results, anchors),
+        framework=build_framework(results, anchors), check_groups=groups,
         reproduce=_reproduce(results),
     )

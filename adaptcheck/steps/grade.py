@@ -97,6 +97,10 @@ def evaluate_condition(
             msg = f": {r.message}" if r.message else ""
             problems.append(f"{r.id} {r.status.value}{msg}")
     if not problems and passed == 0:
+        if cond.when == "where_applicable" and sel_results:
+            return ConditionResult(id=cond.id, description=cond.description, holds=True,
+                                   reason="not demanded: no selected check applies here",
+                                   checks=sorted(r.id for r in sel_results))
         problems.append("no selected check passed (all were not applicable)")
     return ConditionResult(
         id=cond.id,

@@ -107,17 +107,61 @@ def test_condition_with_only_not_applicable_checks_does_not_hold() -> None:
     assert g.level == "L0"
 
 
-def test_placeholder_steps_cap_the_builtin_ladder_at_l1() -> None:
-    """With steps 3-5 not implemented, passing steps 1-2 gives L1, never more."""
+def test_where_applicable_condition_holds_when_every_selected_check_is_not_applicable() -> None:
+    planned = [PlannedCheck(id="fw.vllm.compile", step=4, kind="k", timeout_s=1),
+               PlannedCheck(id="fw.transformers.compile", step=4, kind="k", timeout_s=1)]
+    rules = GradeSpec.model_validate({"levels": [{"level": "L1", "name": "x", "conditions": [
+        {"id": "c", "description": "compile on/off", "checks": ["fw.*.compile"], "when": "where_applicable"}]}]})
+    na = [r("fw.vllm.compile", 4, Status.SKIP, applicable=False),
+          r("fw.transformers.compile", 4, Status.SKIP, applicable=False)]
+    assert compute_grade(rules, planned, na, [4], 1).level == "L1"
+    # ...but an applicable skip (could not run), a failure, or a missing result still blocks it.
+    assert compute_grade(rules, planned, [na[0], r("fw.transformers.compile", 4, Status.SKIP)], [4], 1).level == "L0"
+    assert compute_grade(rules, planned, [na[0], r("fw.transformers.compile", 4, Status.FAIL)], [4], 1).level == "L0"
+    assert compute_grade(rules, planned, na[:1], [4], 1).level == "L0"
+    assert compute_grade(rules, planned, [], [1], 1).level == "L0"  # step 4 not run
+
+
+def _builtin_results(not_applicable: tuple[str, ...] = ()) -> tuple[list[PlannedCheck], list[CheckResult], object]:
+    """Every check of the quick ladder passing (ops once per dtype, as they report), the step-5
+    placeholders skipping, and the checks whose id starts with one of ``not_applicable`` n/a."""
     spec = load_ladder("quick").spec
     planned = [PlannedCheck(id=c.id, step=c.step, kind=c.kind, tags=c.tags, timeout_s=1) for c in spec.checks]
-    results = [CheckResult(id=c.id, step=c.step, kind=c.kind, tags=c.tags,
-                           status=Status.PASS if c.kind != "placeholder.not_implemented" else Status.SKIP,
-                           message="" if c.kind != "placeholder.not_implemented" else "not implemented")
-               for c in spec.checks]
-    g = compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1)
+    results: list[CheckResult] = []
+    for c in spec.checks:
+        ids = [f"{c.id}.{d}" for d in c.params.get("dtypes", [])] if c.kind == "ops.op" else [c.id]
+        for rid in ids:
+            if c.kind == "placeholder.not_implemented":
+                results.append(CheckResult(id=rid, step=c.step, kind=c.kind, tags=c.tags, status=Status.SKIP,
+                                           message="not implemented"))
+            elif c.id.startswith(not_applicable):
+                results.append(CheckResult(id=rid, step=c.step, kind=c.kind, tags=c.tags, status=Status.SKIP, applicable=False,
+                                           message="vLLM is not installed"))
+            else:
+                results.append(CheckResult(id=rid, step=c.step, kind=c.kind, tags=c.tags, status=Status.PASS))
+    return planned, results, spec
+
+
+def test_step5_placeholders_cap_the_builtin_ladder_at_l3() -> None:
+    """Steps 1-4 passing give L3; L4 is blocked by the step-5 checks that are not implemented."""
+    planned, results, spec = _builtin_results()
+    g = compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1)  # type: ignore[attr-defined]
+    assert g.level == "L3"
+    assert any("perf.micro skip: not implemented" in b for b in g.blockers)
+
+
+def test_a_machine_without_vllm_still_reaches_l3_through_transformers() -> None:
+    planned, results, spec = _builtin_results(("framework.vllm", "framework.endpoint", "ops.vllm"))
+    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L3"  # type: ignore[attr-defined]
+
+
+def test_a_failing_framework_blocks_l2_even_when_another_passes() -> None:
+    planned, results, spec = _builtin_results()
+    results = [r.model_copy(update={"status": Status.FAIL, "message": "token 3 is 7 instead of 9"})
+               if r.id == "framework.vllm.reference" else r for r in results]
+    g = compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1)  # type: ignore[attr-defined]
     assert g.level == "L1"
-    assert any("framework.single_request skip: not implemented" in b for b in g.blockers)
+    assert any("framework.vllm.reference fail: token 3" in b for b in g.blockers)
 
 
 def test_level_at_least() -> None:

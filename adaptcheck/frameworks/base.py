@@ -1,0 +1,169 @@
+"""The framework adapter contract.
+
+An adapter loads a model on the device and answers greedy generation requests, one at a
+time or as a concurrent batch, with the token ids, the top-N logprobs at each position
+when the framework can give them, the finish reason and the usage counts. The checks of
+step 4 and the load generator of step 5 speak only this interface, so vLLM, transformers
+and any OpenAI-compatible endpoint are interchangeable; a framework that is not installed
+says why through :meth:`Framework.probe` instead of raising.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class FrameworkError(Exception):
+    """A framework could not do what was asked; the message is one line for the report."""
+
+
+class FrameworkUnavailable(FrameworkError):
+    """The framework is not installed or cannot run here (a ``skip``, not a failure)."""
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether an adapter can be used here, and why not."""
+
+    available: bool
+    reason: str = ""
+    version: str | None = None
+
+
+@dataclass
+class GenRequest:
+    """One greedy generation request."""
+
+    prompt: str | None = None
+    """Text prompt (completions), or None when ``prompt_ids`` or ``messages`` is given."""
+    prompt_ids: list[int] | None = None
+    """Token-id prompt; adapters that only take text decode it with the model's tokenizer."""
+    messages: list[dict[str, str]] | None = None
+    """Chat messages: the adapter applies the model's chat template (chat API for endpoints)."""
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    """Stop strings; the returned text excludes the stop string (OpenAI semantics)."""
+    ignore_eos: bool = False
+    logprobs: int = 0
+    """Top-N logprobs wanted per generated position (0: none)."""
+    stream: bool = False
+    """Endpoint adapters: use the streaming API (in-process adapters ignore it)."""
+
+
+@dataclass
+class Generation:
+    """What a framework answered for one request."""
+
+    token_ids: list[int] | None
+    """Generated token ids (EOS included when it ended the sequence); None when unknown."""
+    text: str
+    finish_reason: str | None
+    """'stop' (EOS or stop string), 'length' (max_tokens) or the framework's word."""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    """Usage as the framework reports it."""
+    top_logprobs: list[dict[int, float]] | None = None
+    """Per generated position: token id → logprob of the top-N (the chosen one included)."""
+    prompt_ids: list[int] | None = None
+    """Token ids the framework saw as the prompt, when it says."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Framework-specific evidence (timings, chunk counts …)."""
+
+
+@dataclass
+class LoadOptions:
+    """How to bring a model up."""
+
+    model_path: Path
+    dtype: str = "bf16"
+    """'fp32' | 'fp16' | 'bf16'."""
+    max_model_len: int = 2048
+    enable_prefix_caching: bool | None = None
+    """None: the framework's default."""
+    compile: bool | None = None
+    """Graph capture / torch.compile on (True) or off (False); None: the framework's default."""
+    tensor_parallel_size: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FrameworkConfig:
+    """What an adapter may need beyond the model: where to write server logs, which endpoint."""
+
+    log_dir: Path | None = None
+    """Folder for server logs (the run folder's ``framework/``)."""
+    endpoint_url: str | None = None
+    """``--endpoint``: base URL of an OpenAI-compatible server."""
+    endpoint_model: str | None = None
+    """``--endpoint-model``: the served model name (default: the first the server lists)."""
+    endpoint_reference: bool = False
+    """True when the run's ``--model`` is a local copy of the endpoint's weights."""
+
+
+class Framework(ABC):
+    """One inference framework serving one loaded model."""
+
+    def __init__(self, config: FrameworkConfig | None = None) -> None:
+        self.config = config or FrameworkConfig()
+
+    name: ClassVar[str]
+    """Registry name: 'transformers', 'vllm', 'vllm_serve', 'transformers_serve', 'endpoint'."""
+    display_name: ClassVar[str]
+    gives_token_ids: ClassVar[bool] = True
+    """Whether answers carry token ids (an endpoint may only give text)."""
+    supports_prefix_caching: ClassVar[bool] = False
+    supports_compile_toggle: ClassVar[bool] = False
+    supports_tensor_parallel: ClassVar[bool] = False
+    supports_stream: ClassVar[bool] = False
+    """Whether requests can be answered through a streaming API (endpoints)."""
+
+    @classmethod
+    @abstractmethod
+    def availability(cls) -> Availability:
+        """Installed and usable here? Never raises."""
+
+    @abstractmethod
+    def load(self, opts: LoadOptions, device: str) -> float:
+        """Bring the model up on the torch device string (e.g. 'cpu', 'cuda:0'); returns seconds taken."""
+
+    @abstractmethod
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        """Answer the requests, submitted together (a concurrent batch when more than one)."""
+
+    def runs_here(self) -> bool:
+        """Whether the model runs in this process or one it started (so this machine's process
+        memory is the framework's memory). A remote endpoint says no."""
+        return True
+
+    def serves_local_weights(self) -> bool:
+        """Whether the answers come from the run's local model files (so the CPU reference and
+        the local tokenizer apply). Only an external endpoint may say no."""
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        """The framework's own gauges and counters by name (vLLM's Prometheus metrics …)."""
+        return {}
+
+    def memory_state(self) -> dict[str, float]:
+        """Figures that must come back to baseline after requests finish: KV-cache use and
+        requests in flight, from :meth:`metrics`."""
+        return {k: v for k, v in self.metrics().items()
+                if "kv_cache_usage" in k or k.endswith(("num_requests_running", "num_requests_waiting"))}
+
+    def describe(self) -> dict[str, Any]:
+        """Versions, platform and plugin facts for the report."""
+        return {}
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Release the model and any process; safe to call twice."""
+
+
+def apply_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """Cut ``text`` before the earliest stop string (OpenAI semantics: the stop string itself
+    is not returned). Returns the text and whether a stop string was found."""
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)

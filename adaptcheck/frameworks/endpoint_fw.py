@@ -1,0 +1,256 @@
+"""OpenAI-compatible servers as frameworks: a user's ``--endpoint``, or a server adaptcheck launches.
+
+``endpoint`` talks to whatever the user points at (vLLM, SGLang, ``transformers serve``,
+llama.cpp …). ``vllm_serve`` and ``transformers_serve`` first start that server on
+127.0.0.1 with the run's model (``server.ManagedServer``: readiness wait, clean shutdown,
+no orphans) and then are the same client. A batch of requests is sent concurrently
+(asyncio), which is how a server sees real traffic; answers keep whatever the server
+gives: token ids and top logprobs (vLLM's extensions), usage, stream timings.
+
+Server quirks are recorded, not hidden: a server that rejects ``ignore_eos`` is marked so
+in the answer's ``extra`` and the check reports that sub-check as not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from adaptcheck.frameworks.base import (
+    Availability,
+    Framework,
+    FrameworkConfig,
+    FrameworkError,
+    FrameworkUnavailable,
+    Generation,
+    GenRequest,
+    LoadOptions,
+)
+from adaptcheck.frameworks.openai_client import (
+    AsyncOpenAIClient,
+    CompletionResult,
+    OpenAIClient,
+)
+
+READY_TIMEOUT_S = 10.0
+"""How long a user's endpoint may take to answer its model list: it should already be up,
+and an unreachable one must be reported promptly, not after minutes of retries."""
+PROBE_PROMPT = "The history of the printing press"
+REQUEST_TIMEOUT_S = 120.0
+"""Longest a step-4 request (tens of tokens) may take, or stay silent: a hung server is an
+error well within the check's own time limit."""
+
+
+_DEATH = re.compile(r"died unexpectedly|Fatal Python error|Illegal instruction|Segmentation fault|core dumped|"
+                    r"out of memory|Killed")
+_EXIT_SIGNAL = re.compile(r"exit code:? (-\d+)")
+
+
+def server_failure(log_path: Path) -> str | None:
+    """The first line of a launched server's log that says a process of it died, with the
+    signal named (vLLM logs "Worker proc … died unexpectedly (exit code: -4)")."""
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if _DEATH.search(line):
+            text = re.sub(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:]+ \[[^\]]*\] ", "", line.strip())
+            m = _EXIT_SIGNAL.search(text)
+            if m:
+                try:
+                    text += f" = {signal.Signals(-int(m.group(1))).name}"
+                except ValueError:
+                    pass
+            return text[:300]
+    return None
+
+
+def _generation(r: CompletionResult) -> Generation:
+    extra: dict[str, Any] = {"stream": r.stream, "content_chunks": r.num_content_chunks if r.stream else None,
+                             "done_seen": r.done_seen if r.stream else None}
+    if r.dropped_fields:
+        extra["dropped_fields"] = list(r.dropped_fields)
+    if r.emulated:
+        extra["emulated"] = list(r.emulated)
+    if "ignore_eos" in r.dropped_fields or "ignore_eos" in r.emulated:
+        extra["ignore_eos_unsupported"] = True
+    if r.stream and r.ttft_s is not None:
+        extra["ttft_s"] = r.ttft_s
+    return Generation(token_ids=r.token_ids, text=r.text, finish_reason=r.finish_reason,
+                      prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+                      top_logprobs=r.top_logprobs, prompt_ids=r.prompt_token_ids, extra=extra)
+
+
+class EndpointFramework(Framework):
+    """Any OpenAI-compatible server given by ``--endpoint``."""
+
+    name = "endpoint"
+    display_name = "OpenAI-compatible endpoint"
+    gives_token_ids = False
+    supports_stream = True
+    launches_server: ClassVar[str | None] = None
+    """'vllm' / 'transformers' for the subclasses that start their own server."""
+
+    def __init__(self, config: FrameworkConfig | None = None) -> None:
+        super().__init__(config)
+        self.client: OpenAIClient | None = None
+        self.server: Any = None
+        self.capabilities: dict[str, Any] = {}
+        self.url: str | None = None
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if importlib.util.find_spec("httpx") is None:
+            return Availability(False, "httpx is not installed")
+        return Availability(True)
+
+    def load(self, opts: LoadOptions, device: str) -> float:
+        if not self.config.endpoint_url:
+            raise FrameworkUnavailable("no --endpoint given (pass --endpoint URL to test a running server)")
+        start = time.perf_counter()
+        self.client = OpenAIClient(self.config.endpoint_url, model=self.config.endpoint_model,
+                                   timeout_s=REQUEST_TIMEOUT_S)
+        self.client.wait_ready(READY_TIMEOUT_S)
+        self._probe()
+        return time.perf_counter() - start
+
+    def _probe(self) -> None:
+        assert self.client is not None
+        self.url = self.client.base_url
+        try:
+            # A prompt of ordinary length: the first forward pass of a fresh server is also
+            # what single_request's own short prompts exercise afterwards.
+            caps = self.client.probe_capabilities(prompt=PROBE_PROMPT)
+            self.capabilities = {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(caps).items()}
+        except FrameworkError as exc:
+            self.capabilities = {"probe_error": str(exc)}
+
+    def serves_local_weights(self) -> bool:
+        return self.launches_server is not None or self.config.endpoint_reference
+
+    def runs_here(self) -> bool:
+        return self.server is not None
+
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        if self.client is None:
+            raise FrameworkError(f"{self.display_name}: generate() before load()")
+        aio: AsyncOpenAIClient = self.client.aio
+
+        async def one(req: GenRequest) -> CompletionResult:
+            kw: dict[str, Any] = {"max_tokens": req.max_tokens, "stream": req.stream, "stop": req.stop or None,
+                                  "logprobs": req.logprobs, "ignore_eos": req.ignore_eos, "seed": 0}
+            if req.messages is not None:
+                return await aio.chat(req.messages, **kw)
+            prompt: str | list[int] = req.prompt_ids if req.prompt_ids is not None else (req.prompt or "")
+            return await aio.completion(prompt, **kw)
+
+        async def all_of() -> list[CompletionResult]:
+            try:
+                return list(await asyncio.gather(*(one(r) for r in requests)))
+            finally:
+                await aio.aclose()
+
+        try:
+            return [_generation(r) for r in asyncio.run(all_of())]
+        except FrameworkError as exc:
+            died = server_failure(self.server.log_path) if self.server is not None else None
+            if died:
+                # The HTTP error ("500", "connection refused") is the symptom; the log has the cause.
+                raise FrameworkError(f"the server failed: {died} (log: {self.server.log_path}); "
+                                     f"the request saw: {str(exc).splitlines()[0]}") from exc
+            raise
+
+    def metrics(self) -> dict[str, float]:
+        """The server's /metrics, summed over label sets (vLLM); {} where it has none."""
+        if self.client is None:
+            return {}
+        try:
+            samples = self.client.metrics() or {}
+        except FrameworkError:
+            return {}
+        out: dict[str, float] = {}
+        for key, value in samples.items():
+            name = key.split("{", 1)[0]
+            out[name] = out.get(name, 0.0) + value
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {"framework": self.name, "url": self.url,
+                                 "served_model": self.client.model if self.client else None,
+                                 "capabilities": self.capabilities}
+        if self.server is not None:
+            facts.update(server_command=" ".join(self.server.command), server_log=str(self.server.log_path),
+                         server_startup_s=self.server.startup_s, server_pid=self.server.pid)
+        return facts
+
+    def shutdown(self) -> None:
+        self.client = None
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.stop()
+
+
+class _LaunchedServer(EndpointFramework):
+    """Start a server with the run's model, then test it as an endpoint."""
+
+    @classmethod
+    def _module(cls) -> str:
+        return "vllm" if cls.launches_server == "vllm" else "transformers"
+
+    def load(self, opts: LoadOptions, device: str) -> float:
+        from adaptcheck.frameworks.server import ManagedServer, ServerSpec
+
+        start = time.perf_counter()
+        spec = ServerSpec(kind=self.launches_server, model_path=opts.model_path, dtype=opts.dtype,  # type: ignore[arg-type]
+                          device=device, max_model_len=opts.max_model_len,
+                          enable_prefix_caching=opts.enable_prefix_caching,
+                          enforce_eager=None if opts.compile is None else not opts.compile,
+                          extra_args=[str(a) for a in opts.extra.get("server_args", [])])
+        self.server = ManagedServer(spec, self.config.log_dir or opts.model_path.parent)
+        self.server.start()
+        self.client = self.server.client(timeout_s=REQUEST_TIMEOUT_S)
+        self._probe()
+        return time.perf_counter() - start
+
+
+class VllmServeFramework(_LaunchedServer):
+    """``vllm serve`` (the OpenAI API server module) launched on 127.0.0.1."""
+
+    name = "vllm_serve"
+    display_name = "vllm serve (OpenAI API server on 127.0.0.1)"
+    launches_server = "vllm"
+    gives_token_ids = True
+    supports_prefix_caching = True
+    supports_compile_toggle = True
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if importlib.util.find_spec("vllm") is None:
+            return Availability(False, "vLLM is not installed (install vllm, or the vendor's vLLM build / plugin)")
+        from adaptcheck.frameworks.vllm_fw import vllm_version
+
+        return Availability(True, version=vllm_version())
+
+
+class TransformersServeFramework(_LaunchedServer):
+    """``transformers serve`` launched on 127.0.0.1."""
+
+    name = "transformers_serve"
+    display_name = "transformers serve (on 127.0.0.1)"
+    launches_server = "transformers"
+
+    @classmethod
+    def availability(cls) -> Availability:
+        # accelerate: ``transformers serve --device cpu`` loads through a device map.
+        missing = [m for m in ("transformers", "fastapi", "uvicorn", "openai", "accelerate")
+                   if importlib.util.find_spec(m) is None]
+        if missing:
+            return Availability(False, f"transformers serve needs {', '.join(missing)} "
+                                       "(pip install 'adaptcheck[serving]')")
+        return Availability(True)

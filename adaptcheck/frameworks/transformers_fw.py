@@ -1,0 +1,212 @@
+"""Hugging Face transformers, in process, on the selected device: the always-available framework.
+
+Greedy decoding through ``model.generate`` with the raw logits of every step, so each
+generated position carries its top-N logprobs (for the comparison against the CPU
+reference). A list of requests is generated as one left-padded batch, which is how
+transformers batches: comparing a prompt alone with the same prompt inside that batch
+exercises padding masks and position ids, the classic source of batch-dependent answers.
+
+The CPU reference of step 4 is this same adapter at float64 on the CPU (see
+``adaptcheck.steps.framework.reference``): one code path, two precisions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from adaptcheck.frameworks.base import (
+    Availability,
+    Framework,
+    FrameworkConfig,
+    FrameworkError,
+    FrameworkUnavailable,
+    Generation,
+    GenRequest,
+    LoadOptions,
+    apply_stop,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _dtype_kwarg() -> str:
+    """``dtype`` since transformers 4.56, ``torch_dtype`` before (vendor stacks pin older ones)."""
+    from packaging.version import Version
+
+    return "dtype" if Version(_version("transformers") or "0") >= Version("4.56") else "torch_dtype"
+
+
+def _moe_kwargs(path: Path) -> dict[str, Any]:
+    """transformers 5 runs MoE experts as a grouped matmul that has no float64 kernel (the CPU
+    reference); the per-expert loop works for every dtype and device, like eager attention."""
+    from packaging.version import Version
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    moe = any(k in config for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    if moe and Version(_version("transformers") or "0") >= Version("5.0"):
+        return {"experts_implementation": "eager"}
+    return {}
+
+
+class TransformersFramework(Framework):
+    """transformers ``AutoModelForCausalLM`` + ``generate`` (greedy)."""
+
+    name = "transformers"
+    display_name = "Hugging Face transformers (in process)"
+    supports_prefix_caching = False
+    supports_compile_toggle = False
+
+    def __init__(self, config: FrameworkConfig | None = None) -> None:
+        super().__init__(config)
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.device = "cpu"
+        self.dtype = "bf16"
+        self._opts: LoadOptions | None = None
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if importlib.util.find_spec("transformers") is None:
+            return Availability(False, "transformers is not installed (pip install transformers)")
+        return Availability(True, version=_version("transformers"))
+
+    def load(self, opts: LoadOptions, device: str) -> float:
+        avail = self.availability()
+        if not avail.available:
+            raise FrameworkUnavailable(avail.reason)
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        start = time.perf_counter()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(opts.model_path))
+            self.model = AutoModelForCausalLM.from_pretrained(
+                str(opts.model_path), **{_dtype_kwarg(): getattr(torch, TORCH_DTYPES[opts.dtype])},
+                # eager attention: the simplest kernel path, identical on every device, so a
+                # divergence points at the device's arithmetic and not at an attention backend.
+                attn_implementation="eager", **_moe_kwargs(opts.model_path),
+            )
+            self.model.to(device).eval()
+        except Exception as exc:
+            raise FrameworkError(f"transformers could not load {opts.model_path}: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"
+        self.device, self.dtype, self._opts = device, opts.dtype, opts
+        return time.perf_counter() - start
+
+    def _prompt_ids(self, req: GenRequest) -> list[int]:
+        if req.prompt_ids is not None:
+            return list(req.prompt_ids)
+        if req.messages is not None:
+            ids = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer versions
+                ids = ids["input_ids"]
+            return [int(t) for t in ids]
+        return [int(t) for t in self.tokenizer(req.prompt or "")["input_ids"]]
+
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        if self.model is None:
+            raise FrameworkError("transformers: generate() before load()")
+        import torch
+
+        prompts = [self._prompt_ids(r) for r in requests]
+        width = max(len(p) for p in prompts)
+        pad = int(self.tokenizer.pad_token_id)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+        max_new = max(r.max_tokens for r in requests)
+        top_n = max(r.logprobs for r in requests)
+        stops = sorted({s for r in requests for s in r.stop})
+        kwargs: dict[str, Any] = {}
+        if stops:
+            # transformers' own stop-string criterion (what is under test), not a post-hoc cut.
+            kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
+        if any(r.ignore_eos for r in requests):
+            kwargs["eos_token_id"] = None if all(r.ignore_eos for r in requests) else self._eos_ids()
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=max_new,
+                do_sample=False, num_beams=1, output_logits=True, return_dict_in_generate=True,
+                pad_token_id=pad, **kwargs,
+            )
+        seqs = out.sequences[:, width:].cpu()
+        logits = torch.stack(list(out.logits), dim=1).float().cpu() if out.logits else None
+        return [self._one(req, prompts[i], seqs[i].tolist(), logits[i] if logits is not None else None, top_n)
+                for i, req in enumerate(requests)]
+
+    def _eos_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        return [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+
+    def _one(self, req: GenRequest, prompt: list[int], seq: list[int], logits: torch.Tensor | None,
+             top_n: int) -> Generation:
+        eos = set() if req.ignore_eos else set(self._eos_ids())
+        pad = int(self.tokenizer.pad_token_id)
+        tokens: list[int] = []
+        finish = "length"
+        for tok in seq[: req.max_tokens]:
+            tokens.append(int(tok))
+            if tok in eos:
+                finish = "stop"
+                break
+        if finish == "length" and len(tokens) < req.max_tokens and tokens and tokens[-1] == pad:
+            finish = "stop"  # padded after an EOS that equals pad
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if req.stop:
+            text, hit = apply_stop(text, req.stop)
+            if hit:
+                finish = "stop"
+                tokens = self._tokens_covering(tokens, req.stop)
+        tops: list[dict[int, float]] | None = None
+        if req.logprobs and logits is not None:
+            import torch
+
+            lp = torch.log_softmax(logits[: len(tokens)], dim=-1)
+            vals, idx = lp.topk(min(max(top_n, req.logprobs), lp.shape[-1]), dim=-1)
+            tops = []
+            for pos, tok in enumerate(tokens):
+                row = {int(i): float(v) for i, v in zip(idx[pos].tolist(), vals[pos].tolist())}
+                row.setdefault(tok, float(lp[pos, tok]))  # the chosen token is always present
+                tops.append(row)
+        return Generation(token_ids=tokens, text=text, finish_reason=finish, prompt_tokens=len(prompt),
+                          completion_tokens=len(tokens), top_logprobs=tops, prompt_ids=prompt)
+
+    def _tokens_covering(self, tokens: list[int], stops: list[str]) -> list[int]:
+        """The shortest token prefix whose text contains a stop string (the tokens the model
+        actually produced before it was told to stop)."""
+        for n in range(1, len(tokens) + 1):
+            if apply_stop(self.tokenizer.decode(tokens[:n], skip_special_tokens=True), stops)[1]:
+                return tokens[:n]
+        return tokens
+
+    def describe(self) -> dict[str, Any]:
+        return {"framework": self.name, "transformers": _version("transformers"), "device": self.device,
+                "dtype": self.dtype, "attention": "eager"}
+
+    def shutdown(self) -> None:
+        self.model = None
+        self.tokenizer = None
+        import gc
+
+        gc.collect()

@@ -1,0 +1,694 @@
+"""View data of step 4 (framework bring-up): one block per framework — plain data, no HTML.
+
+Step-4 checks each load (or reuse) a framework instance — transformers, vLLM, a served
+endpoint or a plugin — and record what it was (``details.framework``), which model it
+served (``details.model``), sub-check rows (``details.subchecks``) and, for the comparing
+kinds, per-prompt verdicts (``details.comparison``). This module turns those into what a
+reader needs to judge a bring-up at a glance:
+
+* one block per framework: its name, version and platform facts, the model, the load
+  time, then a row per check with its status, the key numbers said in words ("9 prompts: 5
+  identical, 4 diverged within top-5, 0 failed; token agreement 61.8%"), the sub-check rows
+  and the prompts whose answers diverged;
+* for vLLM, which platform plugin answered and which one vLLM chose (the first thing to rule
+  out on a new accelerator is "vLLM silently ran on the wrong platform");
+* the exact-collectives table of ``framework.collectives``, which has no framework.
+
+Results are read defensively: a check whose worker crashed has no details at all, a check
+that could not load its framework records the framework as a bare name, and ids are free
+text from the ladder. None of those may break the page or vanish from it. A sub-check that
+could not run here (``ok: null``) reads as *not run*, never as a pass.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
+from adaptcheck.report.fmt import (
+    STATUS_LABELS,
+    Label,
+    format_duration,
+    format_float,
+    format_value,
+    status_key,
+    status_label,
+)
+
+STEP = 4
+COLLECTIVES_KIND = "framework.collectives"
+UNKNOWN_FRAMEWORK = "unknown"
+# Comparisons are short lists (a few prompts); a cap keeps a hand-made ladder of hundreds readable.
+MAX_DIVERGENCES = 20
+
+# What each kind checks, as the per-check table says it (unknown kinds show their own name).
+KIND_NAMES: dict[str, str] = {
+    "framework.load": "load",
+    "framework.single_request": "single requests",
+    "framework.reference": "vs CPU reference",
+    "framework.concurrent": "alone vs batched",
+    "framework.kv_cache": "KV cache",
+    "framework.compile": "compile on vs off",
+    "framework.tensor_parallel": "tensor parallel vs one device",
+    "framework.collectives": "collectives",
+}
+
+# Facts of ``details.framework`` shown in the block, in this order, with these labels. Keys a
+# plugin adds go after them under their own names, so nothing it reports is hidden.
+FACT_LABELS: dict[str, str] = {
+    "vllm": "vLLM version",
+    "transformers": "transformers version",
+    "platform": "platform",
+    "device_type": "device type",
+    "vllm_target_device": "VLLM_TARGET_DEVICE",
+    "device": "device",
+    "dtype": "dtype",
+    "attention": "attention",
+    "enforce_eager": "enforce_eager",
+    "enable_prefix_caching": "prefix caching",
+    "tensor_parallel_size": "tensor parallel size",
+    "url": "URL",
+    "served_model": "served model",
+    "server_command": "server command",
+    "server_log": "server log",
+    "server_startup_s": "server startup",
+    "server_pid": "server pid",
+}
+# Shown elsewhere in the block (heading, load line, platform table, capabilities).
+_FACTS_SHOWN_ELSEWHERE = {"name", "display_name", "load_s", "loaded_by", "framework", "platform_plugins",
+                          "general_plugins", "capabilities"}
+# Printed in monospace: paths, commands, identifiers a reader copies.
+_MONO_FACTS = {"platform", "url", "served_model", "server_command", "server_log", "vllm", "transformers"}
+
+# Collective row statuses (collectives.merge_rows) as the report shows them; an unknown
+# one must never read as a pass, so it falls back to 'not run' with its own word.
+_COLLECTIVE_STATUS: dict[str, Label] = {
+    "ok": Label(key="pass", label="ok", glyph="✓"),
+    "mismatch": Label(key="fail", label="mismatch", glyph="✗"),
+    "raised": Label(key="error", label="raised", glyph="!"),
+    "incomplete": Label(key="error", label="incomplete", glyph="!"),
+    "unsupported": Label(key="na", label="unsupported", glyph="○"),
+}
+
+
+@dataclass
+class Link:
+    """A check id and the anchor of its entry in the Checks section ('' when it has none)."""
+
+    id: str
+    anchor: str
+
+
+@dataclass
+class Fact:
+    """One labelled fact; ``mono`` for values a reader copies (paths, commands, ids)."""
+
+    label: str
+    value: str
+    mono: bool = False
+
+
+@dataclass
+class SubcheckRow:
+    """One ``details.subchecks`` row: held (✓ pass), did not hold (✗ fail) or not run here."""
+
+    name: str
+    status: Label
+    detail: str
+
+
+@dataclass
+class Divergence:
+    """One prompt whose two answers were not identical, and why it was (not) tolerated."""
+
+    prompt: str
+    status: Label
+    text: str
+
+
+@dataclass
+class FwCheckRow:
+    """One step-4 check of a framework."""
+
+    id: str
+    anchor: str  # the check's entry in the Checks section
+    kind: str
+    what: str  # the kind in words
+    status: Label
+    message: str
+    duration: str
+    summary: list[str]  # the key numbers in words, one line each
+    subchecks: list[SubcheckRow]
+    divergences: list[Divergence]
+    divergences_more: int  # divergent prompts beyond MAX_DIVERGENCES
+    instance: str  # set when the check ran on another instance than the block's (other load options)
+
+
+@dataclass
+class StatusCount:
+    status: Label
+    count: int
+
+
+@dataclass
+class PluginRow:
+    """One vLLM platform plugin: what its detector said, and whether vLLM chose it."""
+
+    name: str
+    source: str
+    outcome: Label
+    detail: str
+    detail_mono: bool  # a class name or an exception (copied), not a sentence
+    chosen: bool
+
+
+@dataclass
+class PlatformView:
+    """How vLLM resolved its platform on this machine."""
+
+    platform: str
+    device_type: str
+    plugins: list[PluginRow]
+    general_plugins: list[Fact]
+    note: str  # e.g. no answer names the platform vLLM chose
+
+
+@dataclass
+class FrameworkBlock:
+    """Everything the report says about one framework."""
+
+    name: str
+    display_name: str
+    anchor: str
+    loaded: bool  # some check recorded facts of a loaded instance
+    load_time: str
+    loaded_by: Link | None
+    facts: list[Fact]
+    model: list[Fact]
+    capabilities: list[Fact]
+    platform: PlatformView | None
+    counts: list[StatusCount]
+    checks: list[FwCheckRow]
+
+
+@dataclass
+class CollectiveRow:
+    op: str
+    dtype: str
+    elements: str
+    bytes_per_rank: str
+    status: Label
+    time: str
+    problem: str
+
+
+@dataclass
+class CollectivesView:
+    """One ``framework.collectives`` check with its op × dtype × size table."""
+
+    id: str
+    anchor: str
+    status: Label
+    message: str
+    summary: str
+    rows: list[CollectiveRow]
+    notes: list[str]
+
+
+@dataclass
+class FrameworkView:
+    """Step 4 as the report shows it."""
+
+    ran: bool
+    not_run_reason: str
+    not_run_status: Label | None = None
+    frameworks: list[FrameworkBlock] = field(default_factory=list)
+    collectives: list[CollectivesView] = field(default_factory=list)
+    legend: list[Label] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- small readers
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when it is a mapping, else empty (crashed checks, older or hand-edited files)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _float(value: Any) -> float | None:
+    """A number from results.json (inf/nan arrive as strings); None for anything else."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _int(value: Any) -> int | None:
+    f = _float(value)
+    return int(f) if f is not None and math.isfinite(f) else None
+
+
+def _percent(value: Any) -> str:
+    f = _float(value)
+    return "—" if f is None else f"{f:.1%}"
+
+
+def _seconds(value: Any) -> str:
+    f = _float(value)
+    return format_duration(f) if f is not None and math.isfinite(f) and f >= 0 else format_value(value)
+
+
+def _text(value: Any) -> str:
+    """A fact as text; None is a setting left to the framework's default."""
+    if value is None:
+        return "not set"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return ", ".join(value) or "none"
+    return format_value(value)
+
+
+def _anchor(*parts: str) -> str:
+    """Attribute-safe fragment id (framework names come from plugins and ladders: untrusted)."""
+    return "fw-" + "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", p).strip("-") or "x" for p in parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# ---------------------------------------------------------------- grouping
+
+
+def framework_of(cid: str, details: dict[str, Any]) -> str:
+    """The framework a step-4 result belongs to.
+
+    ``details.framework`` names it: a dict of facts when the framework loaded, the bare name
+    when it could not. A result without details (its worker crashed) falls back on the
+    ladder convention ``<prefix>.<framework>.<kind>`` ('framework.vllm.reference').
+    """
+    fw = details.get("framework")
+    if isinstance(fw, dict):
+        name = fw.get("name") or fw.get("framework")
+        if isinstance(name, str) and name:
+            return name
+    if isinstance(fw, str) and fw:
+        return fw
+    parts = cid.split(".")
+    # Two segments ('framework.batch') are prefix and kind: no framework in them to guess.
+    return parts[1] if len(parts) >= 3 and parts[1] else UNKNOWN_FRAMEWORK
+
+
+# ---------------------------------------------------------------- per check
+
+
+def _subchecks(details: dict[str, Any]) -> list[SubcheckRow]:
+    rows = []
+    for r in details.get("subchecks") or []:
+        if not isinstance(r, dict):
+            continue
+        ok = r.get("ok")
+        # Only a literal true held; null (could not run here) and anything unexpected is 'not run'.
+        key = "pass" if ok is True else "fail" if ok is False else "notrun"
+        detail = str(r.get("detail") or "")
+        extra = {k: v for k, v in r.items() if k not in ("name", "ok", "detail")}
+        if extra:
+            detail += (" " if detail else "") + "(" + ", ".join(f"{k}={format_value(v)}" for k, v in extra.items()) + ")"
+        rows.append(SubcheckRow(name=str(r.get("name") or "(unnamed)"), status=status_label(key), detail=detail))
+    return rows
+
+
+def _divergence_text(p: dict[str, Any], top_n: int | None) -> str:
+    """Where two answers of one prompt part, and why that was (not) within tolerance."""
+    top = f"top-{top_n}" if top_n is not None else "top-N"
+    common, len_a, len_b = _int(p.get("common_prefix")), _int(p.get("len_a")), _int(p.get("len_b"))
+    if p.get("divergence") is not None:
+        text = f"same first {common} tokens, then token {p.get('token_a')} vs {p.get('token_b')}"
+        excuses = []
+        if p.get("b_in_top_a") is True and p.get("a_in_top_b") is True:
+            excuses.append(f"each in the other's {top}")
+        elif p.get("b_in_top_a") is True:
+            excuses.append(f"in the first answer's {top}")
+        elif p.get("b_in_top_a") is False or p.get("a_in_top_b") is False:
+            excuses.append(f"not in the other's {top}")
+        gap = _float(p.get("gap_a"))
+        if gap is not None:
+            excuses.append(f"logprob gap {gap:.4f}")
+        if excuses:
+            text += " (" + ", ".join(excuses) + ")"
+    else:
+        text = f"same first {common} tokens, then one side stopped"
+    text += f"; lengths {len_a} vs {len_b}"
+    if p.get("by_text"):
+        text += "; compared as text"
+    reason = str(p.get("reason") or "")
+    return f"{reason} — {text}" if reason else text
+
+
+def _divergences(details: dict[str, Any], top_n: int | None) -> tuple[list[Divergence], int]:
+    pairs = [p for p in details.get("comparison") or [] if isinstance(p, dict) and p.get("exact") is not True]
+    out = []
+    for p in pairs[:MAX_DIVERGENCES]:
+        ok = p.get("ok")
+        key = "pass" if ok is True else "fail" if ok is False else "notrun"
+        out.append(Divergence(prompt=format_value(p.get("index", "?")), status=status_label(key),
+                              text=_divergence_text(p, top_n)))
+    return out, max(0, len(pairs) - MAX_DIVERGENCES)
+
+
+def _agreement(m: dict[str, Any]) -> list[str]:
+    """The comparison numbers (compare.Comparison.metrics) in words."""
+    n = _int(m.get("sequences"))
+    if n is None:
+        return []
+    top_n, margin = _int(m.get("top_n")), _float(m.get("tie_margin"))
+    # What a tolerated divergence means depends on the comparison mode the check used.
+    within = (f"within top-{top_n}" if top_n is not None
+              else f"within the tie margin {format_float(margin)}" if margin is not None else "within tolerance")
+    line = (f"{_plural(n, 'prompt')}: {format_value(m.get('sequences_exact'))} identical, "
+            f"{format_value(m.get('sequences_diverged_within_top_n'))} diverged {within}, "
+            f"{format_value(m.get('sequences_failed'))} failed; token agreement {_percent(m.get('token_agreement'))}")
+    extra = []
+    if m.get("min_common_prefix_fraction") is not None:
+        extra.append(f"shortest common prefix {_percent(m.get('min_common_prefix_fraction'))}")
+    if m.get("max_logprob_abs_diff") is not None:
+        extra.append(f"max |Δ logprob| {format_value(m.get('max_logprob_abs_diff'))}")
+    if m.get("reference_dtype") is not None:
+        extra.append(f"reference {format_value(m.get('reference_dtype'))} on CPU")
+    if m.get("batch") is not None:
+        extra.append(f"batch of {format_value(m.get('batch'))}")
+    return [line] + (["; ".join(extra)] if extra else [])
+
+
+def _summary(c: CheckResult) -> list[str]:
+    """The key numbers of one check in words; empty when it measured nothing."""
+    m = c.metrics
+    lines: list[str] = []
+    if m.get("load_s") is not None:
+        text = f"loaded in {_seconds(m['load_s'])}"
+        if m.get("model_generation_s") is not None:
+            text += f"; model generated in {_seconds(m['model_generation_s'])}"
+        lines.append(text)
+    if m.get("requests") is not None:
+        lines.append(f"{format_value(m['requests'])} requests")
+    lines += _agreement(m)
+    if m.get("rounds") is not None:
+        text = f"{format_value(m['rounds'])} rounds of {format_value(m.get('batch'))} requests"
+        if "kv_usage_before" in m or "kv_usage_after" in m:
+            text += (f"; KV-cache usage {format_value(m.get('kv_usage_before'))} → "
+                     f"{format_value(m.get('kv_usage_after'))}")
+        if m.get("rss_growth_mib") is not None:
+            text += f"; resident memory grew {format_value(m['rss_growth_mib'])} MiB"
+        lines.append(text)
+    # compile / tensor-parallel record each variant's load time as 'load_s[<variant>]'.
+    loads = [f"{k[len('load_s['):-1]} {_seconds(v)}" for k, v in m.items() if k.startswith("load_s[") and k.endswith("]")]
+    if loads:
+        lines.append("load time: " + ", ".join(loads))
+    return lines
+
+
+def _instance_note(fw: Any, block_loaded_by: str | None) -> str:
+    if not isinstance(fw, dict) or block_loaded_by is None:
+        return ""
+    by = fw.get("loaded_by")
+    if isinstance(by, str) and by and by != block_loaded_by:
+        return f"own instance: loaded by {by} in {_seconds(fw.get('load_s'))}"
+    return ""
+
+
+def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None) -> FwCheckRow:
+    d = _dict(c.details)
+    divergences, more = _divergences(d, _int(c.metrics.get("top_n")))
+    return FwCheckRow(
+        id=c.id, anchor=anchors.get(c.id, ""), kind=c.kind, what=KIND_NAMES.get(c.kind, c.kind),
+        status=status_label(status_key(c)), message=c.message, duration=format_duration(c.duration_s),
+        summary=_summary(c), subchecks=_subchecks(d), divergences=divergences, divergences_more=more,
+        instance=_instance_note(d.get("framework"), loaded_by),
+    )
+
+
+def _not_run_row(p: PlannedCheck, anchors: dict[str, str]) -> FwCheckRow:
+    return FwCheckRow(id=p.id, anchor=anchors.get(p.id, ""), kind=p.kind, what=KIND_NAMES.get(p.kind, p.kind),
+                      status=status_label("notrun"),
+                      message="not reached: the run ended before this check recorded a result",
+                      duration="—", summary=[], subchecks=[], divergences=[], divergences_more=0, instance="")
+
+
+# ---------------------------------------------------------------- per framework
+
+
+def _facts(fw: dict[str, Any]) -> list[Fact]:
+    out = []
+    for key, label in FACT_LABELS.items():
+        if key not in fw or (key in ("platform", "device_type") and isinstance(fw.get("platform_plugins"), list)):
+            continue  # a vLLM block shows platform and device type with its platform table
+        value = _seconds(fw[key]) if key.endswith("_s") else _text(fw[key])
+        out.append(Fact(label=label, value=value, mono=key in _MONO_FACTS))
+    for key, value in fw.items():
+        if key not in FACT_LABELS and key not in _FACTS_SHOWN_ELSEWHERE:
+            out.append(Fact(label=str(key), value=_text(value)))
+    return out
+
+
+def _model_facts(model: dict[str, Any]) -> list[Fact]:
+    if not model:
+        return []
+    out = [Fact("model", _text(model.get("name")), mono=True)]
+    arch = model.get("architecture")
+    if arch is not None or model.get("model_type") is not None:
+        kind = f" ({model['model_type']})" if model.get("model_type") else ""
+        out.append(Fact("architecture", f"{_text(arch)}{kind}"))
+    shape = [text.format(format_value(model[k])) for k, text in
+             (("num_layers", "{} layers"), ("head_dim", "head_dim {}"), ("vocab_size", "vocab {}"))
+             if model.get(k) is not None]
+    if shape:
+        out.append(Fact("shape", ", ".join(shape)))
+    if model.get("torch_dtype") is not None:
+        out.append(Fact("weights dtype", _text(model["torch_dtype"])))
+    if model.get("source") is not None or model.get("path") is not None:
+        out.append(Fact("source", f"{_text(model.get('source'))}: {_text(model.get('path'))}", mono=True))
+    size = _float(model.get("weights_bytes"))
+    if size is not None:
+        out.append(Fact("weights size", f"{format_float(size / 2**20)} MiB"))
+    if model.get("weights_sha256"):
+        out.append(Fact("weights sha256", _text(model["weights_sha256"]), mono=True))
+    syn = _dict(model.get("synthetic"))
+    if syn:
+        text = f"{_text(syn.get('name'))}, seed {_text(syn.get('seed'))}, generator v{_text(syn.get('generator_version'))}"
+        if syn.get("num_params") is not None:
+            text += f", {format_value(syn['num_params'])} parameters"
+        out.append(Fact("synthetic", text))
+    if model.get("generated_s") is not None:
+        out.append(Fact("generated in", _seconds(model["generated_s"])))
+    return out
+
+
+def _capabilities(fw: dict[str, Any]) -> list[Fact]:
+    caps = fw.get("capabilities")
+    if not isinstance(caps, dict):
+        return []
+    out = []
+    for key, value in caps.items():
+        if key == "probe_error":
+            out.append(Fact("probe", f"failed: {_text(value)}"))
+        elif isinstance(value, bool):
+            out.append(Fact(str(key), "yes" if value else "no"))
+        else:
+            out.append(Fact(str(key), _text(value) if value is not None else "—"))
+    return out
+
+
+def _platform(fw: dict[str, Any]) -> PlatformView | None:
+    """vLLM's platform resolution: every detector's answer or failure, and the one it chose."""
+    plugins = fw.get("platform_plugins")
+    if not isinstance(plugins, list):
+        return None
+    chosen_platform = fw.get("platform")
+    rows = []
+    for r in plugins:
+        if not isinstance(r, dict):
+            continue
+        answer = r.get("answer")
+        chosen = False
+        if r.get("skipped"):
+            outcome, detail = Label("na", "skipped", "○"), str(r["skipped"])
+        elif r.get("load_error"):
+            outcome, detail = Label("error", "failed to load", "!"), str(r["load_error"])
+        elif r.get("detect_error"):
+            outcome, detail = Label("error", "detector raised", "!"), str(r["detect_error"])
+        elif answer is not None:
+            chosen = isinstance(chosen_platform, str) and answer == chosen_platform
+            # Two detectors answering is legal (a vendor plugin beats a built-in); only one is used.
+            outcome = Label("pass", "answered, chosen", "✓") if chosen else Label("skip", "answered, not chosen", "–")
+            detail = str(answer)
+        elif "answer" in r:
+            outcome, detail = Label("na", "declined", "○"), "returned None: not this platform"
+        else:
+            outcome, detail = Label("notrun", "not asked", "·"), ""
+        rows.append(PluginRow(name=str(r.get("name", "")), source=str(r.get("source", "")), outcome=outcome,
+                              detail=detail, detail_mono=outcome.key in ("pass", "skip", "error"), chosen=chosen))
+    general = [Fact(str(g.get("name", "")), str(g.get("source", "")), mono=True)
+               for g in fw.get("general_plugins") or [] if isinstance(g, dict)]
+    note = ""
+    if isinstance(chosen_platform, str) and rows and not any(r.chosen for r in rows):
+        note = "no detector's answer names the platform vLLM chose"
+    return PlatformView(platform=_text(chosen_platform), device_type=_text(fw.get("device_type")),
+                        plugins=rows, general_plugins=general, note=note)
+
+
+@dataclass
+class _Group:
+    """Accumulator of one framework while results are read."""
+
+    name: str
+    facts: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    results: list[CheckResult] = field(default_factory=list)
+    planned: list[PlannedCheck] = field(default_factory=list)
+
+
+def _block(g: _Group, anchor: str, anchors: dict[str, str]) -> FrameworkBlock:
+    fw = g.facts or {}
+    loaded_by = fw.get("loaded_by") if isinstance(fw.get("loaded_by"), str) else None
+    checks = [_check_row(c, anchors, loaded_by) for c in g.results]
+    checks += [_not_run_row(p, anchors) for p in g.planned]
+    counts = Counter(r.status.key for r in checks)
+    display = fw.get("display_name")
+    return FrameworkBlock(
+        name=g.name, display_name=str(display) if display else g.name, anchor=anchor, loaded=bool(fw),
+        load_time=_seconds(fw["load_s"]) if fw.get("load_s") is not None else "",
+        loaded_by=Link(id=loaded_by, anchor=anchors.get(loaded_by, "")) if loaded_by else None,
+        facts=_facts(fw), model=_model_facts(g.model or {}), capabilities=_capabilities(fw), platform=_platform(fw),
+        counts=[StatusCount(status=status_label(k), count=counts[k]) for k in STATUS_LABELS if counts[k]],
+        checks=checks,
+    )
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def _collective_problem(row: dict[str, Any]) -> str:
+    parts = []
+    for rank, info in _dict(row.get("ranks")).items():
+        info = _dict(info)
+        if info.get("mismatches"):
+            parts.append(f"rank {rank}: {format_value(info['mismatches'])} wrong, first at [{info.get('first_index')}]"
+                         f" = {format_value(info.get('got'))} (expected {format_value(info.get('expected'))})")
+        elif info.get("error"):
+            parts.append(f"rank {rank}: {info['error']}")
+    missing = row.get("missing_ranks")
+    if isinstance(missing, list) and missing:
+        parts.append("no report from rank " + ", ".join(str(r) for r in missing))
+    return "; ".join(parts)
+
+
+def _collectives(c: CheckResult, anchors: dict[str, str]) -> CollectivesView:
+    d, m = _dict(c.details), c.metrics
+    rows = []
+    for r in d.get("table") or []:
+        if not isinstance(r, dict):
+            continue
+        word = str(r.get("status", ""))
+        label = _COLLECTIVE_STATUS.get(word, Label(key="notrun", label=word or "unknown", glyph="·"))
+        size = _float(r.get("bytes_per_rank"))
+        rows.append(CollectiveRow(
+            op=str(r.get("op", "")), dtype=str(r.get("dtype", "")), elements=format_value(r.get("elements")),
+            bytes_per_rank=f"{format_float(size / 2**10)} KiB" if size is not None else "—", status=label,
+            time=_seconds(r["time_s"]) if r.get("time_s") is not None else "—", problem=_collective_problem(r),
+        ))
+    summary = ""
+    if m.get("world_size") is not None:
+        summary = f"{format_value(m['world_size'])} ranks over {format_value(m.get('library'))}"
+        if rows:
+            by = Counter(r.status.label for r in rows)
+            summary += f"; {_plural(len(rows), 'op run')}: " + ", ".join(f"{n} {w}" for w, n in by.items())
+        if m.get("wall_s") is not None:
+            summary += f"; wall time {_seconds(m['wall_s'])}"
+    notes = [f"dtype {k} not checked: {v}" for k, v in _dict(d.get("skipped_dtypes")).items()]
+    for rk in d.get("ranks") or []:
+        rk = _dict(rk)
+        ended = str(rk.get("exit") or "")
+        if rk.get("killed") or (ended and ended != "exited with code 0"):
+            text = f"rank {rk.get('rank')} {ended}" + (f" ({rk['killed']})" if rk.get("killed") else "")
+            if rk.get("stuck_at"):
+                text += f", stuck at {rk['stuck_at']}"
+            elif rk.get("last_line"):
+                text += f"; last line: {rk['last_line']}"
+            notes.append(text)
+    return CollectivesView(id=c.id, anchor=anchors.get(c.id, ""), status=status_label(status_key(c)),
+                           message=c.message, summary=summary, rows=rows, notes=notes)
+
+
+# ---------------------------------------------------------------- the section
+
+
+def _not_run_reason(results: RunResults) -> str:
+    if STEP in results.grade.steps_not_run or STEP not in results.steps:
+        selected = ", ".join(str(s) for s in results.steps) or "none"
+        return f"step 4 not run: it was not selected for this run (steps run: {selected})"
+    if not results.complete:
+        return "step 4 not run: the run was interrupted before any framework check finished"
+    return "step 4 ran but this ladder has no framework checks"
+
+
+def build_framework(results: RunResults, anchors: dict[str, str]) -> FrameworkView:
+    """The step-4 section: ``anchors`` are the Checks section's, so rows link to each check's entry."""
+    groups: dict[str, _Group] = {}
+    collectives: list[CollectivesView] = []
+    for c in results.checks:
+        if c.step != STEP:
+            continue
+        if c.kind == COLLECTIVES_KIND:
+            collectives.append(_collectives(c, anchors))
+            continue
+        d = _dict(c.details)
+        name = framework_of(c.id, d)
+        g = groups.setdefault(name, _Group(name=name))
+        g.results.append(c)
+        # The first loaded instance's facts describe the block (normally the load check's).
+        if g.facts is None and isinstance(d.get("framework"), dict):
+            g.facts = d["framework"]
+        if g.model is None and isinstance(d.get("model"), dict):
+            g.model = d["model"]
+    ran = STEP in results.steps and STEP not in results.grade.steps_not_run
+    result_ids = {c.id for c in results.checks}
+    planned_collectives: list[PlannedCheck] = []
+    for p in results.planned:
+        # A planned check without any result (interrupted run) is listed as not run, never a gap.
+        if p.step != STEP or not ran or any(r == p.id or r.startswith(p.id + ".") for r in result_ids):
+            continue
+        if p.kind == COLLECTIVES_KIND:
+            planned_collectives.append(p)
+        else:
+            name = framework_of(p.id, {})
+            groups.setdefault(name, _Group(name=name)).planned.append(p)
+    for p in planned_collectives:
+        collectives.append(CollectivesView(id=p.id, anchor=anchors.get(p.id, ""), status=status_label("notrun"),
+                                           message="not reached: the run ended before this check recorded a result",
+                                           summary="", rows=[], notes=[]))
+    if not groups and not collectives:
+        # A step that ran without any framework check is not 'not run': n/a, so pill and text agree.
+        key = "na" if ran and results.complete else "notrun"
+        return FrameworkView(ran=False, not_run_reason=_not_run_reason(results), not_run_status=status_label(key))
+
+    blocks = []
+    used: set[str] = set()
+    for name, g in groups.items():
+        base = _anchor(name)
+        anchor, n = base, 2
+        while anchor in used:  # 'vllm serve' and 'vllm-serve' would otherwise share a fragment
+            anchor, n = f"{base}-{n}", n + 1
+        used.add(anchor)
+        blocks.append(_block(g, anchor, anchors))
+    present = {r.status.key for b in blocks for r in b.checks} | {c.status.key for c in collectives}
+    legend = [status_label(k) for k in STATUS_LABELS if k in present]
+    return FrameworkView(ran=True, not_run_reason="", frameworks=blocks, collectives=collectives, legend=legend)

@@ -1,0 +1,218 @@
+"""Rank side of ``framework.collectives``: one process = one rank = one device.
+
+Started by :func:`adaptcheck.steps.framework.collectives.launch` as
+``python -m adaptcheck.steps.framework.collectives_worker CONFIG_JSON`` with RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment. It joins the process group
+with the backend's ``dist_backend`` on ``backend.torch_device(rank)``, runs every
+(op, dtype, size) through a :class:`TorchCollectives` (or the ``impl`` override), checks the
+result exactly against :func:`~.collectives.expected_output`, and appends one JSON line per
+event to its results file, flushed at once — so when a rank hangs or dies, the launcher
+still knows which op it was in.
+
+What lives here is what runs *one* op through ``torch.distributed`` (:class:`TorchCollectives`,
+:func:`execute`, :func:`run_case`); step 5 reuses it to time the same collectives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from typing import IO, TYPE_CHECKING, Any
+
+from adaptcheck.steps.framework.collectives import (
+    broadcast_source,
+    build_input,
+    classify_exception,
+    compare,
+    expected_output,
+    load_object,
+    output_buffer,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from adaptcheck.backends.base import Backend
+
+
+class TorchCollectives:
+    """The ops as vLLM calls them: ``torch.distributed`` on the default process group.
+
+    Tests substitute a deliberately wrong subclass (through the check's ``impl`` param) to
+    prove the check catches it; a vendor may substitute its own communicator the same way.
+    Every method leaves its result in ``output`` (in place for all_reduce/broadcast).
+    """
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        # torch 2.13 renamed the flat-tensor all-gather / reduce-scatter (the ones vLLM
+        # uses) to *_single and deprecated the old names; older torch only has the old ones.
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def apis(self) -> dict[str, str]:
+        """The torch.distributed function behind each op (evidence in the details)."""
+        return {"all_reduce": "all_reduce", "all_gather": self._all_gather.__name__,
+                "reduce_scatter": self._reduce_scatter.__name__, "all_to_all": "all_to_all_single",
+                "broadcast": "broadcast"}
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        self.dist.all_reduce(tensor, op=self.dist.ReduceOp.SUM)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        self._all_gather(output, input)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        self._reduce_scatter(output, input, op=self.dist.ReduceOp.SUM)
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        self.dist.all_to_all_single(output, input)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        self.dist.broadcast(tensor, src=src)
+
+
+def load_impl(ref: str | None) -> TorchCollectives:
+    """The default implementation, or ``'module:object'`` (a class or factory) instantiated."""
+    if not ref:
+        return TorchCollectives()
+    obj = load_object(ref)
+    impl = obj() if isinstance(obj, type) or not hasattr(obj, "all_reduce") else obj
+    return impl  # type: ignore[no-any-return]
+
+
+def execute(impl: TorchCollectives, op: str, inp: torch.Tensor, out: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Run one op; returns the tensor holding the result (``inp`` itself for in-place ops)."""
+    if op == "all_reduce":
+        impl.all_reduce(inp)
+        return inp
+    if op == "broadcast":
+        impl.broadcast(inp, broadcast_source(world_size))
+        return inp
+    if op == "all_gather":
+        impl.all_gather(out, inp)
+    elif op == "reduce_scatter":
+        impl.reduce_scatter(out, inp)
+    elif op == "all_to_all":
+        impl.all_to_all(out, inp)
+    else:
+        raise ValueError(f"unknown collective {op!r}")
+    return out
+
+
+def run_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: int, op: str, dtype: str,
+             elements: int) -> dict[str, Any]:
+    """Run one (op, dtype, size) on this rank and check it exactly; one JSON-able record.
+
+    ``status`` is ``ok``, ``mismatch`` (with count, first index and values), ``unsupported``
+    or ``raised`` (with the error). Inputs and the expectation are built on the CPU from
+    the pure functions, so the device under test computes nothing the check relies on.
+    """
+    device = backend.torch_device(rank)
+    rec: dict[str, Any] = {"event": "op", "key": f"{op}/{dtype}/{elements}", "op": op, "dtype": dtype,
+                           "elements": elements}
+    inp = build_input(op, world_size, rank, elements, dtype).to(device)
+    out = output_buffer(op, world_size, elements, dtype, device=device)
+    backend.synchronize(rank)
+    start = time.perf_counter()
+    try:
+        result = execute(impl, op, inp, out, world_size)
+        backend.synchronize(rank)  # the op is done only when the device says so
+    except Exception as exc:  # noqa: BLE001 - a failing collective is the finding, not a crash
+        rec.update(status=classify_exception(exc), error=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+        return rec
+    rec["time_s"] = time.perf_counter() - start
+    cmp = compare(result, expected_output(op, world_size, rank, elements, dtype))
+    rec.update(cmp, status="ok" if cmp["mismatches"] == 0 else "mismatch")
+    return rec
+
+
+# --- process plumbing ---------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when the launcher dies (even by SIGKILL), then make sure
+    it has not died already in the window before the request (our parent would be init)."""
+    parent = int(os.environ.get("ADAPTCHECK_COLLECTIVES_PARENT", "0") or 0)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if parent and os.getppid() != parent:
+        os._exit(3)
+
+
+def _emit(fh: IO[str], rec: dict[str, Any]) -> None:
+    rec.setdefault("t", time.time())  # wall clock: lines up the ranks' logs and shows where time went
+    fh.write(json.dumps(rec, default=str) + "\n")
+    fh.flush()
+
+
+def _load_backend(config: dict[str, Any]) -> Backend:
+    """The very backend class the check used (tests use unregistered ones), else by name."""
+    ref = config.get("backend_class")
+    if ref:
+        try:
+            return load_object(ref)()  # type: ignore[no-any-return]
+        except (ImportError, AttributeError):
+            pass
+    from adaptcheck.backends.registry import get_backend
+
+    return get_backend(config["backend"])
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent()
+    faulthandler.enable()  # a segfault in a collective library leaves a Python stack in the log
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher's "where are you stuck?"
+    config = json.loads(argv[0])
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    with open(config["results"], "a", encoding="utf-8") as fh:
+        backend = _load_backend(config)
+        device = backend.torch_device(rank)
+        _emit(fh, {"event": "start", "rank": rank, "pid": os.getpid(), "device": str(device)})
+        import torch
+        import torch.distributed as dist
+
+        if backend.is_accelerator:
+            set_device = getattr(backend.torch_api(), "set_device", None)
+            if set_device is not None:
+                set_device(rank)  # the library binds each rank's communicator to "the current device"
+        else:
+            # Ranks share the cores: without this each would start one thread per core.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        impl = load_impl(config.get("impl"))
+        t0 = time.perf_counter()
+        # The launcher's deadline must be what ends a hang (it reports which rank and op, and
+        # kills every rank); the process group's own timeout is only a backstop behind it, so
+        # a peer does not turn the hang into a "raised" timeout error first.
+        dist.init_process_group(backend.dist_backend, init_method="env://", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=float(config["timeout_s"]) + 60))
+        dist.barrier()  # every rank is connected before anything is timed
+        apis = impl.apis() if hasattr(impl, "apis") else {}
+        _emit(fh, {"event": "ready", "init_s": time.perf_counter() - t0, "apis": apis,
+                   "torch": torch.__version__})
+        for op in config["ops"]:
+            for dtype in config["dtypes"]:
+                for n in config["elements"]:
+                    dist.barrier()  # start together, so time_s is the op, not a peer's lag
+                    _emit(fh, {"event": "begin", "key": f"{op}/{dtype}/{n}", "op": op, "dtype": dtype,
+                               "elements": n})
+                    _emit(fh, run_case(impl, backend, rank, world_size, op, dtype, n))
+        dist.barrier()
+        dist.destroy_process_group()
+        _emit(fh, {"event": "done"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

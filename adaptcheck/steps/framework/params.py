@@ -1,0 +1,107 @@
+"""Strict parameter models of the step-4 checks (what a ladder may set, each field described)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Precision = Literal["fp32", "fp16", "bf16"]
+
+DEFAULT_TIE_MARGIN = {"fp32": 0.05, "fp16": 0.25, "bf16": 0.5}
+"""Largest logprob gap (nats) between two tokens that still counts as a tie when the same
+framework answers one prompt differently in two runs (alone vs batched, cached vs not).
+bf16 carries ~3 significant digits, so logits of a few units differ by ~0.1 between
+batch shapes; a confident token (gap of several nats) must never flip."""
+
+
+class FrameworkParams(BaseModel):
+    """Which framework, and how to load the model on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    framework: str = Field(description="Adapter: transformers, vllm, vllm_serve, transformers_serve, endpoint, "
+                                       "or 'module:Class' (``adaptcheck frameworks`` lists them).")
+    model: str | None = Field(default=None, description="Model for this check instead of the run's: 'embedded:NAME' "
+                              "(e.g. embedded:tiny-moe to cover MoE) or a local path.")
+    dtype: Precision | None = Field(default=None, description="Serving dtype; default: the ladder model's precision.")
+    max_model_len: int | None = Field(default=None, gt=0, description="Context length to load with; default: the ladder's.")
+    compile: bool | None = Field(default=None, description="Graph capture / torch.compile on or off (vLLM: "
+                                 "enforce_eager = not compile); None: the framework's default.")
+    prefix_caching: bool | None = Field(default=None, description="Prefix caching on or off; None: the framework's default.")
+
+    @field_validator("framework")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from adaptcheck.frameworks.registry import validate_name
+
+        return validate_name(v)
+
+    def load_overrides(self) -> dict[str, Any]:
+        """The keyword arguments that select the loaded instance (shared by checks that agree)."""
+        return {"model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len, "compile": self.compile,
+                "enable_prefix_caching": self.prefix_caching}
+
+
+class LoadParams(FrameworkParams):
+    """``framework.load``: nothing beyond the framework."""
+
+
+class SingleRequestParams(FrameworkParams):
+    """``framework.single_request``."""
+
+    output_lengths: list[int] = Field(default=[1, 8, 32], min_length=1, description="max_tokens values for the short prompt.")
+    long_prompt_tokens: int = Field(default=700, gt=0, description="Length of the long prompt, in tokens.")
+    long_max_tokens: int = Field(default=16, gt=0, description="max_tokens for the long prompt.")
+
+
+class ReferenceParams(FrameworkParams):
+    """``framework.reference``."""
+
+    prompts: int = Field(default=6, ge=1, description="Short prompts compared (plus one long prompt and the chat ones).")
+    long_prompt_tokens: int = Field(default=300, ge=0, description="Long prompt length in tokens (0: none).")
+    chat: bool = Field(default=True, description="Also compare chat-template prompts (when the model has a template).")
+    max_tokens: int = Field(default=32, gt=0, description="Tokens generated per prompt.")
+    top_n: int = Field(default=5, ge=1, le=20, description="At the first divergence each token must be in the other's top-N.")
+
+
+class ConcurrentParams(FrameworkParams):
+    """``framework.concurrent``."""
+
+    batch: int = Field(default=8, ge=2, description="Requests sent together.")
+    max_tokens: int = Field(default=24, gt=0, description="Tokens per request (varied ±50% across the batch).")
+    top_n: int = Field(default=5, ge=1, le=20, description="Logprobs requested per position.")
+    tie_margin: float | None = Field(default=None, ge=0, description="Tie margin in nats; default by dtype "
+                                     f"{DEFAULT_TIE_MARGIN}.")
+    stream: bool = Field(default=True, description="Endpoints: also compare streamed with non-streamed answers.")
+
+
+class KvCacheParams(FrameworkParams):
+    """``framework.kv_cache``."""
+
+    rounds: int = Field(default=4, ge=2, description="Rounds of the same batch after one warm-up round.")
+    batch: int = Field(default=6, ge=1, description="Requests per round.")
+    prefix_tokens: int = Field(default=256, ge=0, description="Shared prefix length (exercises prefix caching).")
+    max_tokens: int = Field(default=16, gt=0, description="Tokens per request.")
+    memory_growth_mib: float = Field(default=64.0, ge=0, description="Largest process memory growth (RSS) allowed "
+                                     "after the rounds, where no KV-cache gauge is readable.")
+    compare_prefix_off: bool = Field(default=False, description="Also load the framework with prefix caching off "
+                                     "and compare (frameworks with prefix caching only).")
+    top_n: int = Field(default=5, ge=1, le=20, description="Logprobs per position for the comparisons.")
+    tie_margin: float | None = Field(default=None, ge=0, description="Tie margin in nats; default by dtype.")
+
+
+class CompileParams(FrameworkParams):
+    """``framework.compile``: graph capture / compile on vs off."""
+
+    prompts: int = Field(default=4, ge=1, description="Short prompts compared.")
+    max_tokens: int = Field(default=24, gt=0, description="Tokens per prompt.")
+    top_n: int = Field(default=5, ge=1, le=20, description="Top-N rule at the first divergence.")
+
+
+class TensorParallelParams(FrameworkParams):
+    """``framework.tensor_parallel``: TP over every device vs one device."""
+
+    prompts: int = Field(default=4, ge=1, description="Short prompts compared.")
+    max_tokens: int = Field(default=24, gt=0, description="Tokens per prompt.")
+    top_n: int = Field(default=5, ge=1, le=20, description="Top-N rule at the first divergence.")

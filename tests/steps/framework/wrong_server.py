@@ -1,0 +1,155 @@
+"""A deliberately wrong OpenAI-compatible server: a real HTTP proxy in front of a real server.
+
+Requests are forwarded to a real upstream (``transformers serve`` in the tests), and the
+answers are then corrupted in one way, chosen by ``mode``:
+
+- ``passthrough``: nothing wrong (control);
+- ``wrong_tokens``: the answer's text is changed after its first few characters;
+- ``ignore_max_tokens``: the request is forwarded with more tokens than the client asked for;
+- ``batch_crosstalk``: a request that arrives while another is in flight gets that other
+  request's answer (what a KV-cache slot mix-up looks like from outside);
+- ``dies``: after ``die_after`` requests the server closes its socket for good.
+
+Streaming requests are answered by the proxy itself as server-sent events built from the
+upstream's complete answer. Nothing here mocks a library: the client under test talks
+HTTP to a real socket.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+
+MODES = ("passthrough", "wrong_tokens", "ignore_max_tokens", "batch_crosstalk", "dies")
+
+
+class _State:
+    def __init__(self, upstream: str, mode: str, die_after: int) -> None:
+        self.root = upstream.rstrip("/").removesuffix("/v1")  # paths are forwarded as they come
+        self.mode = mode
+        self.die_after = die_after
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.requests = 0
+        self.last_answer: dict[str, Any] | None = None
+
+
+def _text_of(answer: dict[str, Any]) -> str:
+    choice = answer["choices"][0]
+    return str(choice.get("text", choice.get("message", {}).get("content", "")) or "")
+
+
+def _set_text(answer: dict[str, Any], text: str) -> None:
+    choice = answer["choices"][0]
+    if "message" in choice:
+        choice["message"]["content"] = text
+    else:
+        choice["text"] = text
+
+
+def _handler(state: _State, server: ThreadingHTTPServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+        def _reply(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            resp = httpx.get(state.root + self.path, timeout=30)
+            self._reply(resp.status_code, resp.content)
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+            with state.lock:
+                state.requests += 1
+                state.in_flight += 1
+                crowded = state.in_flight > 1
+                count = state.requests
+            try:
+                if state.mode == "dies" and count > state.die_after:
+                    # Gone for good: stop serving and close the listening socket, so later
+                    # connections are refused (not left hanging in the backlog).
+                    def die() -> None:
+                        server.shutdown()
+                        server.server_close()
+
+                    threading.Thread(target=die, daemon=True).start()
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                self._answer(body, crowded)
+            finally:
+                with state.lock:
+                    state.in_flight -= 1
+
+        def _answer(self, body: dict[str, Any], crowded: bool) -> None:
+            stream = bool(body.pop("stream", False))
+            body.pop("stream_options", None)
+            if state.mode == "ignore_max_tokens" and body.get("max_tokens"):
+                body["max_tokens"] = int(body["max_tokens"]) + 4
+            resp = httpx.post(state.root + self.path, json=body, timeout=120)
+            if resp.status_code != 200:
+                self._reply(resp.status_code, resp.content)
+                return
+            answer = resp.json()
+            if state.mode == "wrong_tokens":
+                text = _text_of(answer)
+                _set_text(answer, text[:4] + "".join(reversed(text[4:])) + " zq")
+            with state.lock:
+                if state.mode == "batch_crosstalk" and crowded and state.last_answer is not None \
+                        and _text_of(state.last_answer) != _text_of(answer):
+                    _set_text(answer, _text_of(state.last_answer))
+                state.last_answer = answer
+            if not stream:
+                self._reply(200, json.dumps(answer).encode())
+                return
+            self._stream(answer, chat="messages" in body)
+
+        def _stream(self, answer: dict[str, Any], chat: bool) -> None:
+            text, finish = _text_of(answer), answer["choices"][0].get("finish_reason")
+            pieces = [text[i:i + 3] for i in range(0, len(text), 3)] or [""]
+            events = []
+            for i, piece in enumerate(pieces):
+                last = i == len(pieces) - 1
+                choice: dict[str, Any] = {"index": 0, "finish_reason": finish if last else None}
+                if chat:
+                    choice["delta"] = {"content": piece}
+                else:
+                    choice["text"] = piece
+                event: dict[str, Any] = {"id": "x", "choices": [choice]}
+                if last and "usage" in answer:
+                    event["usage"] = answer["usage"]
+                events.append(f"data: {json.dumps(event)}\n\n")
+            events.append("data: [DONE]\n\n")
+            self._reply(200, "".join(events).encode(), ctype="text/event-stream")
+
+    return Handler
+
+
+@contextmanager
+def wrong_server(upstream: str, mode: str, die_after: int = 3) -> Iterator[str]:
+    """Run the proxy on 127.0.0.1; yields its base URL (``http://127.0.0.1:PORT/v1``)."""
+    assert mode in MODES, mode
+    state = _State(upstream, mode, die_after)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    server.RequestHandlerClass = _handler(state, server)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
