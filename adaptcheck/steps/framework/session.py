@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,8 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
 
     Raises FrameworkUnavailable (→ skip), ModelError or FrameworkError (→ error).
     """
+    # adaptcheck never downloads: a framework that would reach for a model hub fails instead.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cls = framework_class(name)
     avail = cls.availability()
     if not avail.available:

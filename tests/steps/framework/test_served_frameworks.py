@@ -64,6 +64,7 @@ def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path:
                   "params": {"framework": "vllm", "compile": False, "compare_prefix_off": True, "rounds": 2}},
                  {"id": "vllm.compile", "step": 4, "kind": "framework.compile", "params": {"framework": "vllm"}}]
               + checks_for("vllm_serve", compile=False))
+    before = set(_vllm_processes(""))  # e.g. the session's own vllm_server fixture
     by_id, proc = run(write_ladder, tmp_path / "run", checks)
     bad = {k: (v["status"], v["message"]) for k, v in by_id.items() if v["status"] != "pass"}
     assert not bad, (bad, proc.stderr[-2000:])
@@ -80,8 +81,8 @@ def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path:
     assert rows(by_id["vllm_serve.kv_cache"])["KV cache back at baseline"]["ok"] is True
     assert rows(by_id["vllm.prefix_off"])["prefix cache on vs off"]["ok"] is True
     assert "compile off vs compile on" in by_id["vllm.compile"]["details"]["subchecks"][0]["name"]
-    # The launched server is gone once the run is over.
-    assert not _vllm_processes(str(tmp_path / "run")) and not _vllm_processes("adaptcheck")
+    # The launched server (and its engine) is gone once the run is over.
+    assert set(_vllm_processes("")) <= before
 
 
 def test_endpoint_on_real_transformers_serve(write_ladder: Callable[..., Path], tmp_path: Path,
@@ -145,3 +146,51 @@ def test_server_dying_mid_check_is_an_error_and_the_run_goes_on(
     assert "\n" not in msg and "127.0.0.1" in msg, msg
     assert by_id["endpoint.concurrent"]["status"] == "error"
     assert by_id["after"]["status"] == "pass"
+
+
+def _serve_processes(marker: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmd = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if " serve " in cmd and marker in cmd:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def test_interrupting_adaptcheck_leaves_no_server_behind(write_ladder: Callable[..., Path], tmp_path: Path) -> None:
+    """Ctrl-C while a launched server is up: the run stops (exit 130) and the server is gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.servers import serving_unavailable
+
+    if reason := serving_unavailable("transformers"):
+        pytest.skip(reason)
+    cache = tmp_path / "cache"  # a private cache: the model path then names this test's server only
+    checks = checks_for("transformers_serve", kinds=("load",)) + [
+        {"id": "busy", "step": 4, "kind": "framework.kv_cache",
+         "params": {"framework": "transformers_serve", "rounds": 50, "batch": 8}}]
+    ladder = write_ladder(checks, timeout_s=600)
+    proc = subprocess.Popen([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(ladder), "--device", "cpu",
+                             "--out", str(tmp_path / "run"), "--quiet"],
+                            env={**os.environ, "ADAPTCHECK_CACHE_DIR": str(cache)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not _serve_processes(str(cache)) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert _serve_processes(str(cache)), "the server never started"
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    deadline = time.monotonic() + 15
+    while _serve_processes(str(cache)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _serve_processes(str(cache)), "a server outlived the interrupted run"
+    assert (tmp_path / "run" / "results.json").exists()  # the incomplete results are still written
