@@ -8,6 +8,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,23 @@ def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: floa
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "adaptcheck", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)
+
+
+def popen_interruptible(args: list[str], **kw: Any) -> subprocess.Popen[str]:
+    """``subprocess.Popen`` for a child the test will Ctrl-C.
+
+    A test session started in the background by a non-interactive shell inherits SIGINT as
+    *ignored*, children inherit that through exec, and Python then never raises
+    KeyboardInterrupt. Spawning while this (main) thread has Python's default handler makes
+    the child start with the default disposition, without a preexec_fn (unsafe with threads).
+    """
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, text=True, **kw)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session", autouse=True)

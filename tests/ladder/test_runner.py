@@ -15,7 +15,7 @@ import pytest
 from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
 from adaptcheck.models.ladder import CheckSpec, ModelSpec
 from adaptcheck.models.results import Status
-from tests.conftest import run_cli
+from tests.conftest import popen_interruptible, run_cli
 
 
 def _init(run_dir: Path) -> dict[str, object]:
@@ -138,9 +138,8 @@ def test_ctrl_c_writes_incomplete_results_and_exits_130(tmp_path: Path, write_la
         {"id": "slow", "step": 2, "kind": "dummy.sleep", "params": {"seconds": 300, "marker": "slow.started"}},
     ])
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(ladder), "--device", "cpu",
-                             "--out", str(run_dir), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = popen_interruptible([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(ladder), "--device", "cpu",
+                                "--out", str(run_dir), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not (run_dir / "slow.started").exists():
         assert proc.poll() is None and time.monotonic() < deadline

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from adaptcheck.frameworks.server import ManagedServer
-from tests.conftest import run_cli
+from tests.conftest import popen_interruptible, run_cli
 from tests.steps.framework.wrong_server import wrong_server
 
 KINDS = ("load", "single_request", "reference", "concurrent", "kv_cache")
@@ -177,10 +177,10 @@ def test_interrupting_adaptcheck_leaves_no_server_behind(write_ladder: Callable[
         {"id": "busy", "step": 4, "kind": "framework.kv_cache",
          "params": {"framework": "transformers_serve", "rounds": 50, "batch": 8}}]
     ladder = write_ladder(checks, timeout_s=600)
-    proc = subprocess.Popen([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(ladder), "--device", "cpu",
-                             "--out", str(tmp_path / "run"), "--quiet"],
-                            env={**os.environ, "ADAPTCHECK_CACHE_DIR": str(cache)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = popen_interruptible([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(ladder), "--device", "cpu",
+                                "--out", str(tmp_path / "run"), "--quiet"],
+                               env={**os.environ, "ADAPTCHECK_CACHE_DIR": str(cache)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while not _serve_processes(str(cache)) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
