@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from adaptcheck.models.results import CheckResult, Status
+from adaptcheck.models.results import CheckResult, RunResults, Status
 
 # Display label of each status key. 'na' (a skip the backend declared inapplicable) is kept
 # apart from 'skip' because only the latter can block a grade; 'notrun' is a planned check
@@ -130,3 +131,44 @@ def format_details(details: dict[str, Any]) -> str:
     if len(text) > MAX_DETAILS_CHARS:
         text = text[:MAX_DETAILS_CHARS] + f"\n… truncated ({len(text):,} characters in all; see results.json)"
     return text
+
+
+# ---------------------------------------------------------------- readers shared by the step sections
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """``value`` when it is a mapping, else empty (crashed checks, older or hand-edited files)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_float(value: Any) -> float | None:
+    """A number from results.json, where inf/nan are stored as strings (JSON has neither);
+    None for anything else."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def section_anchor(prefix: str, *parts: str) -> str:
+    """Attribute-safe fragment id ``PREFIX-part-part`` (op, provider and framework names
+    come from plugins and ladders: untrusted)."""
+    return prefix + "-" + "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", p).strip("-") or "x" for p in parts)
+
+
+def section_not_run_reason(results: RunResults, step: int, checks: str, none_in_ladder: str) -> str:
+    """Why a step's report section is empty: not selected, interrupted, or no such checks.
+    ``checks`` names the step's checks ('operator', 'framework'); ``none_in_ladder`` ends
+    the last sentence ('operator (ops.op) checks')."""
+    if step in results.grade.steps_not_run or step not in results.steps:
+        selected = ", ".join(str(s) for s in results.steps) or "none"
+        return f"step {step} not run: it was not selected for this run (steps run: {selected})"
+    if not results.complete:
+        return f"step {step} not run: the run was interrupted before any {checks} check finished"
+    return f"step {step} ran but this ladder has no {none_in_ladder}"

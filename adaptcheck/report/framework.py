@@ -23,7 +23,6 @@ could not run here (``ok: null``) reads as *not run*, never as a pass.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +31,13 @@ from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
     Label,
+    as_dict,
+    as_float,
     format_duration,
     format_float,
     format_value,
+    section_anchor,
+    section_not_run_reason,
     status_key,
     status_label,
 )
@@ -234,37 +237,18 @@ class FrameworkView:
 # ---------------------------------------------------------------- small readers
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a mapping, else empty (crashed checks, older or hand-edited files)."""
-    return value if isinstance(value, dict) else {}
-
-
-def _float(value: Any) -> float | None:
-    """A number from results.json (inf/nan arrive as strings); None for anything else."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
 def _int(value: Any) -> int | None:
-    f = _float(value)
+    f = as_float(value)
     return int(f) if f is not None and math.isfinite(f) else None
 
 
 def _percent(value: Any) -> str:
-    f = _float(value)
+    f = as_float(value)
     return "—" if f is None else f"{f:.1%}"
 
 
 def _seconds(value: Any) -> str:
-    f = _float(value)
+    f = as_float(value)
     return format_duration(f) if f is not None and math.isfinite(f) and f >= 0 else format_value(value)
 
 
@@ -278,8 +262,7 @@ def _text(value: Any) -> str:
 
 
 def _anchor(*parts: str) -> str:
-    """Attribute-safe fragment id (framework names come from plugins and ladders: untrusted)."""
-    return "fw-" + "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", p).strip("-") or "x" for p in parts)
+    return section_anchor("fw", *parts)
 
 
 def _plural(n: int, word: str) -> str:
@@ -340,7 +323,7 @@ def _divergence_text(p: dict[str, Any], top_n: int | None) -> str:
             excuses.append(f"in the first answer's {top}")
         elif p.get("b_in_top_a") is False or p.get("a_in_top_b") is False:
             excuses.append(f"not in the other's {top}")
-        gap = _float(p.get("gap_a"))
+        gap = as_float(p.get("gap_a"))
         if gap is not None:
             excuses.append(f"logprob gap {gap:.4f}")
         if excuses:
@@ -370,7 +353,7 @@ def _agreement(m: dict[str, Any]) -> list[str]:
     n = _int(m.get("sequences"))
     if n is None:
         return []
-    top_n, margin = _int(m.get("top_n")), _float(m.get("tie_margin"))
+    top_n, margin = _int(m.get("top_n")), as_float(m.get("tie_margin"))
     # What a tolerated divergence means depends on the comparison mode the check used.
     within = (f"within top-{top_n}" if top_n is not None
               else f"within the tie margin {format_float(margin)}" if margin is not None else "within tolerance")
@@ -426,7 +409,7 @@ def _instance_note(fw: Any, block_loaded_by: str | None) -> str:
 
 
 def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None) -> FwCheckRow:
-    d = _dict(c.details)
+    d = as_dict(c.details)
     divergences, more = _divergences(d, _int(c.metrics.get("top_n")))
     return FwCheckRow(
         id=c.id, anchor=anchors.get(c.id, ""), kind=c.kind, what=KIND_NAMES.get(c.kind, c.kind),
@@ -476,12 +459,12 @@ def _model_facts(model: dict[str, Any]) -> list[Fact]:
         out.append(Fact("weights dtype", _text(model["torch_dtype"])))
     if model.get("source") is not None or model.get("path") is not None:
         out.append(Fact("source", f"{_text(model.get('source'))}: {_text(model.get('path'))}", mono=True))
-    size = _float(model.get("weights_bytes"))
+    size = as_float(model.get("weights_bytes"))
     if size is not None:
         out.append(Fact("weights size", f"{format_float(size / 2**20)} MiB"))
     if model.get("weights_sha256"):
         out.append(Fact("weights sha256", _text(model["weights_sha256"]), mono=True))
-    syn = _dict(model.get("synthetic"))
+    syn = as_dict(model.get("synthetic"))
     if syn:
         text = f"{_text(syn.get('name'))}, seed {_text(syn.get('seed'))}, generator v{_text(syn.get('generator_version'))}"
         if syn.get("num_params") is not None:
@@ -578,8 +561,8 @@ def _block(g: _Group, anchor: str, anchors: dict[str, str]) -> FrameworkBlock:
 
 def _collective_problem(row: dict[str, Any]) -> str:
     parts = []
-    for rank, info in _dict(row.get("ranks")).items():
-        info = _dict(info)
+    for rank, info in as_dict(row.get("ranks")).items():
+        info = as_dict(info)
         if info.get("mismatches"):
             parts.append(f"rank {rank}: {format_value(info['mismatches'])} wrong, first at [{info.get('first_index')}]"
                          f" = {format_value(info.get('got'))} (expected {format_value(info.get('expected'))})")
@@ -592,14 +575,14 @@ def _collective_problem(row: dict[str, Any]) -> str:
 
 
 def _collectives(c: CheckResult, anchors: dict[str, str]) -> CollectivesView:
-    d, m = _dict(c.details), c.metrics
+    d, m = as_dict(c.details), c.metrics
     rows = []
     for r in d.get("table") or []:
         if not isinstance(r, dict):
             continue
         word = str(r.get("status", ""))
         label = _COLLECTIVE_STATUS.get(word, Label(key="notrun", label=word or "unknown", glyph="·"))
-        size = _float(r.get("bytes_per_rank"))
+        size = as_float(r.get("bytes_per_rank"))
         rows.append(CollectiveRow(
             op=str(r.get("op", "")), dtype=str(r.get("dtype", "")), elements=format_value(r.get("elements")),
             bytes_per_rank=f"{format_float(size / 2**10)} KiB" if size is not None else "—", status=label,
@@ -613,9 +596,9 @@ def _collectives(c: CheckResult, anchors: dict[str, str]) -> CollectivesView:
             summary += f"; {_plural(len(rows), 'op run')}: " + ", ".join(f"{n} {w}" for w, n in by.items())
         if m.get("wall_s") is not None:
             summary += f"; wall time {_seconds(m['wall_s'])}"
-    notes = [f"dtype {k} not checked: {v}" for k, v in _dict(d.get("skipped_dtypes")).items()]
+    notes = [f"dtype {k} not checked: {v}" for k, v in as_dict(d.get("skipped_dtypes")).items()]
     for rk in d.get("ranks") or []:
-        rk = _dict(rk)
+        rk = as_dict(rk)
         ended = str(rk.get("exit") or "")
         if rk.get("killed") or (ended and ended != "exited with code 0"):
             text = f"rank {rk.get('rank')} {ended}" + (f" ({rk['killed']})" if rk.get("killed") else "")
@@ -632,12 +615,7 @@ def _collectives(c: CheckResult, anchors: dict[str, str]) -> CollectivesView:
 
 
 def _not_run_reason(results: RunResults) -> str:
-    if STEP in results.grade.steps_not_run or STEP not in results.steps:
-        selected = ", ".join(str(s) for s in results.steps) or "none"
-        return f"step 4 not run: it was not selected for this run (steps run: {selected})"
-    if not results.complete:
-        return "step 4 not run: the run was interrupted before any framework check finished"
-    return "step 4 ran but this ladder has no framework checks"
+    return section_not_run_reason(results, STEP, "framework", "framework checks")
 
 
 def build_framework(results: RunResults, anchors: dict[str, str]) -> FrameworkView:
@@ -650,7 +628,7 @@ def build_framework(results: RunResults, anchors: dict[str, str]) -> FrameworkVi
         if c.kind == COLLECTIVES_KIND:
             collectives.append(_collectives(c, anchors))
             continue
-        d = _dict(c.details)
+        d = as_dict(c.details)
         name = framework_of(c.id, d)
         g = groups.setdefault(name, _Group(name=name))
         g.results.append(c)

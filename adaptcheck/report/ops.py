@@ -15,7 +15,6 @@ field. None of those may break the page; they show as what is known.
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +22,13 @@ from typing import Any
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
 from adaptcheck.report.fmt import (
     Label,
+    as_dict,
+    as_float,
     format_duration,
     format_float,
     format_value,
+    section_anchor,
+    section_not_run_reason,
     status_key,
     status_label,
 )
@@ -193,25 +196,6 @@ class OpsView:
 # ---------------------------------------------------------------- numbers
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a mapping, else empty (older or hand-edited results files)."""
-    return value if isinstance(value, dict) else {}
-
-
-def _as_float(value: Any) -> float | None:
-    """A number from results.json, where inf/nan are stored as strings (JSON has neither)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
 def format_ratio(value: Any) -> str:
     """Measured error as a multiple of the tolerance: '0.24×', '1.02×', '∞'.
 
@@ -219,7 +203,7 @@ def format_ratio(value: Any) -> str:
     must never print as '1×' (which reads as 'at the limit, passing'): digits are added
     until the printed number is itself above 1.
     """
-    r = _as_float(value)
+    r = as_float(value)
     if r is None:
         return ""
     if math.isnan(r):
@@ -243,7 +227,7 @@ def format_ratio(value: Any) -> str:
 
 
 def _over(value: Any) -> bool:
-    r = _as_float(value)
+    r = as_float(value)
     return r is not None and (math.isnan(r) or r > 1)
 
 
@@ -251,7 +235,7 @@ def _num(value: Any) -> str:
     """An error magnitude (abs/rel/normalized): 4 significant digits, '—' when absent."""
     if value is None:
         return "—"
-    f = _as_float(value)
+    f = as_float(value)
     return format_float(f) if f is not None else format_value(value)
 
 
@@ -259,7 +243,7 @@ def _exact(value: Any) -> str:
     """A tensor element (got / expected): enough digits that two close values differ in print."""
     if value is None:
         return "—"
-    f = _as_float(value)
+    f = as_float(value)
     if f is None:
         return format_value(value)
     if math.isfinite(f) and f == int(f) and abs(f) < 1e15:
@@ -269,7 +253,7 @@ def _exact(value: Any) -> str:
 
 def format_cosine(value: Any) -> str:
     """Cosine similarity; values a hair below 1 as '1 − 3.1e-14' (rounding would show '1')."""
-    c = _as_float(value)
+    c = as_float(value)
     if c is None:
         return "—"
     if not math.isfinite(c):
@@ -283,7 +267,7 @@ def format_cosine(value: Any) -> str:
 
 def _fraction(value: Any) -> str:
     """Mismatch fraction as a percentage of compared elements."""
-    f = _as_float(value)
+    f = as_float(value)
     if f is None:
         return "—"
     if f == 0:
@@ -292,13 +276,13 @@ def _fraction(value: Any) -> str:
 
 
 def _ulp(value: Any) -> str:
-    f = _as_float(value)
+    f = as_float(value)
     return "—" if f is None else format_value(int(f)) if math.isfinite(f) else format_float(f)
 
 
 def _limit(value: Any) -> str:
     # Limits are round numbers chosen by people (1.6e-2, 0.9999): %g prints them as written.
-    f = _as_float(value)
+    f = as_float(value)
     return f"{f:g}" if f is not None else format_value(value)
 
 
@@ -312,9 +296,7 @@ def format_limits(limits: dict[str, Any]) -> str:
 
 
 def _anchor(*parts: str) -> str:
-    """Attribute-safe fragment id (op names, providers and dtypes come from plugins: untrusted)."""
-    text = "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", p).strip("-") or "x" for p in parts)
-    return "ops-" + text
+    return section_anchor("ops", *parts)
 
 
 def _parent_id(c: CheckResult, planned: dict[str, PlannedCheck]) -> str:
@@ -367,7 +349,7 @@ def _case_ratios(details: dict[str, Any]) -> list[float]:
         if not isinstance(case, dict):
             continue
         for o in case.get("outputs") or []:
-            r = _as_float(o.get("ratio")) if isinstance(o, dict) else None
+            r = as_float(o.get("ratio")) if isinstance(o, dict) else None
             if r is not None:
                 out.append(r)
     return out
@@ -385,7 +367,7 @@ def _measured_ratio(c: CheckResult) -> float | None:
         return max(ratios, key=lambda r: math.inf if math.isnan(r) else r)
     if status_key(c) == "error":
         return None
-    return _as_float(c.metrics.get("ratio_to_tolerance"))
+    return as_float(c.metrics.get("ratio_to_tolerance"))
 
 
 # ---------------------------------------------------------------- details
@@ -408,7 +390,7 @@ def _changed(before: Any, after: Any) -> tuple[str, str]:
 
 
 def _output_row(o: dict[str, Any]) -> OutputRow:
-    worst = _dict(o.get("worst"))
+    worst = as_dict(o.get("worst"))
     index = worst.get("index")
     return OutputRow(
         output=str(o.get("output", "")), mode=str(o.get("mode", "")),
@@ -424,11 +406,11 @@ def _output_row(o: dict[str, Any]) -> OutputRow:
 
 
 def _case_view(case: dict[str, Any], worst_case: str) -> CaseView:
-    scaled = _dict(case.get("scaled"))
+    scaled = as_dict(case.get("scaled"))
     before, after = _changed(scaled.get("from"), scaled.get("to")) if scaled else ("", "")
-    notes = _dict(case.get("notes"))
-    seconds = _dict(case.get("seconds"))
-    total = sum((v for v in (_as_float(x) for x in seconds.values()) if v is not None), 0.0)
+    notes = as_dict(case.get("notes"))
+    seconds = as_dict(case.get("seconds"))
+    total = sum((v for v in (as_float(x) for x in seconds.values()) if v is not None), 0.0)
     outputs = [_output_row(o) for o in case.get("outputs") or [] if isinstance(o, dict)]
     return CaseView(
         case=str(case.get("case", "")), status=_case_label(case),
@@ -444,7 +426,7 @@ def _case_view(case: dict[str, Any], worst_case: str) -> CaseView:
 
 def _tolerance_rows(details: dict[str, Any]) -> list[ToleranceRow]:
     """Per output: the policy (class, mode, limits) and the worst of each measure over cases."""
-    policy = _dict(details.get("tolerance"))
+    policy = as_dict(details.get("tolerance"))
     per_output: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for case in details.get("cases") or []:
         for o in (case.get("outputs") or []) if isinstance(case, dict) else []:
@@ -453,17 +435,17 @@ def _tolerance_rows(details: dict[str, Any]) -> list[ToleranceRow]:
     names = list(policy) + [n for n in per_output if n not in policy]
     rows = []
     for name in names:
-        spec = _dict(policy.get(name))
+        spec = as_dict(policy.get(name))
         measured = per_output.get(name, [])
         limits = {k: v for k, v in spec.items() if k not in ("class", "mode")}
         # The policy entry of exact/codes classes carries no numbers; the comparison does.
         for o in measured:
-            for k, v in _dict(o.get("limits")).items():
+            for k, v in as_dict(o.get("limits")).items():
                 limits.setdefault(k, v)
         mode = str(spec.get("mode") or (measured[0].get("mode") if measured else ""))
 
         def worst(key: str, pick: Any = max, m: list[dict[str, Any]] = measured) -> float | None:
-            vals = [f for f in (_as_float(o.get(key)) for o in m) if f is not None]
+            vals = [f for f in (as_float(o.get(key)) for o in m) if f is not None]
             return pick(vals) if vals else None
 
         ratio = worst("ratio")
@@ -487,7 +469,7 @@ def _dtype_view(c: CheckResult, dtype: str, anchor: str, check_anchor: str) -> O
     worst_case = str(d.get("worst_case") or "")
     cases = [_case_view(x, worst_case) for x in d.get("cases") or [] if isinstance(x, dict)]
     timings = [Timing(name=label, value=format_duration(f)) for label, key in _TIMINGS
-               if (f := _as_float(c.metrics.get(key))) is not None]
+               if (f := as_float(c.metrics.get(key))) is not None]
     return OpDtypeView(
         id=c.id, check_anchor=check_anchor, anchor=anchor, dtype=dtype, status=status_label(status_key(c)),
         ratio=format_ratio(ratio) if ratio is not None else "", over=_over(ratio), message=c.message,
@@ -515,12 +497,7 @@ class _Row:
 
 
 def _not_run_reason(results: RunResults) -> str:
-    if STEP in results.grade.steps_not_run or STEP not in results.steps:
-        selected = ", ".join(str(s) for s in results.steps) or "none"
-        return f"step 3 not run: it was not selected for this run (steps run: {selected})"
-    if not results.complete:
-        return "step 3 not run: the run was interrupted before any operator check finished"
-    return "step 3 ran but this ladder has no operator (ops.op) checks"
+    return section_not_run_reason(results, STEP, "operator", "operator (ops.op) checks")
 
 
 def _cell_from(c: CheckResult, dtype: str, anchor: str) -> OpCell:
