@@ -45,15 +45,16 @@ def rows(check: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in check["details"].get("subchecks", [])}
 
 
-def _vllm_processes(model_marker: str) -> list[int]:
+def processes_with(*needles: str) -> list[int]:
+    """Pids of live processes whose command line contains every one of ``needles``."""
     found = []
-    for status in Path("/proc").glob("[0-9]*/cmdline"):
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            cmd = status.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "vllm.entrypoints" in cmd and model_marker in cmd:
-            found.append(int(status.parent.name))
+        if all(n in cmd for n in needles):
+            found.append(int(cmdline.parent.name))
     return found
 
 
@@ -64,7 +65,7 @@ def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path:
                   "params": {"framework": "vllm", "compile": False, "compare_prefix_off": True, "rounds": 2}},
                  {"id": "vllm.compile", "step": 4, "kind": "framework.compile", "params": {"framework": "vllm"}}]
               + checks_for("vllm_serve", compile=False))
-    before = set(_vllm_processes(""))  # e.g. the session's own vllm_server fixture
+    before = set(processes_with("vllm.entrypoints"))  # e.g. the session's own vllm_server fixture
     by_id, proc = run(write_ladder, tmp_path / "run", checks)
     bad = {k: (v["status"], v["message"]) for k, v in by_id.items() if v["status"] != "pass"}
     assert not bad, (bad, proc.stderr[-2000:])
@@ -82,7 +83,7 @@ def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path:
     assert rows(by_id["vllm.prefix_off"])["prefix cache on vs off"]["ok"] is True
     assert "compile off vs compile on" in by_id["vllm.compile"]["details"]["subchecks"][0]["name"]
     # The launched server (and its engine) is gone once the run is over.
-    assert set(_vllm_processes("")) <= before
+    assert set(processes_with("vllm.entrypoints")) <= before
 
 
 def test_endpoint_on_real_transformers_serve(write_ladder: Callable[..., Path], tmp_path: Path,
@@ -148,18 +149,6 @@ def test_server_dying_mid_check_is_an_error_and_the_run_goes_on(
     assert by_id["after"]["status"] == "pass"
 
 
-def _serve_processes(marker: str) -> list[int]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            cmd = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if " serve " in cmd and marker in cmd:
-            found.append(int(cmdline.parent.name))
-    return found
-
-
 def test_interrupting_adaptcheck_leaves_no_server_behind(write_ladder: Callable[..., Path], tmp_path: Path) -> None:
     """Ctrl-C while a launched server is up: the run stops (exit 130) and the server is gone."""
     import os
@@ -182,15 +171,15 @@ def test_interrupting_adaptcheck_leaves_no_server_behind(write_ladder: Callable[
                                env={**os.environ, "ADAPTCHECK_CACHE_DIR": str(cache)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
-    while not _serve_processes(str(cache)) and time.monotonic() < deadline and proc.poll() is None:
+    while not processes_with(" serve ", str(cache)) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
-    assert _serve_processes(str(cache)), "the server never started"
+    assert processes_with(" serve ", str(cache)), "the server never started"
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     deadline = time.monotonic() + 15
-    while _serve_processes(str(cache)) and time.monotonic() < deadline:
+    while processes_with(" serve ", str(cache)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _serve_processes(str(cache)), "a server outlived the interrupted run"
+    assert not processes_with(" serve ", str(cache)), "a server outlived the interrupted run"
     assert (tmp_path / "run" / "results.json").exists()  # the incomplete results are still written
