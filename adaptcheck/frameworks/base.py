@@ -112,8 +112,6 @@ class Framework(ABC):
     name: ClassVar[str]
     """Registry name: 'transformers', 'vllm', 'vllm_serve', 'transformers_serve', 'endpoint'."""
     display_name: ClassVar[str]
-    gives_token_ids: ClassVar[bool] = True
-    """Whether answers carry token ids (an endpoint may only give text)."""
     supports_prefix_caching: ClassVar[bool] = False
     supports_compile_toggle: ClassVar[bool] = False
     supports_tensor_parallel: ClassVar[bool] = False

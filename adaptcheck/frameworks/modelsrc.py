@@ -56,6 +56,8 @@ class ResolvedModel:
     head_dim: int | None
     num_layers: int | None
     vocab_size: int | None
+    max_position: int | None
+    """The model's context limit (``max_position_embeddings``), when config.json says."""
     torch_dtype: str | None
     """The dtype config.json declares (the stored weights' dtype, usually)."""
     generated_s: float | None
@@ -214,6 +216,7 @@ def _inspect(name: str, path: Path, *, embedded: bool, generated_s: float | None
         head_dim=head_dim,
         num_layers=_as_int(text.get("num_hidden_layers")),
         vocab_size=_as_int(text.get("vocab_size")),
+        max_position=_as_int(text.get("max_position_embeddings")),
         torch_dtype=str(dtype) if dtype else None,
         generated_s=generated_s,
         synthetic=synthetic_meta,

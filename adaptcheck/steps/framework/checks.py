@@ -10,52 +10,18 @@ and the model it used.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
-from adaptcheck.errors import AdaptcheckError
-from adaptcheck.frameworks.base import FrameworkError, FrameworkUnavailable
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.steps.framework import probes
 from adaptcheck.steps.framework.params import (
     CompileParams,
     ConcurrentParams,
-    FrameworkParams,
     KvCacheParams,
     LoadParams,
     ReferenceParams,
     SingleRequestParams,
     TensorParallelParams,
 )
-from adaptcheck.steps.framework.session import Active, acquire
-
-P = TypeVar("P", bound=FrameworkParams)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContext, Active, P], Outcome]) -> Outcome:
-    """Load (or reuse) the framework, run ``body``, and turn failures into truthful outcomes."""
-    try:
-        active = acquire(ctx, params.framework, ctx.check_id, **params.load_overrides())
-    except FrameworkUnavailable as exc:
-        return Outcome.skipped(f"{params.framework}: {_one_line(exc)}", applicable=False,
-                               details={"framework": params.framework})
-    except (AdaptcheckError, FrameworkError) as exc:
-        return Outcome.errored(f"{params.framework}: {_one_line(exc)}", details={"framework": params.framework})
-    try:
-        outcome = body(ctx, active, params)
-    except FrameworkUnavailable as exc:
-        outcome = Outcome.skipped(_one_line(exc), applicable=False)
-    except (AdaptcheckError, FrameworkError) as exc:
-        # A server that died mid-check, an endpoint that stopped answering: say so, go on.
-        outcome = Outcome.errored(f"{active.framework.display_name}: {_one_line(exc)}")
-    outcome.details.setdefault("framework", probes.framework_facts(active))
-    outcome.details.setdefault("model", active.model.describe())
-    return outcome
+from adaptcheck.steps.framework.session import run_with_framework
 
 
 class FrameworkLoadCheck(Check):

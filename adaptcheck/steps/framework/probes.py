@@ -31,15 +31,15 @@ from adaptcheck.steps.framework.reference import (
     ReferenceUnavailable,
     reference_generations,
 )
-from adaptcheck.steps.framework.session import Active, acquire, framework_dir, release
+from adaptcheck.steps.framework.session import (
+    Active,
+    acquire,
+    framework_dir,
+    release,
+    run_with_framework,
+)
 
 Row = dict[str, Any]
-
-
-def framework_facts(active: Active) -> dict[str, Any]:
-    """Which framework answered, loaded how, for the report."""
-    return {"name": active.name, "display_name": active.framework.display_name, "load_s": round(active.load_s, 3),
-            "loaded_by": active.loaded_by, **active.framework.describe()}
 
 
 def _row(name: str, ok: bool | None, detail: str, **extra: Any) -> Row:
@@ -62,6 +62,13 @@ def _verdict(rows: list[Row], what: str, **kw: Any) -> Outcome:
 
 
 # ---------------------------------------------------------------------------- helpers --
+
+def _tok(active: Active) -> Tok:
+    """The instance's local tokenizer, loaded by the first check that asks and then shared."""
+    if active.tokenizer is None:
+        active.tokenizer = Tok(active)
+    return active.tokenizer  # type: ignore[no-any-return]
+
 
 class Tok:
     """The local tokenizer of the served weights, or None for an endpoint of unknown weights."""
@@ -131,10 +138,6 @@ def _tie_margin(value: float | None, dtype: str) -> float:
     return value if value is not None else DEFAULT_TIE_MARGIN[dtype]
 
 
-def _dtype(active: Active) -> str:
-    return active.options.dtype
-
-
 # --------------------------------------------------------------------------- the load --
 
 def load_outcome(ctx: CheckContext, active: Active) -> Outcome:
@@ -142,7 +145,7 @@ def load_outcome(ctx: CheckContext, active: Active) -> Outcome:
     metrics = {"load_s": round(active.load_s, 3)}
     if active.model.generated_s is not None:
         metrics["model_generation_s"] = round(active.model.generated_s, 3)
-    tok = Tok(active)
+    tok = _tok(active)
     gen = active.framework.generate([GenRequest(prompt=prompts.SHORT_PROMPTS[0], max_tokens=4)])[0]
     if not gen.text and not gen.token_ids:
         return Outcome.failed("the model loaded but its first request returned nothing", metrics=metrics)
@@ -155,7 +158,7 @@ def load_outcome(ctx: CheckContext, active: Active) -> Outcome:
 # -------------------------------------------------------------------- single requests --
 
 def single_request(ctx: CheckContext, active: Active, p: SingleRequestParams) -> Outcome:
-    fw, tok = active.framework, Tok(active)
+    fw, tok = active.framework, _tok(active)
     eos = tok.eos_ids()
     rows: list[Row] = []
     prompt = prompts.SHORT_PROMPTS[0]
@@ -164,7 +167,7 @@ def single_request(ctx: CheckContext, active: Active, p: SingleRequestParams) ->
         g = fw.generate([GenRequest(prompt=prompt, max_tokens=n)])[0]
         by_len[n] = g
         rows.append(_length_row(f"short prompt, max_tokens={n}", g, n, eos))
-    rows.append(_prefix_row(by_len, eos))
+    rows.append(_prefix_row(by_len))
     tiny = [fw.generate([GenRequest(prompt=t, max_tokens=4)])[0] for t in prompts.TINY_PROMPTS]
     rows.extend(_length_row(f"tiny prompt {t!r}, max_tokens=4", g, 4, eos) for t, g in zip(prompts.TINY_PROMPTS, tiny))
     long_text = tok.long_prompt(p.long_prompt_tokens)
@@ -178,8 +181,8 @@ def single_request(ctx: CheckContext, active: Active, p: SingleRequestParams) ->
                        "from the model's tokenizer")
     rows.append(row)
     rows.append(_usage_row("usage counts", [*by_len.values(), g], eos))
-    rows.append(_stop_row(fw, active))
-    rows.extend(_eos_rows(fw, active, eos))
+    rows.append(_stop_row(active))
+    rows.extend(_eos_rows(active))
     return _verdict(rows, "single requests", metrics={"requests": len(by_len) + len(tiny) + 4})
 
 
@@ -203,7 +206,7 @@ def _length_row(name: str, g: Generation, max_tokens: int, eos: set[int]) -> Row
     return _row(name, ok, why)
 
 
-def _prefix_row(by_len: dict[int, Generation], eos: set[int]) -> Row:
+def _prefix_row(by_len: dict[int, Generation]) -> Row:
     """Greedy decoding is causal: the answer to max_tokens=8 is the start of max_tokens=32."""
     lens = sorted(by_len)
     if len(lens) < 2:
@@ -220,19 +223,16 @@ def _prefix_row(by_len: dict[int, Generation], eos: set[int]) -> Row:
     return _row("shorter answers are prefixes", not bad, "; ".join(bad) or f"lengths {lens} agree")
 
 
-def _stop_row(fw: Framework, active: Active) -> Row:
+def _stop_row(active: Active) -> Row:
     """A stop string cuts the answer right before it. The probe comes from the synthetic
     model's recorded output, or from this framework's own greedy answer for any model."""
-    probe = (active.model.synthetic or {}).get("stop_probe") if active.framework.serves_local_weights() else None
-    if probe:
-        prompt, stop, max_tokens = probe["prompt"], probe["stop"], int(probe["max_tokens"])
-        full = fw.generate([GenRequest(prompt=prompt, max_tokens=max_tokens)])[0].text
-    else:
-        prompt, max_tokens = prompts.SHORT_PROMPTS[2], 24
-        full = fw.generate([GenRequest(prompt=prompt, max_tokens=max_tokens)])[0].text
-        stop = _pick_stop(full)
-        if stop is None:
-            return _row("stop string honoured", None, f"the answer {full[:40]!r} has no usable stop string")
+    fw = active.framework
+    probe = (active.model.synthetic or {}).get("stop_probe") if fw.serves_local_weights() else None
+    prompt, max_tokens = (probe["prompt"], int(probe["max_tokens"])) if probe else (prompts.SHORT_PROMPTS[2], 24)
+    full = fw.generate([GenRequest(prompt=prompt, max_tokens=max_tokens)])[0].text
+    stop = probe["stop"] if probe else _pick_stop(full)
+    if stop is None:
+        return _row("stop string honoured", None, f"the answer {full[:40]!r} has no usable stop string")
     where = full.find(stop)
     if where < 0:
         return _row("stop string honoured", None, f"this framework's answer does not contain {stop!r}: "
@@ -261,8 +261,9 @@ def _pick_stop(text: str) -> str | None:
     return None
 
 
-def _eos_rows(fw: Framework, active: Active, eos: set[int]) -> list[Row]:
-    meta = active.model.synthetic if active.framework.serves_local_weights() else None
+def _eos_rows(active: Active) -> list[Row]:
+    fw = active.framework
+    meta = active.model.synthetic if fw.serves_local_weights() else None
     if not meta or "eos_step" not in meta:
         return [_row("EOS honoured", None, "no prompt is known to end in EOS for this model (synthetic models have one)")]
     prompt, k = meta["eos_probe_prompt"], int(meta["eos_step"])
@@ -299,7 +300,7 @@ def _reference_requests(tok: Tok, p: ReferenceParams) -> list[GenRequest]:
 
 
 def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
-    fw, tok = active.framework, Tok(active)
+    fw, tok = active.framework, _tok(active)
     if tok.hf is None:
         return Outcome.skipped("no local copy of the served weights: pass --model PATH (the same weights as the "
                                "endpoint) to compare with a CPU reference")
@@ -315,17 +316,13 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
                   codec=tok.codec())
     rows = [_row("greedy tokens vs CPU reference", cmp.ok, cmp.summary())]
     finish = [f"prompt {i}: {a.finish_reason} vs {b.finish_reason}" for i, (a, b) in enumerate(zip(ref, dev))
-              if pair_exact(cmp, i) and a.finish_reason != b.finish_reason]
+              if cmp.pairs[i].exact and a.finish_reason != b.finish_reason]
     rows.append(_row("finish reasons agree", not finish, "; ".join(finish) or "same finish reason for identical answers"))
     by_text = sum(p.by_text for p in cmp.pairs)
     return _verdict(rows, "reference agreement",
                     metrics={**cmp.metrics(), "reference_dtype": ref_dtype, "top_n": p.top_n},
                     details={"comparison": cmp.details(), "reference": f"transformers {ref_dtype} on CPU",
                              "compared_as_text": by_text})
-
-
-def pair_exact(cmp: Comparison, i: int) -> bool:
-    return cmp.pairs[i].exact
 
 
 # ------------------------------------------------------------------------- concurrency --
@@ -342,12 +339,12 @@ def _batch_requests(n: int, max_tokens: int, logprobs: int) -> list[GenRequest]:
 
 
 def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcome:
-    fw, tok = active.framework, Tok(active)
+    fw, tok = active.framework, _tok(active)
     eos = tok.eos_ids()
     reqs = _batch_requests(p.batch, p.max_tokens, p.top_n)
     alone = [fw.generate([r])[0] for r in reqs]
     together = [g for g in fw.generate(reqs)]
-    margin = _tie_margin(p.tie_margin, _dtype(active))
+    margin = _tie_margin(p.tie_margin, active.options.dtype)
     cmp = compare([_strip_eos(g, eos) for g in alone], [_strip_eos(g, eos) for g in together],
                   mode="near_tie", top_n=p.top_n, tie_margin=margin, codec=tok.codec())
     rows = [_row(f"alone vs in a batch of {len(reqs)}", cmp.ok, cmp.summary())]
@@ -387,9 +384,9 @@ def _kv_requests(tok: Tok, p: KvCacheParams) -> list[GenRequest]:
 
 
 def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
-    fw, tok = active.framework, Tok(active)
+    fw, tok = active.framework, _tok(active)
     eos = tok.eos_ids()
-    margin = _tie_margin(p.tie_margin, _dtype(active))
+    margin = _tie_margin(p.tie_margin, active.options.dtype)
     reqs = _kv_requests(tok, p)
     first = [g for g in fw.generate(reqs)]  # warm-up round: fills caches and pools
     base_state, base_rss, hits_before = fw.memory_state(), _rss_bytes(), _prefix_hits(fw)
@@ -446,7 +443,7 @@ def _prefix_off_row(ctx: CheckContext, active: Active, p: KvCacheParams, reqs: l
         return _row("prefix cache on vs off", None, f"{active.framework.display_name} has no prefix-caching switch")
     params = p.model_copy(update={"prefix_caching": False})
     other = acquire(ctx, p.framework, ctx.check_id, **params.load_overrides())
-    tok = Tok(other)
+    tok = _tok(other)
     off = [g for g in other.framework.generate(reqs)]
     cmp = compare([_strip_eos(g, eos) for g in cached], [_strip_eos(g, eos) for g in off], mode="top_n", top_n=p.top_n,
                   codec=tok.codec())
@@ -463,7 +460,6 @@ def toggle(ctx: CheckContext, p: CompileParams | TensorParallelParams, toggle: s
     is loaded; the first variant is the instance the shared loader brings up.
     """
     from adaptcheck.frameworks.registry import framework_class
-    from adaptcheck.steps.framework.checks import run_with_framework
 
     cls = framework_class(p.framework)
     if toggle == "compile":
@@ -480,7 +476,7 @@ def toggle(ctx: CheckContext, p: CompileParams | TensorParallelParams, toggle: s
     first = p.model_copy(update={"compile": False}) if toggle == "compile" else p
 
     def body(ctx: CheckContext, active: Active, params: FrameworkParams) -> Outcome:
-        tok = Tok(active)
+        tok = _tok(active)
         eos = tok.eos_ids()
         reqs = [GenRequest(prompt=t, max_tokens=p.max_tokens, logprobs=p.top_n)
                 for t in (prompts.SHORT_PROMPTS * 4)[: p.prompts]]

@@ -52,13 +52,10 @@ def reference_dtype(num_params: int, available_bytes: float | None) -> str | Non
 
 
 def _available_bytes() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    """Host memory available now: the CPU backend's own reading (the reference runs there)."""
+    from adaptcheck.backends.cpu import CpuBackend
+
+    return CpuBackend().memory_stats().get("free")
 
 
 def _key(model: ResolvedModel, requests: list[GenRequest], dtype: str) -> str:

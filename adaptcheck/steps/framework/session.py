@@ -9,6 +9,9 @@ two engines never hold device memory at once.
 A load that failed is remembered in the run folder (``framework/<key>.failed``), so that
 the checks after it answer at once with the same one-line reason instead of paying for
 the same failure again, even from a fresh worker after a crash.
+
+:func:`run_with_framework` is how every step-4 check runs: acquire, run the probe, and
+turn an absent framework into a not-applicable skip and a failing one into an error.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from adaptcheck.errors import AdaptcheckError
 from adaptcheck.frameworks.base import (
     Framework,
     FrameworkConfig,
@@ -31,7 +36,8 @@ from adaptcheck.frameworks.base import (
 )
 from adaptcheck.frameworks.modelsrc import ResolvedModel, resolve_model
 from adaptcheck.frameworks.registry import framework_class
-from adaptcheck.ladder.check import CheckContext
+from adaptcheck.ladder.check import CheckContext, Outcome
+from adaptcheck.steps.framework.params import FrameworkParams
 
 SCRATCH_KEY = "framework.active"
 
@@ -48,7 +54,8 @@ class Active:
     load_s: float
     loaded_by: str
     """Id of the check that paid for the load."""
-    facts: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None
+    """The probes' local tokenizer of this instance, loaded once by its first check."""
 
 
 def framework_dir(ctx: CheckContext) -> Path:
@@ -66,17 +73,6 @@ def config_for(ctx: CheckContext) -> FrameworkConfig:
 def _key(name: str, model: str, opts: dict[str, Any]) -> str:
     blob = json.dumps({"framework": name, "model": model, **opts}, sort_keys=True, default=str)
     return f"{name.replace(':', '_').replace('/', '_')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
-
-
-def _max_position(path: Path) -> int:
-    """The model's own context limit (config.json), so a ladder's length never exceeds it."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return 10**9
-    text = config.get("text_config") or config
-    value = text.get("max_position_embeddings")
-    return int(value) if isinstance(value, int) and value > 0 else 10**9
 
 
 def release(ctx: CheckContext) -> None:
@@ -100,7 +96,7 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
         raise FrameworkUnavailable(avail.reason)
     resolved = resolve_model(model or ctx.model.name, seed=0)
     opts = LoadOptions(model_path=resolved.path, dtype=dtype or ctx.model.precision,
-                       max_model_len=max_model_len or min(ctx.model.context_length, _max_position(resolved.path)),
+                       max_model_len=max_model_len or min(ctx.model.context_length, resolved.max_position or ctx.model.context_length),
                        **overrides)
     key = _key(name, str(resolved.path), {k: v for k, v in vars(opts).items() if k != "model_path"})
     active: Active | None = ctx.scratch.get(SCRATCH_KEY)
@@ -132,3 +128,38 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
         ctx.scratch["framework.atexit"] = True
     ctx.scratch[SCRATCH_KEY] = active
     return active
+
+
+def framework_facts(active: Active) -> dict[str, Any]:
+    """Which framework answered, loaded how, for the report."""
+    return {"name": active.name, "display_name": active.framework.display_name, "load_s": round(active.load_s, 3),
+            "loaded_by": active.loaded_by, **active.framework.describe()}
+
+
+P = TypeVar("P", bound=FrameworkParams)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContext, Active, P], Outcome]) -> Outcome:
+    """Load (or reuse) the framework, run ``body``, and turn failures into truthful outcomes."""
+    try:
+        active = acquire(ctx, params.framework, ctx.check_id, **params.load_overrides())
+    except FrameworkUnavailable as exc:
+        return Outcome.skipped(f"{params.framework}: {_one_line(exc)}", applicable=False,
+                               details={"framework": params.framework})
+    except (AdaptcheckError, FrameworkError) as exc:
+        return Outcome.errored(f"{params.framework}: {_one_line(exc)}", details={"framework": params.framework})
+    try:
+        outcome = body(ctx, active, params)
+    except FrameworkUnavailable as exc:
+        outcome = Outcome.skipped(_one_line(exc), applicable=False)
+    except (AdaptcheckError, FrameworkError) as exc:
+        # A server that died mid-check, an endpoint that stopped answering: say so, go on.
+        outcome = Outcome.errored(f"{active.framework.display_name}: {_one_line(exc)}")
+    outcome.details.setdefault("framework", framework_facts(active))
+    outcome.details.setdefault("model", active.model.describe())
+    return outcome
