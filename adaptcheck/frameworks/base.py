@@ -123,6 +123,15 @@ class Framework(ABC):
     def availability(cls) -> Availability:
         """Installed and usable here? Never raises."""
 
+    @classmethod
+    def unconfigured(cls, config: FrameworkConfig) -> str | None:
+        """Why this run's configuration leaves nothing to load (no ``--endpoint`` …), else None.
+
+        Asked before the framework that is already up is shut down: an adapter with nothing
+        to talk to must not cost the run the server the next checks reuse.
+        """
+        return None
+
     @abstractmethod
     def load(self, opts: LoadOptions, device: str) -> float:
         """Bring the model up on the torch device string (e.g. 'cpu', 'cuda:0'); returns seconds taken."""

@@ -81,11 +81,18 @@ class EndpointFramework(Framework):
             return Availability(False, "httpx is not installed")
         return Availability(True)
 
+    @classmethod
+    def unconfigured(cls, config: FrameworkConfig) -> str | None:
+        if cls.launches_server is None and not config.endpoint_url:
+            return "no --endpoint given (pass --endpoint URL to test a running server)"
+        return None
+
     def load(self, opts: LoadOptions, device: str) -> float:
-        if not self.config.endpoint_url:
-            raise FrameworkUnavailable("no --endpoint given (pass --endpoint URL to test a running server)")
+        url = self.config.endpoint_url
+        if not url:
+            raise FrameworkUnavailable(self.unconfigured(self.config) or "no --endpoint given")
         start = time.perf_counter()
-        self.client = OpenAIClient(self.config.endpoint_url, model=self.config.endpoint_model,
+        self.client = OpenAIClient(url, model=self.config.endpoint_model,
                                    timeout_s=REQUEST_TIMEOUT_S)
         self.client.wait_ready(READY_TIMEOUT_S)
         self._probe()

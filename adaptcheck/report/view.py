@@ -26,6 +26,7 @@ from adaptcheck.report.fmt import status_label as _label
 from adaptcheck.report.framework import FrameworkView, build_framework
 from adaptcheck.report.matrix import MatrixView, build_matrix
 from adaptcheck.report.ops import OpsView, build_ops
+from adaptcheck.report.perf import PerfView, build_perf
 
 # RunResults does not carry the ladder's step names; these are the standard ones.
 STEP_NAMES: dict[int, str] = {
@@ -172,6 +173,7 @@ class ReportView:
     matrix: MatrixView
     ops: OpsView
     framework: FrameworkView
+    perf: PerfView
     check_groups: list[CheckGroup]
     reproduce: ReproduceView
     legend: list[Label] = field(default_factory=lambda: [_label(k) for k in STATUS_LABELS])
@@ -331,6 +333,6 @@ def build_view(results: RunResults) -> ReportView:
         next_level=next_level, blockers=list(results.grade.blockers), levels=levels,
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
         matrix=build_matrix(env, results.checks, anchors), ops=build_ops(results, anchors),
-        framework=build_framework(results, anchors), check_groups=groups,
+        framework=build_framework(results, anchors), perf=build_perf(results, anchors), check_groups=groups,
         reproduce=_reproduce(results),
     )

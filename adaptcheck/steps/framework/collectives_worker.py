@@ -10,7 +10,9 @@ event to its results file, flushed at once — so when a rank hangs or dies, the
 still knows which op it was in.
 
 What lives here is what runs *one* op through ``torch.distributed`` (:class:`TorchCollectives`,
-:func:`execute`, :func:`run_case`); step 5 reuses it to time the same collectives.
+:func:`execute`, :func:`run_case`); step 5 reuses it to time the same collectives: with
+``"mode": "bench"`` in the config, each (op, dtype, size) is timed by :func:`run_bench_case`
+instead of being checked (``perf.collectives``, :mod:`adaptcheck.steps.perf.collectives`).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 from adaptcheck.steps.framework.collectives import (
     broadcast_source,
+    buffer_sizes,
     build_input,
     classify_exception,
     compare,
     expected_output,
     load_object,
     output_buffer,
+    torch_dtype,
 )
 
 if TYPE_CHECKING:
@@ -135,6 +139,75 @@ def run_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: in
     return rec
 
 
+# --- step 5: timing (bench mode) ----------------------------------------------------------
+
+def run_bench_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: int, op: str, dtype: str,
+                   elements: int, bench: dict[str, Any]) -> dict[str, Any]:
+    """Time one (op, dtype, size) on this rank; one JSON-able record with per-call samples.
+
+    As nccl-tests do: warm-up calls, then repetitions of ``inner`` back-to-back calls timed
+    by the host around a device synchronize, the time per call being the repetition's time
+    ÷ ``inner``. Each repetition starts after a barrier, so a rank's samples measure the
+    collective and not a peer's late start. The repetition and inner counts must be the
+    same on every rank (a rank that called once more would hang its peers), so they are
+    derived from the *largest* warm-up estimate, agreed on with an all-reduce (MAX).
+    Buffers hold zeros: repeated in-place reductions stay finite whatever the count.
+    """
+    import math
+
+    import torch
+
+    dist = impl.dist
+    device = backend.torch_device(rank)
+    rec: dict[str, Any] = {"event": "bench", "key": f"{op}/{dtype}/{elements}", "op": op, "dtype": dtype,
+                           "elements": elements}
+    numel_in, numel_out = buffer_sizes(op, world_size, elements)
+    inp = torch.zeros(numel_in, dtype=torch_dtype(dtype), device=device)
+    out = torch.zeros(numel_out, dtype=torch_dtype(dtype), device=device)
+    warm: list[float] = []
+    try:
+        for _ in range(max(1, int(bench.get("warmup", 2)))):
+            backend.synchronize(rank)
+            t0 = time.perf_counter()
+            execute(impl, op, inp, out, world_size)
+            backend.synchronize(rank)
+            warm.append(time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - an unsupported op/dtype is a finding, not a crash
+        rec.update(status=classify_exception(exc), error=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+        return rec
+    agreed = torch.tensor([min(warm)], dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    estimate = max(float(agreed.item()), 1e-9)
+    min_sample = float(bench.get("min_sample_s", 1e-3))
+    inner = max(1, min(1 << 12, math.ceil(min_sample / estimate)))
+    reps = int(bench.get("min_reps", 5))
+    reps = max(reps, min(int(bench.get("max_reps", 50)), math.ceil(float(bench.get("budget_s", 0.5)) /
+                                                                    (estimate * inner))))
+    samples: list[float] = []
+    for _ in range(reps):
+        dist.barrier()
+        backend.synchronize(rank)
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            execute(impl, op, inp, out, world_size)
+        backend.synchronize(rank)
+        samples.append((time.perf_counter() - t0) / inner)
+    rec.update(status="ok", samples=samples, inner=inner, warmup=len(warm), estimate_s=estimate)
+    return rec
+
+
+def _bench_loop(fh: IO[str], config: dict[str, Any], impl: TorchCollectives, backend: Backend, rank: int,
+                world_size: int) -> None:
+    """Bench mode: every case ``[op, dtype, elements]`` of ``config["cases"]`` timed, one
+    ``bench`` record each (the launcher chose ``elements`` per op and dtype for a byte size)."""
+    import torch.distributed as dist
+
+    for op, dtype, n in config["cases"]:
+        dist.barrier()
+        _emit(fh, {"event": "begin", "key": f"{op}/{dtype}/{n}", "op": op, "dtype": dtype, "elements": n})
+        _emit(fh, run_bench_case(impl, backend, rank, world_size, op, dtype, n, config.get("bench", {})))
+
+
 # --- process plumbing ---------------------------------------------------------------------
 
 def _die_with_parent() -> None:
@@ -201,13 +274,16 @@ def main(argv: list[str]) -> int:
         apis = impl.apis() if hasattr(impl, "apis") else {}
         _emit(fh, {"event": "ready", "init_s": time.perf_counter() - t0, "apis": apis,
                    "torch": torch.__version__})
-        for op in config["ops"]:
-            for dtype in config["dtypes"]:
-                for n in config["elements"]:
-                    dist.barrier()  # start together, so time_s is the op, not a peer's lag
-                    _emit(fh, {"event": "begin", "key": f"{op}/{dtype}/{n}", "op": op, "dtype": dtype,
-                               "elements": n})
-                    _emit(fh, run_case(impl, backend, rank, world_size, op, dtype, n))
+        if config.get("mode") == "bench":  # step 5's timing; the exactness path below is step 4's
+            _bench_loop(fh, config, impl, backend, rank, world_size)
+        else:
+            for op in config["ops"]:
+                for dtype in config["dtypes"]:
+                    for n in config["elements"]:
+                        dist.barrier()  # start together, so time_s is the op, not a peer's lag
+                        _emit(fh, {"event": "begin", "key": f"{op}/{dtype}/{n}", "op": op, "dtype": dtype,
+                                   "elements": n})
+                        _emit(fh, run_case(impl, backend, rank, world_size, op, dtype, n))
         dist.barrier()
         dist.destroy_process_group()
         _emit(fh, {"event": "done"})

@@ -94,6 +94,9 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
     avail = cls.availability()
     if not avail.available:
         raise FrameworkUnavailable(avail.reason)
+    unconfigured = cls.unconfigured(config_for(ctx))
+    if unconfigured:
+        raise FrameworkUnavailable(unconfigured)
     resolved = resolve_model(model or ctx.model.name, seed=0)
     opts = LoadOptions(model_path=resolved.path, dtype=dtype or ctx.model.precision,
                        max_model_len=max_model_len or min(ctx.model.context_length, resolved.max_position or ctx.model.context_length),

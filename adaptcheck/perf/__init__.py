@@ -1,0 +1,1 @@
+"""Step 5 library: timing, device peaks, micro-benchmarks, the serving load generator and its metrics."""

@@ -1,0 +1,75 @@
+"""Collective bandwidths as nccl-tests define them, and the rows they become.
+
+nccl-tests (``doc/PERFORMANCE.md``) report two figures for a collective that took ``t``
+seconds on a tensor of ``S`` bytes:
+
+* ``algbw = S / t`` — ``S`` is the size of the *full* tensor: the buffer of an all-reduce or
+  broadcast, the gathered output of an all-gather, the input of a reduce-scatter, the whole
+  send (= receive) buffer of an all-to-all;
+* ``busbw = algbw × factor`` — the bandwidth each link must sustain, comparable across rank
+  counts and with the hardware's link speed: ``2(n−1)/n`` for all-reduce, ``(n−1)/n`` for
+  all-gather, reduce-scatter and all-to-all, ``1`` for broadcast.
+
+``t`` here is the slowest rank's median time per call (nccl-tests average the ranks; after
+a barrier the ranks finish within microseconds of each other, and a collective is done
+only when its slowest rank is). The bound class is ``network``; efficiency is busbw over
+the device interconnect per direction (``interconnect_gbps`` in ``peaks.yaml``, else the
+host link; for gloo ranks on one CPU host, the memory reference: loopback traffic is copies).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaptcheck.perf.micro import make_row
+from adaptcheck.perf.peaks import Peak, efficiency
+from adaptcheck.perf.timing import Timing
+
+BUS_FACTOR_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+def busbw_factor(op: str, world_size: int) -> float:
+    """nccl-tests' bus-bandwidth factor."""
+    n = world_size
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}; valid: {', '.join(BUS_FACTOR_OPS)}")
+
+
+def chunks_in_full_tensor(op: str, world_size: int) -> int:
+    """How many per-rank chunks make up ``S``: the full tensor is ``world_size`` chunks for
+    all-gather (output), reduce-scatter (input) and all-to-all; one for the others."""
+    return world_size if op in ("all_gather", "reduce_scatter", "all_to_all") else 1
+
+
+def elements_for_bytes(op: str, world_size: int, size_bytes: int, itemsize: int) -> int:
+    """Per-rank chunk size (elements) whose full tensor is at most ``size_bytes`` (≥ 1)."""
+    return max(1, size_bytes // (itemsize * chunks_in_full_tensor(op, world_size)))
+
+
+def full_tensor_bytes(op: str, world_size: int, elements: int, itemsize: int) -> int:
+    """``S`` of nccl-tests for a per-rank chunk of ``elements``."""
+    return elements * itemsize * chunks_in_full_tensor(op, world_size)
+
+
+def collective_row(op: str, dtype: str, world_size: int, elements: int, itemsize: int, timing: Timing,
+                   peak: Peak | None, *, rank_medians: list[float] | None = None) -> dict[str, Any]:
+    """One contract row: ``bytes`` = S, ``achieved.bytes_per_s`` = algbw, efficiency = busbw /
+    the interconnect, bound ``network``; ``extra`` holds algbw, busbw, world size and op."""
+    size = full_tensor_bytes(op, world_size, elements, itemsize)
+    row = make_row(f"{op} {size / (1 << 20):g} MiB" if size >= 1 << 20 else f"{op} {size} B", dtype,
+                   {"op": op, "world_size": world_size, "elements_per_rank": elements, "bytes": size},
+                   None, float(size), timing, peak, bound="network")
+    algbw = row["achieved"]["bytes_per_s"]
+    busbw = algbw * busbw_factor(op, world_size) if algbw is not None else None
+    row["efficiency"] = efficiency("network", peak, dtype, None, busbw)
+    row["ridge_point"] = None  # a FLOP/byte ridge means nothing for a transfer
+    row["extra"].update(algbw=algbw, busbw=busbw, world_size=world_size, op=op,
+                        busbw_factor=busbw_factor(op, world_size))
+    if rank_medians is not None:
+        row["extra"]["rank_median_s"] = rank_medians
+    return row

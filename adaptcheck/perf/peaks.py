@@ -1,0 +1,256 @@
+"""Device peak figures, the peak lookup, and the roofline that turns a measurement into an
+efficiency and a bottleneck class.
+
+Responsibility:
+
+* ``matrices/peaks.yaml`` (or a user's override file): a strict schema
+  (:class:`PeaksFile`), loaded with ``file:line`` errors. Each entry is one device model:
+  a regex searched in the device name, the backends it applies to, **dense** TFLOP/s per
+  dtype (never the 2:4-sparsity figures datasheets print first), memory, host-link and
+  device-interconnect bandwidth, a required ``source`` and a ``verified`` flag.
+* :func:`peak_for` — the first entry, in file order, whose backend and regex match. On the
+  CPU backend the peak is *derived* from what the machine reports
+  (:mod:`adaptcheck.perf.cpu_peak`); a matching CPU entry may replace derived figures (a
+  datasheet memory bandwidth, say).
+* :func:`roofline` and :func:`efficiency` — arithmetic intensity vs the ridge point of the
+  dtype (peak FLOP/s ÷ peak memory bandwidth) gives the bound (``compute`` or ``memory``);
+  efficiency is the achieved rate over the peak of the resource that bounds it.
+
+Units: the YAML uses TFLOP/s (1e12) and GB/s (1e9, decimal, as datasheets do); :class:`Peak`
+holds SI values (FLOP/s, bytes/s), which is what the report contract records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from adaptcheck import yamldata
+from adaptcheck.errors import InvalidInputError
+from adaptcheck.paths import data_dir
+
+PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8")
+"""Dtype keys of ``dense_tflops`` (tf32: fp32 GEMMs when torch allows TensorFloat-32)."""
+
+Bound = Literal["compute", "memory", "link", "network"]
+
+
+class PeaksError(InvalidInputError):
+    """A peaks file is malformed; the message names the file and line."""
+
+
+class PeakEntry(BaseModel):
+    """One device model's published peak figures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[a-z0-9_]+$", description="Entry id, recorded as the peak's 'entry' in results.")
+    match: str = Field(min_length=1, description="Regex searched (case-insensitive) in the device name torch reports.")
+    vendor: str = Field(min_length=1, description="Vendor, for people reading the file.")
+    backends: list[str] = Field(min_length=1, description="adaptcheck backend names the entry applies to.")
+    dense_tflops: dict[str, float] = Field(
+        default_factory=dict, description=f"Dense (no sparsity) peak TFLOP/s (TOP/s for int8) by dtype: "
+                                          f"{', '.join(PEAK_DTYPES)}.")
+    memory_gbps: float | None = Field(default=None, gt=0, description="Device memory bandwidth, GB/s (1e9 bytes/s).")
+    host_link_gbps: float | None = Field(
+        default=None, gt=0, description="Host link bandwidth per direction, GB/s (PCIe Gen5 x16: 64; Gen4 x16: 32).")
+    interconnect_gbps: float | None = Field(
+        default=None, gt=0, description="Device-to-device bandwidth per direction per device, GB/s (NVLink, "
+                                        "Infinity Fabric, HCCS …); the ceiling for collectives' busbw.")
+    source: str = Field(min_length=1, description="Where the figures come from: datasheet name and URL.")
+    verified: bool = Field(description="True when every figure was checked against the source; false marks "
+                                       "figures taken from secondary pages or estimates.")
+    notes: str = Field(default="", description="Caveats (SKU differences, clocks, which figure is which).")
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regex: {exc}") from None
+        return value
+
+    @field_validator("dense_tflops")
+    @classmethod
+    def _dtypes(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, tflops in value.items():
+            if key not in PEAK_DTYPES:
+                raise ValueError(f"unknown dtype {key!r}; valid: {', '.join(PEAK_DTYPES)}")
+            if not tflops > 0:
+                raise ValueError(f"{key}: TFLOP/s must be > 0")
+        return value
+
+
+class PeaksFile(BaseModel):
+    """``matrices/peaks.yaml``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = Field(description="Version of this file's layout.")
+    entries: list[PeakEntry] = Field(description="Device models; the first matching entry wins.")
+
+    @field_validator("entries")
+    @classmethod
+    def _unique_ids(cls, value: list[PeakEntry]) -> list[PeakEntry]:
+        seen: set[str] = set()
+        for entry in value:
+            if entry.id in seen:
+                raise ValueError(f"duplicate entry id {entry.id!r}")
+            seen.add(entry.id)
+        return value
+
+
+def default_peaks_path() -> Path:
+    return data_dir("matrices") / "peaks.yaml"
+
+
+def parse_peaks(text: str, filename: str) -> PeaksFile:
+    """Validate peaks YAML ``text``; errors name ``filename:line``."""
+    return yamldata.parse_model(text, filename, PeaksFile, PeaksError)
+
+
+def load_peaks(path: Path | str | None = None) -> PeaksFile:
+    """The shipped ``matrices/peaks.yaml``, or ``path``."""
+    p = Path(path) if path else default_peaks_path()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PeaksError(f"{p}: cannot read: {exc}") from None
+    return parse_peaks(text, str(p))
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The figures efficiencies are computed against (SI units)."""
+
+    device: str
+    entry: str
+    source: str
+    verified: bool
+    flops: Mapping[str, float] = field(default_factory=dict)
+    memory_bw: float | None = None
+    host_link_bw: float | None = None
+    interconnect_bw: float | None = None
+    derivation: tuple[str, ...] = ()
+    memory_bw_basis: str = "spec"
+    """'spec' (a datasheet figure), 'measured' (an achievable reference measured here), or 'unknown'."""
+    notes: str = ""
+
+    @property
+    def network_bw(self) -> float | None:
+        """Ceiling for collectives' busbw: the device interconnect, else the host link."""
+        return self.interconnect_bw or self.host_link_bw
+
+    def as_dict(self) -> dict[str, Any]:
+        """The contract's ``peak`` mapping (plus the memory basis and notes)."""
+        return {"device": self.device, "entry": self.entry, "source": self.source, "verified": self.verified,
+                "flops": dict(self.flops), "memory_bw": self.memory_bw, "host_link_bw": self.host_link_bw,
+                "interconnect_bw": self.interconnect_bw, "derivation": list(self.derivation),
+                "memory_bw_basis": self.memory_bw_basis, "notes": self.notes}
+
+    def replace(self, **changes: Any) -> Peak:
+        return dataclasses.replace(self, **changes)
+
+
+def entry_to_peak(entry: PeakEntry, device_name: str) -> Peak:
+    return Peak(device=device_name, entry=entry.id, source=entry.source, verified=entry.verified,
+                flops={k: v * 1e12 for k, v in entry.dense_tflops.items()},
+                memory_bw=entry.memory_gbps * 1e9 if entry.memory_gbps else None,
+                host_link_bw=entry.host_link_gbps * 1e9 if entry.host_link_gbps else None,
+                interconnect_bw=entry.interconnect_gbps * 1e9 if entry.interconnect_gbps else None,
+                memory_bw_basis="spec" if entry.memory_gbps else "unknown", notes=entry.notes)
+
+
+def find_entry(peaks: PeaksFile, backend_name: str, device_name: str) -> PeakEntry | None:
+    """First entry (file order) for this backend whose regex is found in ``device_name``."""
+    for entry in peaks.entries:
+        if backend_name in entry.backends and re.search(entry.match, device_name, re.IGNORECASE):
+            return entry
+    return None
+
+
+def peak_for(backend_name: str, device_name: str, path: Path | str | None = None, *, host_cpu: bool | None = None,
+             cpu_facts: Any | None = None) -> Peak | None:
+    """The peak for a device: the first matching ``peaks.yaml`` entry (or ``path``'s), or for
+    the host CPU (``host_cpu``; default: the backend is named 'cpu') the derived peak
+    (``cpu_facts``: recorded :class:`~adaptcheck.perf.cpu_peak.CpuFacts`, else read from this
+    machine) with a matching CPU entry's figures on top. None when nothing is known."""
+    entry = find_entry(load_peaks(path), backend_name, device_name)
+    if not (host_cpu if host_cpu is not None else backend_name == "cpu"):
+        return entry_to_peak(entry, device_name) if entry else None
+    from adaptcheck.perf.cpu_peak import derive_cpu_peak, read_cpu_facts
+
+    derived = derive_cpu_peak(cpu_facts if cpu_facts is not None else read_cpu_facts())
+    return merge_cpu_entry(derived, entry) if entry else derived
+
+
+def merge_cpu_entry(derived: Peak, entry: PeakEntry) -> Peak:
+    """A CPU entry's figures replace the derived ones they name; the rest stay derived."""
+    spec = entry_to_peak(entry, derived.device)
+    flops = {**derived.flops, **spec.flops}
+    lines = [*derived.derivation,
+             f"peaks entry {entry.id!r} ({entry.source}) replaces: "
+             + ", ".join([*(f"{k} flops" for k in spec.flops), *(["memory bandwidth"] if spec.memory_bw else [])])]
+    return derived.replace(
+        entry=f"derived:cpu+{entry.id}", flops=flops, derivation=tuple(lines), notes=entry.notes,
+        memory_bw=spec.memory_bw or derived.memory_bw,
+        interconnect_bw=spec.interconnect_bw or derived.interconnect_bw or spec.memory_bw,
+        memory_bw_basis="spec" if spec.memory_bw else derived.memory_bw_basis,
+        source=f"{derived.source}; {entry.source}", verified=derived.verified and entry.verified)
+
+
+def roofline(flops: float | None, bytes_moved: float | None, peak: Peak | None,
+             dtype: str | None) -> tuple[float | None, float | None, Bound | None]:
+    """(arithmetic intensity, ridge point, bound) of a problem on a device.
+
+    Intensity = flops / bytes (None for a pure copy). Ridge point = the dtype's peak FLOP/s
+    ÷ peak memory bandwidth: below it the memory system cannot feed the arithmetic units,
+    so the problem is ``memory``-bound, at or above it ``compute``-bound. A copy (no flops)
+    is memory-bound by definition. None where the peak lacks a figure the answer needs.
+    """
+    ai = flops / bytes_moved if flops is not None and bytes_moved else None
+    if peak is None:
+        return ai, None, None
+    peak_flops = peak.flops.get(dtype) if dtype else None
+    ridge = peak_flops / peak.memory_bw if peak_flops and peak.memory_bw else None
+    if flops is None:
+        return None, ridge, "memory" if peak.memory_bw else None
+    if ai is None or ridge is None:
+        return ai, ridge, None
+    return ai, ridge, "compute" if ai >= ridge else "memory"
+
+
+def efficiency(bound: Bound | None, peak: Peak | None, dtype: str | None, flops_per_s: float | None,
+               bytes_per_s: float | None) -> float | None:
+    """Achieved ÷ peak of the resource that bounds the problem; None without that peak.
+
+    compute → FLOP/s over the dtype's peak; memory → bytes/s over memory bandwidth; link →
+    bytes/s over the host link; network → (bus) bytes/s over the device interconnect.
+    """
+    if peak is None or bound is None:
+        return None
+    if bound == "compute":
+        ceiling, achieved = (peak.flops.get(dtype) if dtype else None), flops_per_s
+    else:
+        ceiling = {"memory": peak.memory_bw, "link": peak.host_link_bw, "network": peak.network_bw}[bound]
+        achieved = bytes_per_s
+    if not ceiling or achieved is None:
+        return None
+    return achieved / ceiling
+
+
+def fmt_rate(value: float | None, unit: str = "FLOP/s") -> str:
+    """Human rate: 3.33e11 → '333 GFLOP/s'."""
+    if value is None:
+        return "n/a"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.4g} {prefix}{unit}"
+    return f"{value:.4g} {unit}"

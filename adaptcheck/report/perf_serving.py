@@ -1,0 +1,369 @@
+"""View data of the step-5 serving scenarios (``perf.serving``) — plain data, no HTML.
+
+One ``perf.serving`` check is one scenario (docs/perf.md, "Serving outcome"). For each the
+report shows what was offered (arrival pattern, levels, lengths, repeats, SLOs), then per
+level the median run's numbers — request and output-token throughput, TTFT/TPOT/ITL/E2EL
+median, p90 and p99, error rate, goodput, client queue time — and the run-to-run spread
+against the scenario's bound, over-bound cells marked (that spread is what L4's
+"reproducible baseline" rests on). Below: the client's own overhead with its bottleneck
+warning (a saturated load generator understates the server), server memory, a link to the
+per-request records and the charts (latency quantiles per level, throughput against level).
+
+Results are read defensively: an errored scenario has no levels, an older file may lack a
+field, and every text (error messages from the server, scenario names) is untrusted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import quote
+
+from markupsafe import Markup
+
+from adaptcheck.models.results import CheckResult
+from adaptcheck.report import svg
+from adaptcheck.report.fmt import Label, as_dict, as_float, format_float, format_value
+from adaptcheck.report.framework import FACT_LABELS, Fact
+
+# The latency metrics of a RunSummary / distributions, in the order the tables show them.
+LATENCY_METRICS: dict[str, str] = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2EL"}
+# Spread keys of the contract with their column names; other keys follow under their own.
+SPREAD_NAMES: dict[str, str] = {"ttft_ms_median": "TTFT median", "tpot_ms_median": "TPOT median",
+                                "output_tok_per_s": "output tok/s"}
+# How the level of each arrival pattern reads: table header, chart axis, legend prefix.
+LEVEL_WORDS: dict[str, tuple[str, str]] = {
+    "concurrency": ("concurrency", "concurrency (requests in flight)"),
+    "poisson": ("rate (req/s)", "offered rate (req/s)"),
+    "burst": ("burst size", "requests per burst"),
+}
+MAX_ERRORS_SHOWN = 10
+_SERVER_MONO = {"url", "served_model", "server_command", "server_log"}
+
+
+@dataclass
+class Chart:
+    """One inline chart: the SVG is built (and its text escaped) by :mod:`adaptcheck.report.svg`."""
+
+    title: str
+    svg: Markup
+
+
+@dataclass
+class SpreadCell:
+    metric: str
+    value: str
+    over: bool  # over the scenario's max_spread: this level is not reproducible enough
+
+
+@dataclass
+class ServingLevelRow:
+    """The median run of one level, and how much the runs differed."""
+
+    level: str
+    runs: int
+    completed: str
+    failed: str
+    error_rate: str
+    errors_present: bool
+    req_per_s: str
+    out_tok_per_s: str
+    goodput: str
+    slo_attainment: str  # '93.0% met SLO', '' without SLOs
+    queue: str  # client queue time, median / p99 ms
+    latency: list[str]  # per LATENCY_METRICS: 'median / p90 / p99'
+    spread: list[SpreadCell]
+    tokens: str  # token source, mismatches, chunks per token
+    errors: list[str]  # 'message ×count', pooled over the runs
+
+
+@dataclass
+class RunRow:
+    """One measured run of one level (behind the spread)."""
+
+    level: str
+    run: int
+    completed: str
+    failed: str
+    duration: str
+    req_per_s: str
+    out_tok_per_s: str
+    ttft: str
+    tpot: str
+
+
+@dataclass
+class FileLink:
+    """A file of the run; ``href`` is '' when the recorded path is not a safe relative one."""
+
+    text: str
+    href: str
+
+
+@dataclass
+class ScenarioView:
+    """One serving scenario (one ``perf.serving`` check)."""
+
+    id: str
+    anchor: str  # the check's entry in the Checks section
+    block: str  # this block's own fragment id
+    name: str
+    status: Label
+    message: str
+    duration: str
+    offered: list[Fact]
+    server: list[Fact]
+    level_word: str
+    spread_bound: str
+    spread_metrics: list[str]
+    levels: list[ServingLevelRow]
+    runs: list[RunRow]
+    records: FileLink | None
+    client: list[Fact]
+    client_warning: str
+    memory: list[Fact]
+    latency_charts: list[Chart]
+    throughput_charts: list[Chart]
+    no_data_note: str  # why there are no level numbers ('' when there are)
+    arrival: str = ""
+    latency_names: list[str] = field(default_factory=lambda: list(LATENCY_METRICS.values()))
+    # (level, req/s, output tok/s) of the medians, for the combined chart across scenarios.
+    curve: list[tuple[float | None, float | None, float | None]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- small readers
+
+
+def as_list(value: Any) -> list[Any]:
+    """``value`` when it is a list, else empty (a hand-edited or truncated file may hold anything)."""
+    return value if isinstance(value, list) else []
+
+
+def pct(value: Any) -> str:
+    """A fraction as a percentage, or — when missing or not finite."""
+    f = as_float(value)
+    return "—" if f is None or not math.isfinite(f) else f"{f:.1%}"
+
+
+def num(value: Any) -> str:
+    """A number to a few significant digits, or — when missing."""
+    f = as_float(value)
+    return "—" if f is None else format_float(f)
+
+
+def _stat(summary: dict[str, Any], metric: str, key: str) -> Any:
+    stats = as_dict(summary.get(metric))
+    return stats.get(key, stats.get("p50")) if key == "median" else stats.get(key)
+
+
+def _triple(summary: dict[str, Any], metric: str) -> str:
+    vals = [num(_stat(summary, metric, k)) for k in ("median", "p90", "p99")]
+    return "—" if all(v == "—" for v in vals) else " / ".join(vals)
+
+
+def level_text(level: Any, arrival: str) -> str:
+    """A level as the table shows it ('4', '2.5 req/s')."""
+    text = format_value(level)
+    return f"{text} req/s" if arrival == "poisson" else text
+
+
+def level_legend(level: Any, arrival: str) -> str:
+    """A level as a chart legend names it ('c=4', '2.5 req/s', 'burst 32')."""
+    text = format_value(level)
+    return {"concurrency": f"c={text}", "poisson": f"{text} req/s", "burst": f"burst {text}"}.get(arrival, text)
+
+
+def records_link(path: Any, base: str = "") -> FileLink | None:
+    """A link to the per-request records. ``path`` is relative to the run folder; ``base``
+    is the run folder relative to the report's folder ('' when the report sits in the run
+    folder, as ``adaptcheck run`` writes it). Only a plain relative path becomes a link."""
+    if not isinstance(path, str) or not path:
+        return None
+    p = PurePosixPath(path.replace("\\", "/"))
+    safe = bool(p.parts) and not p.is_absolute() and ".." not in p.parts and ":" not in p.parts[0]
+    href = quote(f"{base.rstrip('/')}/{p}" if base else str(p), safe="/") if safe else ""
+    return FileLink(text=path, href=href)
+
+
+# ---------------------------------------------------------------- parts of a scenario
+
+
+def _offered(sc: dict[str, Any]) -> list[Fact]:
+    facts = [Fact("arrival", str(sc.get("arrival") or "—"))]
+    arrival = str(sc.get("arrival") or "")
+    levels = sc.get("levels")
+    if isinstance(levels, list):
+        facts.append(Fact("levels", ", ".join(level_text(v, arrival) for v in levels) or "none"))
+    if isinstance(sc.get("mixed"), list):
+        mix = [f"{format_value(m.get('input_tokens'))}→{format_value(m.get('output_tokens'))}"
+               f" ×{format_value(m.get('weight', 1))}" for m in as_list(sc["mixed"]) if isinstance(m, dict)]
+        facts.append(Fact("lengths (in→out tokens, weight)", "mixed: " + ", ".join(mix)))
+    else:
+        facts.append(Fact("lengths", f"{format_value(sc.get('input_tokens'))} input → "
+                                     f"{format_value(sc.get('output_tokens'))} output tokens"))
+    if sc.get("duration_s") is not None:
+        facts.append(Fact("measured", f"{num(sc['duration_s'])} s per run"))
+    else:
+        facts.append(Fact("measured", f"{format_value(sc.get('num_requests'))} requests per run"))
+    facts.append(Fact("warm-up", f"{format_value(sc.get('warmup_requests'))} requests (not measured)"))
+    facts.append(Fact("repeats", format_value(sc.get("repeats"))))
+    facts.append(Fact("spread bound", pct(sc.get("max_spread"))))
+    slo = as_dict(sc.get("slo"))
+    if slo:
+        facts.append(Fact("SLO", ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {num(v)} ms" if k.endswith("_ms")
+                                           else f"{k} ≤ {format_value(v)}" for k, v in slo.items())))
+    return facts
+
+
+def _server(server: dict[str, Any]) -> list[Fact]:
+    # Nested values (capabilities, plugin lists) are step 4's to show; here only the identity.
+    return [Fact(FACT_LABELS.get(k, k), format_value(v), mono=k in _SERVER_MONO)
+            for k, v in server.items() if not isinstance(v, (dict, list)) and v is not None]
+
+
+def _client(client: dict[str, Any]) -> tuple[list[Fact], str]:
+    facts = []
+    if client.get("cpu_percent") is not None:
+        facts.append(Fact("client CPU", f"{num(client['cpu_percent'])}% (100% = one core)"))
+    if client.get("overhead_us_per_token") is not None:
+        facts.append(Fact("client overhead", f"{num(client['overhead_us_per_token'])} µs per output token"))
+    if client.get("loop_lag_ms_p99") is not None:
+        facts.append(Fact("event-loop lag p99", f"{num(client['loop_lag_ms_p99'])} ms"))
+    if "bottleneck" in client:
+        facts.append(Fact("client was the bottleneck", "yes" if client["bottleneck"] is True else "no"))
+    warning = str(client.get("warning") or "")
+    if client.get("bottleneck") is True:
+        # Numbers from a saturated load generator describe the client, not the server.
+        warning = "the load generator, not the server, limited this run: throughput is understated" + (
+            f" — {warning}" if warning else "")
+    return facts, warning
+
+
+def _memory(mem: dict[str, Any]) -> list[Fact]:
+    facts = []
+    for k, v in mem.items():
+        f = as_float(v)
+        parts = k.split("_")
+        label = " ".join(p.upper() if p in ("rss", "kv") else p for p in parts if p != "mib")
+        if "mib" in parts and f is not None:  # rss_mib_before: the unit sits inside the key
+            facts.append(Fact(label, f"{format_float(f)} MiB"))
+        elif k == "kv_cache_usage" and f is not None and 0 <= f <= 1:
+            facts.append(Fact("KV-cache usage", pct(f)))
+        else:
+            facts.append(Fact(label, format_value(v)))
+    before, after = as_float(mem.get("rss_mib_before")), as_float(mem.get("rss_mib_after"))
+    if before is not None and after is not None:
+        facts.append(Fact("RSS growth", f"{format_float(after - before)} MiB"))
+    return facts
+
+
+def _errors(runs: list[dict[str, Any]]) -> list[str]:
+    pooled: dict[str, int] = {}
+    for r in runs:
+        for msg, n in as_dict(r.get("errors")).items():
+            f = as_float(n)
+            pooled[str(msg)] = pooled.get(str(msg), 0) + (int(f) if f is not None and math.isfinite(f) else 0)
+    ranked = sorted(pooled.items(), key=lambda kv: -kv[1])
+    return [f"{msg} ×{n}" for msg, n in ranked[:MAX_ERRORS_SHOWN]]
+
+
+def _level_row(lv: dict[str, Any], arrival: str, bound: float | None, spread_keys: list[str]) -> ServingLevelRow:
+    med = as_dict(lv.get("median"))
+    runs = [as_dict(r) for r in as_list(lv.get("runs"))]
+    spread = as_dict(lv.get("spread"))
+    cells = []
+    for k in spread_keys:
+        f = as_float(spread.get(k))
+        over = f is not None and bound is not None and (not math.isfinite(f) or f > bound)
+        cells.append(SpreadCell(metric=SPREAD_NAMES.get(k, k), value=pct(f) if f is not None else "—", over=over))
+    err = as_float(med.get("error_rate"))
+    goodput = num(med.get("goodput")) if med.get("goodput") is not None else "— (no SLO)"
+    attained = f"{pct(med['slo_attainment'])} met SLO" if med.get("slo_attainment") is not None else ""
+    tokens = str(med.get("token_source") or "—")
+    if as_float(med.get("token_mismatches")):
+        tokens += f", {num(med['token_mismatches'])} count mismatches"
+    if med.get("chunks_per_token") is not None:
+        tokens += f"; {num(med['chunks_per_token'])} chunks/token"
+    return ServingLevelRow(
+        level=level_text(lv.get("level"), arrival), runs=len(runs), completed=num(med.get("completed")),
+        failed=num(med.get("failed")), error_rate=pct(err), errors_present=bool(err),
+        req_per_s=num(med.get("request_throughput")), out_tok_per_s=num(med.get("output_throughput")),
+        goodput=goodput, slo_attainment=attained,
+        queue=" / ".join(num(_stat(med, "queue_ms", k)) for k in ("median", "p99")) if med.get("queue_ms") else "—",
+        latency=[_triple(med, m) for m in LATENCY_METRICS], spread=cells, tokens=tokens, errors=_errors(runs),
+    )
+
+
+def _run_rows(levels: list[dict[str, Any]], arrival: str) -> list[RunRow]:
+    rows = []
+    for lv in levels:
+        for i, r in enumerate(as_list(lv.get("runs"))):
+            r = as_dict(r)
+            rows.append(RunRow(level=level_text(lv.get("level"), arrival), run=i + 1,
+                               completed=num(r.get("completed")), failed=num(r.get("failed")),
+                               duration=num(r.get("duration_s")), req_per_s=num(r.get("request_throughput")),
+                               out_tok_per_s=num(r.get("output_throughput")),
+                               ttft=num(_stat(r, "ttft_ms", "median")), tpot=num(_stat(r, "tpot_ms", "median"))))
+    return rows
+
+
+def _latency_charts(name: str, levels: list[dict[str, Any]], arrival: str) -> list[Chart]:
+    dists = [(level_legend(lv.get("level"), arrival), as_dict(lv.get("distributions"))) for lv in levels]
+    if not any(d for _, d in dists):
+        return []
+    charts = []
+    for key, word in LATENCY_METRICS.items():
+        title = f"{word} by percentile — {name}"
+        series = [(label, d[key]) for label, d in dists if isinstance(d.get(key), list)]
+        charts.append(Chart(title=title, svg=svg.latency_chart(title, series) if series else svg.empty_chart(title)))
+    return charts
+
+
+def throughput_charts(name: str, curves: list[tuple[str, list[tuple[float | None, float | None, float | None]]]],
+                      axis: str) -> list[Chart]:
+    """Output tok/s and req/s against the level, one line per named curve."""
+    out = []
+    for idx, (what, unit) in ((2, ("output tok/s", " tok/s")), (1, ("req/s", " req/s"))):
+        title = f"{what} vs level — {name}"
+        series = [(label, [(p[0], p[idx]) for p in pts]) for label, pts in curves]
+        out.append(Chart(title=title, svg=svg.throughput_chart(title, series, x_label=axis, y_label=what,
+                                                               y_unit=unit)))
+    return out
+
+
+# ---------------------------------------------------------------- one scenario
+
+
+def build_scenario(c: CheckResult, status: Label, anchor: str, block: str, duration: str,
+                   records_base: str = "") -> ScenarioView:
+    """The view of one ``perf.serving`` result."""
+    d = as_dict(c.details)
+    sc = as_dict(d.get("scenario"))
+    arrival = str(sc.get("arrival") or "")
+    name = str(sc.get("name") or c.id.rsplit(".", 1)[-1])
+    levels = [lv for lv in as_list(d.get("levels")) if isinstance(lv, dict)]
+    bound = as_float(sc.get("max_spread"))
+    keys: list[str] = [k for k in SPREAD_NAMES if any(k in as_dict(lv.get("spread")) for lv in levels)]
+    keys += [k for lv in levels for k in as_dict(lv.get("spread")) if k not in keys]
+    keys = list(dict.fromkeys(keys))
+    client, warning = _client(as_dict(d.get("client")))
+    word, axis = LEVEL_WORDS.get(arrival, ("level", "level"))
+    curve = [(as_float(lv.get("level")), as_float(as_dict(lv.get("median")).get("request_throughput")),
+              as_float(as_dict(lv.get("median")).get("output_throughput"))) for lv in levels]
+    has_curve = any(p[0] is not None and (p[1] is not None or p[2] is not None) for p in curve)
+    return ScenarioView(
+        id=c.id, anchor=anchor, block=block, name=name, status=status, message=c.message, duration=duration,
+        offered=_offered(sc) if sc else [], server=_server(as_dict(d.get("server"))), level_word=word,
+        spread_bound=pct(bound) if bound is not None else "", spread_metrics=[SPREAD_NAMES.get(k, k) for k in keys],
+        levels=[_level_row(lv, arrival, bound, keys) for lv in levels], runs=_run_rows(levels, arrival),
+        records=records_link(d.get("records_file"), records_base), client=client, client_warning=warning,
+        memory=_memory(as_dict(d.get("server_memory"))),
+        latency_charts=_latency_charts(name, levels, arrival),
+        throughput_charts=throughput_charts(name, [(name, curve)], axis) if has_curve else [],
+        # A skipped or unreached scenario's message says why; only a run that went wrong lacks numbers.
+        no_data_note="" if levels or status.key in ("skip", "na", "notrun") else
+        "no measured run finished: no numbers recorded",
+        arrival=arrival, curve=curve,
+    )

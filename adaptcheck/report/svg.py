@@ -1,0 +1,337 @@
+"""Inline SVG charts for the report: pure functions from numbers to an SVG string.
+
+The report is one self-contained file under a Content-Security-Policy that forbids every
+network load and script, so charts are drawn here as plain SVG elements: no external
+fonts, images, styles or JavaScript. Point values are shown as native tooltips
+(``<title>``), which need no script.
+
+Every text value that goes into a chart (titles, axis labels, series names: scenario names
+and levels come from ladders and plugins, so they are untrusted) is escaped with
+:func:`markupsafe.escape` before it is placed in the string, and numbers are written by this
+module's own formatting. Only then is the whole string wrapped in :class:`Markup`, which is
+what lets the autoescaped template insert it verbatim.
+
+Charts never raise on odd data: non-finite values are dropped (a line breaks there), a
+single point or a flat series gets a padded axis, and a chart without any finite point says
+"no data" instead of drawing empty axes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from markupsafe import Markup, escape
+
+from adaptcheck.report.fmt import as_float, format_float
+
+# Geometry of every chart (SVG user units). The plot area is fixed so charts line up in a
+# grid; the legend below it grows the height as needed.
+WIDTH = 480
+PLOT_LEFT = 64
+PLOT_RIGHT = WIDTH - 16
+PLOT_TOP = 30
+PLOT_BOTTOM = 220
+LEGEND_TOP = PLOT_BOTTOM + 48
+LEGEND_ROW = 16
+LEGEND_COL = 138
+EMPTY_HEIGHT = 90
+FONT = "system-ui, -apple-system, Segoe UI, Roboto, sans-serif"
+# A linear axis squeezes everything but the largest values into a corner once the data
+# spans more than this ratio; a log axis is chosen instead (only for positive data).
+LOG_RATIO = 30.0
+# Levels (concurrency 1, 2, 4 … 64) are usually powers of two: log spacing reads better
+# from a smaller ratio on.
+LEVEL_LOG_RATIO = 8.0
+LOG_PAD = 1.1  # a log domain reaches this factor beyond the data on both sides
+# Tick labels closer than this (px) to the previous one are left out (the tick stays).
+MIN_LABEL_GAP = 22.0
+MAX_LEVEL_TICKS = 12
+PERCENTILE_TICKS = (0.0, 25.0, 50.0, 75.0, 90.0, 100.0)
+# Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), and a
+# dash pattern per series as well so lines differ without colour and in print.
+PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000")
+DASHES = ("", "6 3", "2 3", "9 3 2 3", "4 2 1 2", "12 4")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line: a label and its (x, y) points, in drawing order (None or non-finite: a gap)."""
+
+    label: str
+    points: Sequence[tuple[float | None, float | None]]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """The domain of one axis, its ticks and whether it is logarithmic."""
+
+    lo: float
+    hi: float
+    ticks: tuple[float, ...]
+    log: bool
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Maps a data value on ``[lo, hi]`` to a pixel on ``[start, end]`` (linear or log10)."""
+
+    lo: float
+    hi: float
+    start: float
+    end: float
+    log: bool = False
+
+    def __call__(self, value: float) -> float:
+        if self.log:
+            a, b, v = math.log10(self.lo), math.log10(self.hi), math.log10(value)
+        else:
+            a, b, v = self.lo, self.hi, value
+        return self.start + (v - a) / (b - a) * (self.end - self.start)
+
+
+# ---------------------------------------------------------------- axes
+
+
+def tick_text(value: float) -> str:
+    """A short tick label: '0', '2.5', '120', '12k', '1.5M'."""
+    mag = abs(value)
+    if mag >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if mag >= 1e4:
+        return f"{value / 1e3:.3g}k"
+    if value == int(value):
+        return str(int(value))
+    return f"{value:.3g}"
+
+
+def _nice_step(span: float, count: int = 5) -> float:
+    raw = span / count
+    mag = 10.0 ** math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 2.5, 5.0):
+        if raw <= m * mag:
+            return m * mag
+    return 10.0 * mag
+
+
+def _log_ticks(lo: float, hi: float) -> tuple[float, ...]:
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    # Few decades: 1-2-5 ticks so the axis still has labels in the middle.
+    mults = (1.0, 2.0, 5.0) if math.log10(hi / lo) <= 2.5 else (1.0,)
+    ticks = [m * 10.0**e for e in range(first, last + 1) for m in mults]
+    return tuple(t for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9))
+
+
+def choose_axis(values: Sequence[float], *, log: bool | None = None, zero: bool = False,
+                ticks: Sequence[float] | None = None, log_ratio: float = LOG_RATIO) -> Axis:
+    """The axis for finite ``values`` (at least one).
+
+    ``log`` None chooses: logarithmic when every value is positive and they span at least
+    ``log_ratio``. ``zero`` puts 0 in a linear domain (throughput reads against zero).
+    Explicit ``ticks`` (the levels of a run) give a tight domain around data and ticks;
+    otherwise a linear domain is rounded to 'nice' ticks and a log one padded by
+    :data:`LOG_PAD` with 1-2-5 (or decade) ticks.
+    """
+    lo, hi = min(values), max(values)
+    positive = lo > 0
+    if log is None:
+        log = positive and hi / lo >= log_ratio
+    log = log and positive  # a log axis cannot show zero or negatives
+    if ticks is not None:
+        tick_list = sorted({t for t in ticks if math.isfinite(t) and (t > 0 or not log)})
+        if tick_list:
+            lo, hi = min(lo, tick_list[0]), max(hi, tick_list[-1])
+        if lo == hi:
+            lo, hi = (lo / 2, hi * 2) if log else (lo - (abs(lo) or 1) * 0.5, hi + (abs(hi) or 1) * 0.5)
+        return Axis(lo=lo, hi=hi, ticks=tuple(t for t in tick_list if lo <= t <= hi), log=log)
+    if log:
+        # Tight around the data (whole decades can waste most of the plot), unless that
+        # leaves fewer than two ticks to read the axis by.
+        tlo, thi = lo / LOG_PAD, hi * LOG_PAD
+        log_ticks = _log_ticks(tlo, thi)
+        if len(log_ticks) < 2:
+            tlo, thi = 10.0 ** math.floor(math.log10(lo)), 10.0 ** math.ceil(math.log10(hi))
+            thi = thi * 10 if tlo == thi else thi
+            log_ticks = _log_ticks(tlo, thi)
+        return Axis(lo=tlo, hi=thi, ticks=log_ticks, log=True)
+    if zero:
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if lo == hi:  # one value (or a flat line): pad so it sits inside the plot
+        pad = abs(lo) * 0.1 or 1.0
+        lo, hi = (lo - pad if not (zero and lo == 0) else lo), hi + pad
+    step = _nice_step(hi - lo)
+    nlo, nhi = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
+    count = round((nhi - nlo) / step)
+    return Axis(lo=nlo, hi=nhi, ticks=tuple(nlo + i * step for i in range(count + 1)), log=False)
+
+
+# ---------------------------------------------------------------- drawing helpers
+
+
+def _e(text: str) -> str:
+    return str(escape(text))
+
+
+def _n(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def _text(x: float, y: float, text: str, *, anchor: str = "middle", size: int = 11, extra: str = "") -> str:
+    return (f'<text x="{_n(x)}" y="{_n(y)}" text-anchor="{anchor}" font-size="{size}"{extra}>'
+            f"{_e(text)}</text>")
+
+
+def _open(height: float, title: str) -> list[str]:
+    return [(f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {WIDTH} {_n(height)}" '
+             f'width="{WIDTH}" height="{_n(height)}" role="img" aria-label="{_e(title)}" '
+             f'font-family="{FONT}" fill="#1b1f24">'), f"<title>{_e(title)}</title>",
+            _text(WIDTH / 2, 16, title, size=12, extra=' font-weight="600"')]
+
+
+def empty_chart(title: str, note: str = "no data") -> Markup:
+    """A chart frame that says why there is nothing to draw."""
+    parts = _open(EMPTY_HEIGHT, title)
+    parts.append(f'<rect x="{PLOT_LEFT}" y="{PLOT_TOP}" width="{PLOT_RIGHT - PLOT_LEFT}" height="44" '
+                 'fill="#f6f8fa" stroke="#d0d7de"/>')
+    parts.append(_text((PLOT_LEFT + PLOT_RIGHT) / 2, PLOT_TOP + 27, note, extra=' fill="#57606a"'))
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def _finite(value: float | None, log: bool) -> bool:
+    return value is not None and math.isfinite(value) and (value > 0 or not log)
+
+
+def _log_note(axis: Axis) -> str:
+    # Said in the label: a log axis read as linear makes a 10× tail look small.
+    return " (log scale)" if axis.log else ""
+
+
+def _axes(xs: Scale, ys: Scale, xa: Axis, ya: Axis, x_label: str, y_label: str,
+          x_text: Callable[[float], str], y_text: Callable[[float], str]) -> list[str]:
+    out = [(f'<rect x="{PLOT_LEFT}" y="{PLOT_TOP}" width="{PLOT_RIGHT - PLOT_LEFT}" '
+            f'height="{PLOT_BOTTOM - PLOT_TOP}" fill="none" stroke="#d0d7de"/>')]
+    last = -math.inf
+    for t in ya.ticks:  # bottom to top
+        y = ys(t)
+        out.append(f'<line x1="{PLOT_LEFT}" x2="{PLOT_RIGHT}" y1="{_n(y)}" y2="{_n(y)}" stroke="#eaeef2"/>')
+        out.append(f'<line x1="{PLOT_LEFT - 4}" x2="{PLOT_LEFT}" y1="{_n(y)}" y2="{_n(y)}" stroke="#57606a"/>')
+        if abs(y - last) >= MIN_LABEL_GAP / 2:
+            out.append(_text(PLOT_LEFT - 7, y + 4, y_text(t), anchor="end", extra=' class="tick-y"'))
+            last = y
+    last = -math.inf
+    for t in xa.ticks:
+        x = xs(t)
+        out.append(f'<line x1="{_n(x)}" x2="{_n(x)}" y1="{PLOT_BOTTOM}" y2="{PLOT_BOTTOM + 4}" stroke="#57606a"/>')
+        if x - last >= MIN_LABEL_GAP:
+            out.append(_text(x, PLOT_BOTTOM + 16, x_text(t), extra=' class="tick-x"'))
+            last = x
+    out.append(_text((PLOT_LEFT + PLOT_RIGHT) / 2, PLOT_BOTTOM + 34, x_label + _log_note(xa)))
+    cy = (PLOT_TOP + PLOT_BOTTOM) / 2
+    out.append(_text(14, cy, y_label + _log_note(ya), extra=f' transform="rotate(-90 14 {_n(cy)})"'))
+    return out
+
+
+def _legend(labels: Sequence[str]) -> tuple[list[str], float]:
+    per_row = max(1, (WIDTH - PLOT_LEFT) // LEGEND_COL)
+    out = []
+    for i, label in enumerate(labels):
+        x = PLOT_LEFT + (i % per_row) * LEGEND_COL
+        y = LEGEND_TOP + (i // per_row) * LEGEND_ROW
+        dash = f' stroke-dasharray="{DASHES[i % len(DASHES)]}"' if DASHES[i % len(DASHES)] else ""
+        out.append(f'<line x1="{x}" x2="{x + 22}" y1="{y - 4}" y2="{y - 4}" stroke="{PALETTE[i % len(PALETTE)]}" '
+                   f'stroke-width="2"{dash}/>')
+        # Long names are cut so they do not run into the next column; the full text is a tooltip.
+        short = label if len(label) <= 17 else label[:16] + "…"
+        out.append(f"<g>{_text(x + 27, y, short, anchor='start')}<title>{_e(label)}</title></g>")
+    rows = (len(labels) + per_row - 1) // per_row
+    return out, LEGEND_TOP + rows * LEGEND_ROW - 4
+
+
+# ---------------------------------------------------------------- charts
+
+
+def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str,
+               x_log: bool | None = False, y_log: bool | None = None, x_ticks: Sequence[float] | None = None,
+               x_zero: bool = False, y_zero: bool = True, x_log_ratio: float = LOG_RATIO,
+               x_text: Callable[[float], str] = tick_text, y_text: Callable[[float], str] = tick_text,
+               x_tip: Callable[[float], str] = format_float, y_unit: str = "") -> Markup:
+    """A line chart, one polyline per series, a marker with a tooltip at every point.
+
+    ``x_log``/``y_log`` None choose from the data (see :func:`choose_axis`). ``x_text``
+    and ``y_text`` write tick labels; each point's tooltip is '<series>: <x_tip(x)> → <y><y_unit>'.
+    """
+    pts = [(x, y) for s in series for x, y in s.points if _finite(x, False) and _finite(y, False)]
+    if not pts:
+        return empty_chart(title)
+    xa = choose_axis([p[0] for p in pts if p[0] is not None], log=x_log, zero=x_zero, ticks=x_ticks,
+                     log_ratio=x_log_ratio)
+    ya = choose_axis([p[1] for p in pts if p[1] is not None], log=y_log, zero=y_zero)
+    xs = Scale(xa.lo, xa.hi, PLOT_LEFT, PLOT_RIGHT, xa.log)
+    ys = Scale(ya.lo, ya.hi, PLOT_BOTTOM, PLOT_TOP, ya.log)  # SVG y grows downwards
+    legend, height = _legend([s.label for s in series]) if len(series) > 1 else ([], PLOT_BOTTOM + 44)
+    parts = _open(height, title)
+    parts += _axes(xs, ys, xa, ya, x_label, y_label, x_text, y_text)
+    for i, s in enumerate(series):
+        colour, dash = PALETTE[i % len(PALETTE)], DASHES[i % len(DASHES)]
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        segments: list[list[tuple[float, float]]] = [[]]
+        for x, y in s.points:
+            if x is not None and y is not None and _finite(x, xa.log) and _finite(y, ya.log):
+                segments[-1].append((x, y))
+            elif segments[-1]:
+                segments.append([])  # a missing value breaks the line rather than bridging it
+        parts.append(f'<g class="series" stroke="{colour}" fill="{colour}">')
+        for seg in segments:
+            if len(seg) > 1:
+                coords = " ".join(f"{_n(xs(x))},{_n(ys(y))}" for x, y in seg)
+                parts.append(f'<polyline points="{coords}" fill="none" stroke-width="2"{dash_attr}/>')
+        for seg in segments:
+            for x, y in seg:
+                tip = f"{s.label}: {x_tip(x)} → {format_float(y)}{y_unit}"
+                parts.append(f'<circle cx="{_n(xs(x))}" cy="{_n(ys(y))}" r="2" stroke="none">'
+                             f"<title>{_e(tip)}</title></circle>")
+        parts.append("</g>")
+    parts += legend
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def _percentile_text(p: float) -> str:
+    return f"p{p:g}"
+
+
+def latency_chart(title: str, series: Sequence[tuple[str, Sequence[Any]]], *, unit: str = "ms") -> Markup:
+    """The quantile function of one latency metric, one line per level.
+
+    Each series is the 21 quantiles 0, 5, … 100 % of the contract (any length works: the
+    values are spread evenly over 0–100 %). The x axis is the percentile, so a long tail
+    shows as the right end of a line rising; the y axis goes logarithmic when the
+    quantiles span more than :data:`LOG_RATIO`.
+    """
+    lines = []
+    for label, values in series:
+        vals = [as_float(v) for v in values] if isinstance(values, (list, tuple)) else []
+        n = len(vals)
+        pts = [(100.0 * i / (n - 1) if n > 1 else 50.0, v) for i, v in enumerate(vals)]
+        lines.append(Series(label=label, points=pts))
+    return line_chart(lines, title=title, x_label="percentile of requests", y_label=unit, x_log=False,
+                      y_log=None, x_ticks=PERCENTILE_TICKS, y_zero=True, x_text=_percentile_text,
+                      x_tip=_percentile_text, y_unit=f" {unit}")
+
+
+def throughput_chart(title: str, series: Sequence[tuple[str, Sequence[tuple[Any, Any]]]], *,
+                     x_label: str, y_label: str, y_unit: str = "",
+                     x_tip: Callable[[float], str] = format_float) -> Markup:
+    """A throughput (y, from zero) against the load level (x), one line per scenario.
+
+    The x ticks are the levels themselves (up to :data:`MAX_LEVEL_TICKS` distinct); the
+    x axis goes logarithmic when the levels span :data:`LEVEL_LOG_RATIO` or more.
+    """
+    lines = [Series(label=label, points=[(as_float(x), as_float(y)) for x, y in pts]) for label, pts in series]
+    levels = sorted({x for s in lines for x, _ in s.points if x is not None and math.isfinite(x)})
+    return line_chart(lines, title=title, x_label=x_label, y_label=y_label, x_log=None,
+                      x_ticks=levels if 0 < len(levels) <= MAX_LEVEL_TICKS else None,
+                      x_log_ratio=LEVEL_LOG_RATIO, y_zero=True, x_tip=x_tip, y_unit=y_unit)

@@ -1,0 +1,1 @@
+"""Step 5 check kinds: micro-benchmarks against the device peak, and serving scenarios."""

@@ -1,0 +1,268 @@
+"""adaptcheck.perf.micro / attention / collectives: work and traffic formulas checked against
+independent counts, sizing, and the contract rows they produce.
+
+FLOP counts are checked against ``torch.utils.flop_counter.FlopCounterMode`` run on the very
+callable a benchmark times (SDPA through torch's math backend, which the counter sees as
+two batched matmuls over the full score matrix), so a benchmark that miscounts its own work
+— a missing factor 2, a causal mask not halved, a GQA head count swapped — fails here.
+Problems are tiny and timing budgets zero: nothing asserts a speed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.perf.attention import (
+    bench_decode,
+    bench_prefill,
+    decode_bytes,
+    decode_flops,
+    prefill_bytes,
+    prefill_flops,
+    sdpa_callable,
+)
+from adaptcheck.perf.collectives import (
+    busbw_factor,
+    collective_row,
+    elements_for_bytes,
+    full_tensor_bytes,
+)
+from adaptcheck.perf.micro import (
+    TimingOptions,
+    bench_copy,
+    bench_gemm,
+    bench_host_device,
+    fit_bytes,
+    fit_gemm_shape,
+    gemm_bytes,
+    gemm_callable,
+    gemm_flops,
+    make_row,
+    peak_dtype,
+    probe_gemm_rate,
+    torch_dtype,
+)
+from adaptcheck.perf.peaks import Peak
+from adaptcheck.perf.timing import summarize
+
+FAST = TimingOptions(warmup=1, min_reps=2, max_reps=2, budget_s=0.0, max_call_s=5.0)
+CPU = CpuBackend()
+PEAK = Peak(device="test", entry="test", source="test", verified=True,
+            flops={"fp32": 1e11, "bf16": 4e11, "tf32": 2e11}, memory_bw=1e10, host_link_bw=5e9, interconnect_bw=2e9)
+CONTRACT_KEYS = {"name", "dtype", "params", "flops", "bytes", "time_s", "achieved", "efficiency",
+                 "arithmetic_intensity", "ridge_point", "bound", "status", "reason", "extra"}
+
+
+def counted(fn: Any) -> int:
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        fn()
+    return int(fc.get_total_flops())
+
+
+# --- GEMM ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("m", "n", "k"), [(16, 24, 40), (1, 64, 32), (33, 7, 5)])
+def test_gemm_flops_match_an_independent_count(m: int, n: int, k: int) -> None:
+    fn = gemm_callable("fp32", m, n, k, torch.device("cpu"))
+    assert counted(fn) == gemm_flops(m, n, k) == 2 * m * n * k
+
+
+def test_gemm_bytes_are_the_minimum_traffic() -> None:
+    assert gemm_bytes(2, 3, 4, "bf16") == (2 * 4 + 4 * 3 + 2 * 3) * 2
+    assert gemm_bytes(2, 3, 4, "fp32") == (2 * 4 + 4 * 3 + 2 * 3) * 4
+    assert gemm_bytes(2, 3, 4, "int8") == (2 * 4 + 4 * 3) * 1 + 2 * 3 * 4  # int32 result
+    assert gemm_bytes(2, 3, 4, "fp8_e4m3") == (2 * 4 + 4 * 3) * 1 + 2 * 3 * 2  # bf16 result
+
+
+def test_gemm_callables_compute_the_product() -> None:
+    for dtype in ("fp32", "bf16", "int8"):
+        fn = gemm_callable(dtype, 8, 16, 32, torch.device("cpu"))
+        out = fn()
+        assert isinstance(out, torch.Tensor) and out.shape == (8, 16)
+    assert gemm_callable("int8", 8, 16, 32, torch.device("cpu"))().dtype == torch.int32
+
+
+def test_gemm_row_counts_the_work_it_timed() -> None:
+    rate, size = probe_gemm_rate("fp32", CPU, 0, limit_s=0.001, max_size=128)
+    assert rate > 0 and size == 128
+    row = bench_gemm("fp32", "tiny", 32, 48, 64, CPU, 0, PEAK, FAST, rate)
+    assert set(row) == CONTRACT_KEYS and row["status"] == "ok"
+    assert row["flops"] == counted(gemm_callable("fp32", 32, 48, 64, torch.device("cpu")))
+    assert row["bytes"] == gemm_bytes(32, 48, 64, "fp32")
+    med = row["time_s"]["median"]
+    assert row["achieved"]["flops_per_s"] == pytest.approx(row["flops"] / med)
+    assert row["arithmetic_intensity"] == pytest.approx(row["flops"] / row["bytes"])
+    assert row["ridge_point"] == pytest.approx(1e11 / 1e10)
+    ceiling = 1e11 if row["bound"] == "compute" else 1e10
+    achieved = row["achieved"]["flops_per_s"] if row["bound"] == "compute" else row["achieved"]["bytes_per_s"]
+    assert row["efficiency"] == pytest.approx(achieved / ceiling)
+
+
+def test_fit_gemm_shape_shrinks_m_then_n_k() -> None:
+    # 1 GFLOP/s and 10 s: 1e10 FLOP per call; m halves from 2048 to 256 (8.6e9 FLOP)
+    assert fit_gemm_shape(2048, 4096, 4096, 1e9, 10.0) == (256, 4096, 4096)
+    # 0.1 s: 1e8 FLOP; m stops at 64, then n and k halve
+    m, n, k = fit_gemm_shape(2048, 4096, 4096, 1e9, 0.1)  # type: ignore[misc]
+    assert m == 64 and gemm_flops(m, n, k) <= 1e8 and min(n, k) >= 256
+    assert fit_gemm_shape(8, 4096, 4096, 1e12, 1.0) == (8, 4096, 4096)  # fits: untouched
+    assert fit_gemm_shape(2048, 4096, 4096, 1e3, 0.1, min_m=64) is None  # even the floor is too slow
+
+
+def test_a_too_slow_dtype_is_not_run_with_the_probed_rate() -> None:
+    row = bench_gemm("fp32", "prefill", 2048, 4096, 4096, CPU, 0, PEAK, FAST, rate=1e3)
+    assert row["status"] == "not_run" and "too slow at this size on this device" in row["reason"]
+    assert "1 kFLOP/s" in row["reason"] and row["time_s"] is None
+
+
+def test_shrunk_row_says_so() -> None:
+    row = bench_gemm("fp32", "prefill", 256, 256, 256, CPU, 0, PEAK,
+                     TimingOptions(warmup=1, min_reps=1, max_reps=1, budget_s=0.0, max_call_s=0.02), rate=1e9)
+    assert row["status"] == "ok" and row["params"] == {"m": 128, "n": 256, "k": 256}
+    assert row["extra"]["requested"] == {"m": 256, "n": 256, "k": 256} and "would take" in row["extra"]["shrunk"]
+    assert row["name"].startswith(f"prefill m={row['params']['m']} ")
+
+
+def test_fp32_is_held_to_tf32_only_when_torch_allows_it() -> None:
+    assert peak_dtype("fp32", PEAK) == "fp32"
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert peak_dtype("fp32", PEAK) == "tf32"
+        assert peak_dtype("bf16", PEAK) == "bf16"
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_fp8_follows_the_backend_flavour() -> None:
+    class Fnuz(CpuBackend):
+        fp8_flavour = "e4m3fnuz"
+
+    assert torch_dtype("fp8_e4m3", CPU) == torch.float8_e4m3fn
+    assert torch_dtype("fp8_e4m3", Fnuz()) == torch.float8_e4m3fnuz
+
+
+# --- rows ------------------------------------------------------------------------------------
+
+def test_make_row_efficiency_is_against_the_row_dtype() -> None:
+    t = summarize([0.5, 0.5, 0.5])
+    row = make_row("x", "fp32", {}, 5e10, 1.0, t, PEAK)  # 1e11 FLOP/s: compute-bound, 100 % of fp32
+    assert row["bound"] == "compute" and row["efficiency"] == pytest.approx(1.0)
+    row = make_row("x", "bf16", {}, 5e10, 1.0, t, PEAK)  # same rate is 25 % of bf16
+    assert row["efficiency"] == pytest.approx(0.25)
+    row = make_row("x", "fp32", {}, 5e10, 1.0, t, PEAK, peak_key="tf32")
+    assert row["efficiency"] == pytest.approx(0.5) and row["extra"]["peak_dtype"] == "tf32"
+    wrong = make_row("x", "fp32", {}, 2 * 5e10, 1.0, t, PEAK)  # a doubled count shows as 200 %
+    assert wrong["efficiency"] == pytest.approx(2.0)
+
+
+def test_make_row_without_a_peak_or_with_a_broken_timing() -> None:
+    row = make_row("x", "fp32", {}, 1e9, 1e6, summarize([1.0]), None)
+    assert row["efficiency"] is None and row["bound"] is None and row["ridge_point"] is None
+    row = make_row("x", "fp32", {}, 1e9, 1e6, summarize([0.0]), PEAK)
+    assert row["achieved"] == {"flops_per_s": None, "bytes_per_s": None} and row["efficiency"] is None
+
+
+# --- memory and host link --------------------------------------------------------------------------
+
+def test_copy_row_counts_read_and_write() -> None:
+    row = bench_copy(1 << 20, CPU, 0, PEAK, FAST)
+    assert set(row) == CONTRACT_KEYS and row["status"] == "ok"
+    assert row["bytes"] == 2 * (1 << 20) and row["flops"] is None and row["arithmetic_intensity"] is None
+    assert row["bound"] == "memory"
+    assert row["efficiency"] == pytest.approx(row["achieved"]["bytes_per_s"] / 1e10)
+
+
+def test_buffers_are_capped_by_free_memory_only() -> None:
+    class Small(CpuBackend):
+        def free_memory_bytes(self, index: int = 0) -> int | None:
+            return 64 << 20
+
+    assert fit_bytes(1 << 19, Small(), 0, 2) == 1 << 19  # small sizes stay as asked
+    assert fit_bytes(1 << 30, Small(), 0, 2) == 16 << 20  # two buffers in half the free memory
+    assert fit_bytes(1 << 30, CpuBackend(), 0, 2) <= 1 << 30
+
+
+def test_host_device_row_is_link_bound() -> None:
+    row = bench_host_device(1 << 20, "h2d", CPU, 0, PEAK, FAST, pinned=False)
+    assert row["bound"] == "link" and row["bytes"] == 1 << 20 and row["params"]["direction"] == "h2d"
+    assert row["efficiency"] == pytest.approx(row["achieved"]["bytes_per_s"] / 5e9)
+
+
+# --- attention -------------------------------------------------------------------------------------
+
+def test_prefill_flops_match_the_counter_halved_for_the_causal_mask() -> None:
+    b, hq, hkv, s, d = 2, 8, 2, 64, 32
+    fn = sdpa_callable("fp32", b, hq, hkv, s, s, d, True, CPU, 0)
+    assert counted(fn) == 2 * prefill_flops(b, hq, s, d)  # the math path computes the full square
+    exact = 4 * b * hq * d * s * (s + 1) // 2  # scores actually needed under the mask
+    assert math.isclose(prefill_flops(b, hq, s, d), exact, rel_tol=1 / s)
+
+
+def test_decode_flops_match_the_counter() -> None:
+    b, hq, hkv, kv, d = 3, 8, 2, 100, 16
+    fn = sdpa_callable("fp32", b, hq, hkv, 1, kv, d, False, CPU, 0)
+    assert counted(fn) == decode_flops(b, hq, kv, d) == 4 * b * hq * kv * d
+
+
+def test_attention_bytes() -> None:
+    assert prefill_bytes(1, 32, 8, 10, 128, 2) == (2 * 32 * 10 * 128 + 2 * 8 * 10 * 128) * 2
+    assert decode_bytes(4, 32, 8, 1000, 128, 2) == (2 * 4 * 32 * 128 + 2 * 4 * 8 * 1000 * 128) * 2
+
+
+def test_attention_rows() -> None:
+    pre = bench_prefill("fp32", 1, 64, 4, 2, 16, CPU, 0, PEAK, FAST)
+    assert pre["status"] == "ok" and pre["params"]["causal"] and pre["flops"] == prefill_flops(1, 4, 64, 16)
+    dec = bench_decode("fp32", 2, 256, 4, 2, 16, CPU, 0, PEAK, FAST)
+    assert dec["status"] == "ok" and dec["bound"] == "memory"  # a KV-cache read: intensity ≈ 2·hq/hkv
+    assert dec["bytes"] == decode_bytes(2, 4, 2, 256, 16, 4)
+    bad = bench_prefill("fp32", 1, 64, 6, 4, 16, CPU, 0, PEAK, FAST)
+    assert bad["status"] == "not_run" and "multiple" in bad["reason"]
+
+
+def test_attention_shrinks_a_too_long_prefill() -> None:
+    row = bench_prefill("fp32", 1, 4096, 4, 1, 16, CPU, 0, PEAK,
+                        TimingOptions(warmup=1, min_reps=1, max_reps=1, budget_s=0.0, max_call_s=1e-4))
+    assert row["status"] in ("ok", "not_run")
+    if row["status"] == "ok":
+        assert row["params"]["seq_len"] < 4096 and "shrunk" in row["extra"]
+    else:
+        assert "too slow" in row["reason"]
+
+
+# --- collectives -----------------------------------------------------------------------------------
+
+def test_nccl_tests_bus_factors() -> None:
+    assert busbw_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert busbw_factor("all_gather", 8) == busbw_factor("reduce_scatter", 8) == busbw_factor("all_to_all", 8) \
+        == pytest.approx(7 / 8)
+    assert busbw_factor("broadcast", 8) == 1.0
+    assert busbw_factor("all_reduce", 2) == 1.0
+    with pytest.raises(ValueError):
+        busbw_factor("all_sum", 2)
+
+
+def test_full_tensor_sizes() -> None:
+    mib = 1 << 20
+    assert elements_for_bytes("all_reduce", 4, mib, 2) == mib // 2
+    assert elements_for_bytes("all_gather", 4, mib, 2) == mib // 8  # S is the gathered output
+    assert full_tensor_bytes("all_gather", 4, mib // 8, 2) == mib
+    assert full_tensor_bytes("reduce_scatter", 4, 10, 4) == 160
+    assert elements_for_bytes("all_to_all", 8, 1, 4) == 1
+
+
+def test_collective_row_algbw_busbw_and_efficiency() -> None:
+    t = summarize([0.01, 0.01, 0.01])
+    row = collective_row("all_reduce", "bf16", 4, 1 << 20, 2, t, PEAK, rank_medians=[0.009, 0.01])
+    size = (1 << 20) * 2
+    assert row["bytes"] == size and row["extra"]["algbw"] == pytest.approx(size / 0.01)
+    assert row["extra"]["busbw"] == pytest.approx(size / 0.01 * 1.5)
+    assert row["bound"] == "network" and row["ridge_point"] is None
+    assert row["efficiency"] == pytest.approx(size / 0.01 * 1.5 / 2e9)
+    assert row["extra"]["rank_median_s"] == [0.009, 0.01]
