@@ -123,8 +123,8 @@ def test_where_applicable_condition_holds_when_every_selected_check_is_not_appli
 
 
 def _builtin_results(not_applicable: tuple[str, ...] = ()) -> tuple[list[PlannedCheck], list[CheckResult], object]:
-    """Every check of the quick ladder passing (ops once per dtype, as they report), the step-5
-    placeholders skipping, and the checks whose id starts with one of ``not_applicable`` n/a."""
+    """Every check of the quick ladder passing (ops once per dtype, as they report), the
+    placeholders (soak, regression) skipping, and the checks whose id starts with one of ``not_applicable`` n/a."""
     spec = load_ladder("quick").spec
     planned = [PlannedCheck(id=c.id, step=c.step, kind=c.kind, tags=c.tags, timeout_s=1) for c in spec.checks]
     results: list[CheckResult] = []
@@ -142,17 +142,35 @@ def _builtin_results(not_applicable: tuple[str, ...] = ()) -> tuple[list[Planned
     return planned, results, spec
 
 
-def test_step5_placeholders_cap_the_builtin_ladder_at_l3() -> None:
-    """Steps 1-4 passing give L3; L4 is blocked by the step-5 checks that are not implemented."""
+def test_step5_placeholders_cap_the_builtin_ladder_at_l4() -> None:
+    """Steps 1-5 passing give L4; L5 is blocked by the soak and regression checks that are not implemented."""
     planned, results, spec = _builtin_results()
     g = compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1)  # type: ignore[attr-defined]
-    assert g.level == "L3"
-    assert any("perf.micro skip: not implemented" in b for b in g.blockers)
+    assert g.level == "L4"
+    assert any("perf.soak skip: not implemented" in b for b in g.blockers)
+    assert any("perf.regression skip: not implemented" in b for b in g.blockers)
 
 
-def test_a_machine_without_vllm_still_reaches_l3_through_transformers() -> None:
+def test_l4_needs_every_micro_benchmark_and_every_serving_scenario() -> None:
+    # Host-device copies do not exist on a CPU (n/a): the other micro-benchmarks carry L4.
+    planned, results, spec = _builtin_results(("perf.host_device",))
+    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L4"  # type: ignore[attr-defined]
+    for broken, status in (("perf.serving.mixed", Status.FAIL), ("perf.gemm", Status.SKIP),
+                           ("perf.collectives", Status.ERROR)):
+        changed = [r.model_copy(update={"status": status, "message": "spread 40% > 25%"}) if r.id == broken else r
+                   for r in results]
+        g = compute_grade(spec.grade, planned, changed, [1, 2, 3, 4, 5], 1)  # type: ignore[attr-defined]
+        assert g.level == "L3", broken
+        assert any(f"{broken} {status.value}: spread" in b for b in g.blockers), g.blockers
+    # Step 5 not run: L4 is not granted on missing evidence.
+    without = [r for r in results if r.step != 5]
+    g = compute_grade(spec.grade, planned, without, [1, 2, 3, 4], 1)  # type: ignore[attr-defined]
+    assert g.level == "L3" and any("perf.gemm not run (step 5 not selected)" in b for b in g.blockers)
+
+
+def test_a_machine_without_vllm_still_reaches_l4_through_transformers() -> None:
     planned, results, spec = _builtin_results(("framework.vllm", "framework.endpoint", "ops.vllm"))
-    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L3"  # type: ignore[attr-defined]
+    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L4"  # type: ignore[attr-defined]
 
 
 def test_a_failing_framework_blocks_l2_even_when_another_passes() -> None:
