@@ -165,7 +165,9 @@ def precise_time(value: Any) -> str:
 
 
 def _peak_figures(peak: dict[str, Any]) -> list[Fact]:
-    facts = [Fact(f"{dt} dense", rate(v, "FLOP/s")) for dt, v in as_dict(peak.get("flops")).items()]
+    # Integer math is counted in operations, not floating-point operations.
+    facts = [Fact(f"{dt} dense", rate(v, "OP/s" if dt.startswith("int") else "FLOP/s"))
+             for dt, v in as_dict(peak.get("flops")).items()]
     facts.append(Fact("memory bandwidth", rate(peak.get("memory_bw"), "B/s")))
     link = peak.get("host_link_bw")
     facts.append(Fact("host link", f"{rate(link, 'B/s')} per direction" if link is not None else "not known"))
