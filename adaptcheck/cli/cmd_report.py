@@ -19,5 +19,5 @@ def report(
     """Render the self-contained HTML report of a run."""
     results = regrade(RunResults.load(results_path))
     output.parent.mkdir(parents=True, exist_ok=True)
-    write_report(results, output)
+    write_report(results, output, run_dir=results_path.parent)
     Output().info(f"report: {output}")

@@ -17,15 +17,21 @@ from adaptcheck.report.view import build_view
 __all__ = ["write_report"]
 
 
-def write_report(results: RunResults, path: Path) -> None:
+def write_report(results: RunResults, path: Path, run_dir: Path | None = None) -> None:
     """Render the report of ``results`` into ``path`` (UTF-8, atomically).
+
+    ``run_dir``: the run folder holding the files the report links to (step 5's per-request
+    records), when the report is written somewhere else; links are made relative to it.
 
     The page is written to a temporary file in the same folder and moved over ``path``,
     so a reader (or a crash) never sees half a report and an older report stays intact
     until the new one is complete.
     """
     path = Path(path)
-    text = render(build_view(results))
+    base = ""
+    if run_dir is not None and Path(run_dir).resolve() != path.parent.resolve():
+        base = Path(os.path.relpath(Path(run_dir).resolve(), path.parent.resolve())).as_posix()
+    text = render(build_view(results, records_base=base))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(tmp_name)

@@ -310,8 +310,9 @@ def _reproduce(results: RunResults) -> ReproduceView:
     )
 
 
-def build_view(results: RunResults) -> ReportView:
-    """The whole report as plain data."""
+def build_view(results: RunResults, records_base: str = "") -> ReportView:
+    """The whole report as plain data. ``records_base``: the run folder relative to the
+    report's folder ('' when the report is written into the run folder)."""
     ids = [c.id for c in results.checks]
     result_ids = set(ids)
     ids += [p.id for p in results.planned if not _has_result(p, result_ids) and p.id not in result_ids]
@@ -333,6 +334,6 @@ def build_view(results: RunResults) -> ReportView:
         next_level=next_level, blockers=list(results.grade.blockers), levels=levels,
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
         matrix=build_matrix(env, results.checks, anchors), ops=build_ops(results, anchors),
-        framework=build_framework(results, anchors), perf=build_perf(results, anchors), check_groups=groups,
+        framework=build_framework(results, anchors), perf=build_perf(results, anchors, records_base), check_groups=groups,
         reproduce=_reproduce(results),
     )

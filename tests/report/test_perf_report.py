@@ -533,3 +533,20 @@ def test_malformed_serving_details_do_not_break_the_page(details: dict[str, Any]
     assert parsed.errors == [] and parsed.stack == []
     for chart in s.latency_charts + s.throughput_charts:
         ET.fromstring(str(chart.svg))
+
+
+def test_a_report_written_outside_the_run_folder_links_the_records_through_it(tmp_path: Path) -> None:
+    from adaptcheck.report import write_report
+
+    run_dir = tmp_path / "reports" / "run1"
+    (run_dir / "perf" / "serving").mkdir(parents=True)
+    (run_dir / "perf" / "serving" / "concurrent_short.jsonl").write_text("{}\n")
+    res = results([serving()])
+    inside, elsewhere = run_dir / "report.html", tmp_path / "share" / "report.html"
+    write_report(res, inside, run_dir=run_dir)
+    write_report(res, elsewhere, run_dir=run_dir)
+    for page, href in ((inside, "perf/serving/concurrent_short.jsonl"),
+                       (elsewhere, "../reports/run1/perf/serving/concurrent_short.jsonl")):
+        text = page.read_text(encoding="utf-8")
+        assert f'href="{href}"' in text, page
+        assert (page.parent / href).resolve().is_file()  # the link resolves from where the page is
