@@ -63,7 +63,7 @@ def _verdict(rows: list[Row], what: str, **kw: Any) -> Outcome:
 
 # ---------------------------------------------------------------------------- helpers --
 
-def _tok(active: Active) -> Tok:
+def local_tokenizer(active: Active) -> Tok:
     """The instance's local tokenizer, loaded by the first check that asks and then shared."""
     if active.tokenizer is None:
         active.tokenizer = Tok(active)
@@ -145,7 +145,7 @@ def load_outcome(ctx: CheckContext, active: Active) -> Outcome:
     metrics = {"load_s": round(active.load_s, 3)}
     if active.model.generated_s is not None:
         metrics["model_generation_s"] = round(active.model.generated_s, 3)
-    tok = _tok(active)
+    tok = local_tokenizer(active)
     gen = active.framework.generate([GenRequest(prompt=prompts.SHORT_PROMPTS[0], max_tokens=4)])[0]
     if not gen.text and not gen.token_ids:
         return Outcome.failed("the model loaded but its first request returned nothing", metrics=metrics)
@@ -158,7 +158,7 @@ def load_outcome(ctx: CheckContext, active: Active) -> Outcome:
 # -------------------------------------------------------------------- single requests --
 
 def single_request(ctx: CheckContext, active: Active, p: SingleRequestParams) -> Outcome:
-    fw, tok = active.framework, _tok(active)
+    fw, tok = active.framework, local_tokenizer(active)
     eos = tok.eos_ids()
     rows: list[Row] = []
     prompt = prompts.SHORT_PROMPTS[0]
@@ -300,7 +300,7 @@ def _reference_requests(tok: Tok, p: ReferenceParams) -> list[GenRequest]:
 
 
 def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
-    fw, tok = active.framework, _tok(active)
+    fw, tok = active.framework, local_tokenizer(active)
     if tok.hf is None:
         return Outcome.skipped("no local copy of the served weights: pass --model PATH (the same weights as the "
                                "endpoint) to compare with a CPU reference")
@@ -339,7 +339,7 @@ def _batch_requests(n: int, max_tokens: int, logprobs: int) -> list[GenRequest]:
 
 
 def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcome:
-    fw, tok = active.framework, _tok(active)
+    fw, tok = active.framework, local_tokenizer(active)
     eos = tok.eos_ids()
     reqs = _batch_requests(p.batch, p.max_tokens, p.top_n)
     alone = [fw.generate([r])[0] for r in reqs]
@@ -384,7 +384,7 @@ def _kv_requests(tok: Tok, p: KvCacheParams) -> list[GenRequest]:
 
 
 def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
-    fw, tok = active.framework, _tok(active)
+    fw, tok = active.framework, local_tokenizer(active)
     eos = tok.eos_ids()
     margin = _tie_margin(p.tie_margin, active.options.dtype)
     reqs = _kv_requests(tok, p)
@@ -443,7 +443,7 @@ def _prefix_off_row(ctx: CheckContext, active: Active, p: KvCacheParams, reqs: l
         return _row("prefix cache on vs off", None, f"{active.framework.display_name} has no prefix-caching switch")
     params = p.model_copy(update={"prefix_caching": False})
     other = acquire(ctx, p.framework, ctx.check_id, **params.load_overrides())
-    tok = _tok(other)
+    tok = local_tokenizer(other)
     off = [g for g in other.framework.generate(reqs)]
     cmp = compare([_strip_eos(g, eos) for g in cached], [_strip_eos(g, eos) for g in off], mode="top_n", top_n=p.top_n,
                   codec=tok.codec())
@@ -476,7 +476,7 @@ def toggle(ctx: CheckContext, p: CompileParams | TensorParallelParams, toggle: s
     first = p.model_copy(update={"compile": False}) if toggle == "compile" else p
 
     def body(ctx: CheckContext, active: Active, params: FrameworkParams) -> Outcome:
-        tok = _tok(active)
+        tok = local_tokenizer(active)
         eos = tok.eos_ids()
         reqs = [GenRequest(prompt=t, max_tokens=p.max_tokens, logprobs=p.top_n)
                 for t in (prompts.SHORT_PROMPTS * 4)[: p.prompts]]

@@ -32,6 +32,7 @@ from adaptcheck.perf.monitors import client_verdict, local_server_pid, tree_rss_
 from adaptcheck.perf.serving_metrics import level_summary
 from adaptcheck.perf.workload import PromptFactory, Shape, Workload
 from adaptcheck.steps.framework.params import FrameworkParams
+from adaptcheck.steps.framework.probes import local_tokenizer
 from adaptcheck.steps.framework.session import (
     Active,
     framework_facts,
@@ -188,14 +189,10 @@ def resolve_framework(ctx: CheckContext, requested: str) -> str:
 
 
 def _tokenizer(active: Active) -> Any:
-    """The served model's local tokenizer (shared with step 4's probes when loaded), or None."""
-    hf = getattr(active.tokenizer, "hf", None)
-    if hf is not None or not active.framework.serves_local_weights():
-        return hf
+    """The served model's local tokenizer, loaded once per framework instance and shared with
+    step 4's probes and the other scenarios; None without one."""
     try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(active.model.path))
+        return local_tokenizer(active).hf
     except Exception:  # noqa: BLE001 - no tokenizer: approximate prompts, usage counts
         return None
 
