@@ -23,9 +23,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import httpx
+
+from tests.proxy import Relay, close_for_good, serving, upstream_root
 
 MODES = ("passthrough", "fail_every", "dies", "hangs")
 
@@ -47,22 +48,8 @@ class ProxyState:
 
 
 def _handler(state: ProxyState, server: ThreadingHTTPServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            return
-
-        def _reply(self, status: int, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            resp = httpx.get(state.root + self.path, timeout=30)
-            self._reply(resp.status_code, resp.content)
+    class Handler(Relay):
+        root = state.root
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -84,12 +71,7 @@ def _handler(state: ProxyState, server: ThreadingHTTPServer) -> type[BaseHTTPReq
             if not state.broken.is_set():
                 state.broken.set()
                 if state.mode == "dies":
-                    # Gone for good: later connections are refused, not left in the backlog.
-                    def die() -> None:
-                        server.shutdown()
-                        server.server_close()
-
-                    threading.Thread(target=die, daemon=True).start()
+                    close_for_good(server)
             if state.mode == "hangs":
                 state.stopping.wait(120)  # accepted, never answered
             self.close_connection = True
@@ -120,16 +102,10 @@ def _handler(state: ProxyState, server: ThreadingHTTPServer) -> type[BaseHTTPReq
 def fault_proxy(upstream: str, mode: str, *, every: int = 3, after: int = 4) -> Iterator[tuple[str, ProxyState]]:
     """Run the proxy on 127.0.0.1; yields its base URL (``http://127.0.0.1:PORT/v1``) and its state."""
     assert mode in MODES, mode
-    state = ProxyState(mode=mode, root=upstream.rstrip("/").removesuffix("/v1"), every=every, after=after)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    server.daemon_threads = True
-    server.RequestHandlerClass = _handler(state, server)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", state
-    finally:
-        state.stopping.set()
-        if not (state.mode == "dies" and state.broken.is_set()):
-            server.shutdown()
-            server.server_close()
+    state = ProxyState(mode=mode, root=upstream_root(upstream), every=every, after=after)
+    # Daemon handler threads: a hung one must not hold the server's close.
+    with serving(lambda server: _handler(state, server), daemon_threads=True) as url:
+        try:
+            yield url, state
+        finally:
+            state.stopping.set()  # release the hung handlers before the server stops

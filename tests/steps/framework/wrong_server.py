@@ -26,12 +26,14 @@ from typing import Any
 
 import httpx
 
+from tests.proxy import Relay, close_for_good, serving, upstream_root
+
 MODES = ("passthrough", "wrong_tokens", "ignore_max_tokens", "batch_crosstalk", "dies")
 
 
 class _State:
     def __init__(self, upstream: str, mode: str, die_after: int) -> None:
-        self.root = upstream.rstrip("/").removesuffix("/v1")  # paths are forwarded as they come
+        self.root = upstream_root(upstream)
         self.mode = mode
         self.die_after = die_after
         self.lock = threading.Lock()
@@ -54,22 +56,8 @@ def _set_text(answer: dict[str, Any], text: str) -> None:
 
 
 def _handler(state: _State, server: ThreadingHTTPServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            return
-
-        def _reply(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            resp = httpx.get(state.root + self.path, timeout=30)
-            self._reply(resp.status_code, resp.content)
+    class Handler(Relay):
+        root = state.root
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
@@ -80,13 +68,7 @@ def _handler(state: _State, server: ThreadingHTTPServer) -> type[BaseHTTPRequest
                 count = state.requests
             try:
                 if state.mode == "dies" and count > state.die_after:
-                    # Gone for good: stop serving and close the listening socket, so later
-                    # connections are refused (not left hanging in the backlog).
-                    def die() -> None:
-                        server.shutdown()
-                        server.server_close()
-
-                    threading.Thread(target=die, daemon=True).start()
+                    close_for_good(server)
                     self.close_connection = True
                     self.connection.close()
                     return
@@ -144,12 +126,5 @@ def wrong_server(upstream: str, mode: str, die_after: int = 3) -> Iterator[str]:
     """Run the proxy on 127.0.0.1; yields its base URL (``http://127.0.0.1:PORT/v1``)."""
     assert mode in MODES, mode
     state = _State(upstream, mode, die_after)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    server.RequestHandlerClass = _handler(state, server)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(lambda server: _handler(state, server)) as url:
+        yield url
