@@ -31,9 +31,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adaptcheck import yamldata
-from adaptcheck.errors import InvalidInputError
-from adaptcheck.paths import data_dir
+from adaptcheck.steps.matrix.datafile import (
+    MatrixError,
+    load_model,
+    matrices_file,
+    parse_model,
+)
 
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8")
 """Dtype keys of ``dense_tflops`` (tf32: fp32 GEMMs when torch allows TensorFloat-32)."""
@@ -41,7 +44,7 @@ PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8
 Bound = Literal["compute", "memory", "link", "network"]
 
 
-class PeaksError(InvalidInputError):
+class PeaksError(MatrixError):
     """A peaks file is malformed; the message names the file and line."""
 
 
@@ -108,22 +111,17 @@ class PeaksFile(BaseModel):
 
 
 def default_peaks_path() -> Path:
-    return data_dir("matrices") / "peaks.yaml"
+    return matrices_file("peaks.yaml")
 
 
 def parse_peaks(text: str, filename: str) -> PeaksFile:
     """Validate peaks YAML ``text``; errors name ``filename:line``."""
-    return yamldata.parse_model(text, filename, PeaksFile, PeaksError)
+    return parse_model(text, filename, PeaksFile, PeaksError)
 
 
 def load_peaks(path: Path | str | None = None) -> PeaksFile:
     """The shipped ``matrices/peaks.yaml``, or ``path``."""
-    p = Path(path) if path else default_peaks_path()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PeaksError(f"{p}: cannot read: {exc}") from None
-    return parse_peaks(text, str(p))
+    return load_model(Path(path) if path else default_peaks_path(), PeaksFile, PeaksError)
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,15 @@ def matrices_file(name: str) -> Path:
     return data_dir("matrices") / name
 
 
-def load_model(path: Path, model: type[M]) -> M:
-    """Read ``path`` and validate it as ``model``; every problem is one ``MatrixError`` line."""
+def load_model(path: Path, model: type[M], error: type[MatrixError] = MatrixError) -> M:
+    """Read ``path`` and validate it as ``model``; every problem is one ``error`` line."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise MatrixError(f"{path}: cannot read: {exc}") from None
-    return parse_model(text, str(path), model)
+        raise error(f"{path}: cannot read: {exc}") from None
+    return parse_model(text, str(path), model, error)
 
 
-def parse_model(text: str, filename: str, model: type[M]) -> M:
+def parse_model(text: str, filename: str, model: type[M], error: type[MatrixError] = MatrixError) -> M:
     """Validate YAML ``text`` as ``model``. Errors name ``filename:line`` and the key path."""
-    return yamldata.parse_model(text, filename, model, MatrixError)
+    return yamldata.parse_model(text, filename, model, error)
