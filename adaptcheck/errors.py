@@ -18,6 +18,9 @@ class ExitCode(IntEnum):
     USAGE = 2
     INVALID_INPUT = 3
     DEVICE = 4
+    INTEGRITY = 5
+    CLUSTER_RENDEZVOUS = 6
+    CLUSTER_PEER_LOST = 7
     INTERNAL = 70
     INTERRUPTED = 130
 
@@ -62,6 +65,12 @@ class DeviceError(AdaptcheckError):
     """The requested device cannot be used, or the choice is ambiguous."""
 
     exit_code = ExitCode.DEVICE
+
+
+class IntegrityError(AdaptcheckError):
+    """A results file was edited after the run, or carries no digest to prove it was not."""
+
+    exit_code = ExitCode.INTEGRITY
 
 
 class GradeBelowRequired(AdaptcheckError):

@@ -1,9 +1,10 @@
 """A run from start to report: the one library function behind ``adaptcheck run``.
 
 Lays out the run folder (``run.json`` with what is needed to reproduce or resume,
-``ladder.yaml`` snapshot, ``checks.jsonl`` journal, ``worker.log``), executes the selected
-checks through the isolated runner, and writes ``results.json`` and ``report.html``. A run
-that was killed is finished by :func:`resume_run` from the same folder.
+``ladder.yaml`` snapshot, ``checks.jsonl`` journal, ``worker.log``, and ``baseline.json``
+with ``--baseline``), executes the selected checks through the isolated runner, and writes
+``results.json`` and ``report.html``. A run that was killed is finished by
+:func:`resume_run` from the same folder.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import adaptcheck
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import get_backend, select_backend
-from adaptcheck.errors import DeviceError, InvalidInputError, UsageError
+from adaptcheck.errors import DeviceError, IntegrityError, InvalidInputError, UsageError
 from adaptcheck.ladder.loader import load_ladder, parse_ladder
 from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
 from adaptcheck.models.ladder import CheckSpec, LadderSpec
@@ -39,6 +40,9 @@ LADDER_SNAPSHOT = "ladder.yaml"
 JOURNAL = "checks.jsonl"
 WORKER_LOG = "worker.log"
 RESULTS = "results.json"
+BASELINE = "baseline.json"
+"""``--baseline``: a verbatim copy of the earlier run's results, so the folder is self-contained
+(and resumable); the ``perf.regression`` check reads it."""
 REPORT = "report.html"
 
 
@@ -59,6 +63,8 @@ class RunMeta(BaseModel):
     model: str | None = Field(default=None, description="--model: model used instead of the ladder's ('embedded:NAME' or a local path).")
     endpoint: str | None = Field(default=None, description="--endpoint: base URL of an OpenAI-compatible server under test.")
     endpoint_model: str | None = Field(default=None, description="--endpoint-model: served model name to request.")
+    baseline: str | None = Field(default=None, description="--baseline: the results file given (copied to baseline.json "
+                                 "beside this file).")
 
 
 @dataclass
@@ -74,6 +80,7 @@ class RunOptions:
     model: str | None = None
     endpoint: str | None = None
     endpoint_model: str | None = None
+    baseline: Path | None = None
     command: list[str] = field(default_factory=list)
 
 
@@ -133,6 +140,8 @@ def new_run_dir(out: Path | None, run_id: str) -> Path:
 
 def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunResults, Path]:
     """Run a ladder from the start. Returns the results and the run folder."""
+    # A bad baseline is a one-line error before anything runs or any folder is made.
+    baseline_text = _baseline_text(opts.baseline) if opts.baseline is not None else None
     ladder = load_ladder(opts.ladder)
     steps = parse_steps(",".join(map(str, opts.steps)) if opts.steps else None, sorted({c.step for c in ladder.spec.checks}))
     backend, probe = select_backend(opts.device)
@@ -144,10 +153,27 @@ def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunRe
         ladder=LadderRef(id=ladder.spec.id, version=ladder.spec.version, source=ladder.source, sha256=ladder.sha256),
         seed=opts.seed, steps=steps, device=_device_ref(backend, 0, probe.device_count), op_provider=opts.ops,
         model=opts.model, endpoint=opts.endpoint, endpoint_model=opts.endpoint_model,
+        baseline=str(opts.baseline) if opts.baseline is not None else None,
     )
+    if baseline_text is not None:
+        (run_dir / BASELINE).write_text(baseline_text, encoding="utf-8")
     (run_dir / LADDER_SNAPSHOT).write_text(ladder.text, encoding="utf-8")
     (run_dir / RUN_META).write_text(meta.model_dump_json(indent=2), encoding="utf-8")
     return _continue(run_dir, meta, ladder.spec, backend, progress), run_dir
+
+
+def _baseline_text(path: Path) -> str:
+    """The text of a ``--baseline`` file, once it is known to load as results and not to have
+    been edited since its run (an edited baseline could hide a regression). A file from before
+    digests existed (schema 1.0) is accepted: the comparison says which baseline it used."""
+    from adaptcheck.integrity import Integrity, verify_file
+
+    RunResults.load(path)
+    check = verify_file(path)
+    if check.status is Integrity.EDITED:
+        raise IntegrityError(f"--baseline: {check.message}",
+                             hint="use the results.json exactly as its run wrote it ('adaptcheck verify' checks it)")
+    return path.read_text(encoding="utf-8")
 
 
 def resume_run(run_dir: Path, progress: Progress | None = None) -> tuple[RunResults, Path]:

@@ -296,14 +296,21 @@ class Backend(ABC):
         """Versions of the vendor runtime(s) this torch was built against / finds installed."""
         return {}
 
+    telemetry_extra: ClassVar[tuple[str, ...]] = ()
+    """Numeric keys of ``DeviceInfo.extra`` that are live readings (clocks, error counters):
+    :meth:`telemetry_sample` reports them beside the four common fields."""
+
     def telemetry_sample(self, index: int = 0) -> dict[str, float]:
-        """One sample of device telemetry (memory, utilisation, temperature, power) where readable."""
+        """One sample of device telemetry (memory, utilisation, temperature, power, and the
+        backend's :attr:`telemetry_extra`) where readable."""
         devices, _ = self.inventory()
         for d in devices:
             if d.index == index:
+                extra = {k: float(v) for k in self.telemetry_extra
+                         if isinstance(v := d.extra.get(k), (int, float)) and not isinstance(v, bool)}
                 return {k: v for k, v in {
                     "memory_used_mib": d.memory_used_mib, "temperature_c": d.temperature_c,
-                    "power_w": d.power_w, "utilization_pct": d.utilization_pct}.items() if v is not None}
+                    "power_w": d.power_w, "utilization_pct": d.utilization_pct}.items() if v is not None} | extra
         return {}
 
     def describe(self) -> dict[str, Any]:

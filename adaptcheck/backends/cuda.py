@@ -198,6 +198,18 @@ def _mig_devices(gpu: ET.Element) -> list[dict[str, Any]]:
     return rows
 
 
+def _ecc_counts(gpu: ET.Element) -> dict[str, float | None]:
+    """ECC errors since the driver loaded (``volatile``), SRAM + DRAM, in the R515+ layout
+    (``ecc_errors/volatile/{sram,dram}_{correctable,uncorrectable}``); None where the GPU
+    reports N/A (ECC off, consumer parts) or the driver uses the older single/double-bit layout."""
+    out: dict[str, float | None] = {}
+    for kind in ("correctable", "uncorrectable"):
+        parts = [_find_number(gpu, f"ecc_errors/volatile/{mem}_{kind}") for mem in ("sram", "dram")]
+        out[f"ecc_volatile_{kind}"] = sum(p for p in parts if p is not None) if any(p is not None for p in parts) \
+            else None
+    return out
+
+
 def parse_nvidia_smi_xml_header(text: str) -> dict[str, str | None]:
     """Top-level facts of ``nvidia-smi -q -x``: driver version, the driver's CUDA version, GPU count."""
     root = ET.fromstring(text.strip())
@@ -244,6 +256,10 @@ def parse_nvidia_smi_xml(text: str) -> list[DeviceInfo]:
             "mig_mode": _find_text(gpu, "mig_mode/current_mig"),
             "pcie_link_gen": _find_number(gpu, "pci/pci_gpu_link_info/pcie_gen/current_link_gen"),
             "pcie_link_width": _find_number(gpu, "pci/pci_gpu_link_info/link_widths/current_link_width"),
+            "graphics_clock_mhz": _find_number(gpu, "clocks/graphics_clock"),
+            "sm_clock_mhz": _find_number(gpu, "clocks/sm_clock"),
+            "memory_clock_mhz": _find_number(gpu, "clocks/mem_clock"),
+            **_ecc_counts(gpu),
         }
         migs = _mig_devices(gpu)
         if migs:
@@ -288,6 +304,9 @@ class CudaBackend(Backend):
     fp8_flavour: ClassVar[str | None] = "e4m3fn"  # NVIDIA implements the OCP FP8 formats (torch.float8_e4m3fn)
     has_streams = True
     runtime_names: ClassVar[tuple[str, ...]] = ("cuda", "cudnn", "nccl", "nvidia_driver", "cuda_driver")
+    telemetry_extra: ClassVar[tuple[str, ...]] = ("graphics_clock_mhz", "sm_clock_mhz", "memory_clock_mhz",
+                                                  "memory_temperature_c", "ecc_volatile_correctable",
+                                                  "ecc_volatile_uncorrectable")
 
     # --- probe -------------------------------------------------------------------------------
     def _probe(self) -> ProbeResult:

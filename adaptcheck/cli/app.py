@@ -14,14 +14,18 @@ import typer
 from adaptcheck import __version__
 from adaptcheck.cli import (
     cmd_backends,
+    cmd_cluster,
+    cmd_compare,
     cmd_env,
     cmd_frameworks,
     cmd_grade,
     cmd_kinds,
+    cmd_matrix,
     cmd_ops,
     cmd_report,
     cmd_run,
     cmd_schema,
+    cmd_verify,
 )
 from adaptcheck.cli.output import Output
 from adaptcheck.errors import AdaptcheckError, ExitCode
@@ -37,6 +41,7 @@ app = typer.Typer(
 
 app.command("run")(cmd_run.run)
 app.command("grade")(cmd_grade.grade)
+app.command("compare")(cmd_compare.compare)
 app.command("report")(cmd_report.report)
 app.command("env")(cmd_env.env)
 app.command("backends")(cmd_backends.backends)
@@ -44,6 +49,9 @@ app.command("kinds")(cmd_kinds.kinds)
 app.command("ops")(cmd_ops.ops)
 app.command("frameworks")(cmd_frameworks.frameworks)
 app.command("schema")(cmd_schema.schema)
+app.add_typer(cmd_matrix.app, name="matrix")
+app.add_typer(cmd_cluster.app, name="cluster")
+app.command("verify")(cmd_verify.verify)
 
 
 def _version(value: bool) -> None:

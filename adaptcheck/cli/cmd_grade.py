@@ -1,4 +1,8 @@
-"""``adaptcheck grade``: recompute the grade of a results file; exit 1 below ``--require``."""
+"""``adaptcheck grade``: recompute the grade of a results file; exit 1 below ``--require``.
+
+Also the CI entry point for an existing results.json: ``--junit PATH`` writes its JUnit XML,
+and a file whose digest does not match its content is flagged (``adaptcheck verify`` gates on that).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import typer
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.render import print_grade
 from adaptcheck.errors import GradeBelowRequired, UsageError
+from adaptcheck.integrity import Integrity, verify_file
 from adaptcheck.models.ladder import LEVELS
 from adaptcheck.models.results import RunResults
 from adaptcheck.session import regrade
@@ -27,19 +32,37 @@ def grade(
     results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="results.json written by 'adaptcheck run'."),
     require: Optional[str] = typer.Option(None, "--require", "-r", help="Exit 1 unless the grade is at least this level (L1-L5)."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path."),
 ) -> None:
-    """Print the grade and its blockers. Exit codes: 0 meets --require, 1 below it, 3 unreadable file."""
+    """Print the grade and the blockers for the next level, one per line.
+
+    Exit codes:
+      0  the grade meets --require, or no --require was given
+      1  the grade is below --require
+      2  usage error (e.g. --require L9)
+      3  the file is unreadable or not a valid results.json
+    """
     if require is not None:
         check_level(require)
     out = Output(fmt)
     stored = RunResults.load(results_path)
     results = regrade(stored)
+    integrity = verify_file(results_path)
+    if integrity.status is not Integrity.INTACT:
+        # Grading trusts the checks in the file; say so when nothing vouches for them.
+        out.info(f"note: {integrity.message} (see 'adaptcheck verify')", style="yellow")
     if results.grade.level != stored.grade.level:
         out.info(f"note: the file says {stored.grade.level}, but its checks and rules give {results.grade.level};"
                  " using the recomputed grade", style="yellow")
     print_grade(out, results)
     meets = require is None or level_at_least(results.grade.level, require)
+    if junit is not None:
+        from adaptcheck.report.junit import write_junit
+
+        write_junit(results, junit, require)
+        out.info(f"junit:   {junit}")
     out.data({"grade": results.grade.level, "name": results.grade.name, "required": require, "meets": meets,
-              "blockers": results.grade.blockers, "steps_not_run": results.grade.steps_not_run})
+              "blockers": results.grade.blockers, "steps_not_run": results.grade.steps_not_run,
+              "integrity": integrity.status.value})
     if not meets:
         raise GradeBelowRequired(f"grade {results.grade.level} is below the required {require}")

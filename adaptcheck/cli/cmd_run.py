@@ -14,7 +14,7 @@ from adaptcheck.cli.output import STATUS_STYLE, Format, Output
 from adaptcheck.cli.render import print_grade, print_summary
 from adaptcheck.errors import GradeBelowRequired
 from adaptcheck.models.ladder import CheckSpec
-from adaptcheck.models.results import CheckResult, Status
+from adaptcheck.models.results import CheckResult, RunResults, Status
 from adaptcheck.session import RESULTS, REPORT, Progress as RunProgress, RunOptions, parse_steps, resume_run, start_run
 from adaptcheck.steps.grade import level_at_least
 
@@ -68,8 +68,10 @@ def run(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: a local Hugging Face folder or 'embedded:NAME' (never downloaded)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Also test this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1); API key from $ADAPTCHECK_API_KEY or $OPENAI_API_KEY."),
     endpoint_model: Optional[str] = typer.Option(None, "--endpoint-model", help="Served model name to request from --endpoint (default: the first it lists)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="results.json of an earlier run of this machine: the ladder's perf.regression check compares this run against it (copied into the run folder)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in this folder (other options are taken from it)."),
     require: Optional[str] = typer.Option(None, "--require", help="Exit 1 unless the grade is at least this level (L1-L5)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path, for CI."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table (human, stderr) or json/yaml (results on stdout)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or tables on stderr."),
 ) -> None:
@@ -90,7 +92,7 @@ def run(
         else:
             opts = RunOptions(ladder=ladder, device=device, steps=parse_steps(steps, [1, 2, 3, 4, 5]) if steps else None,
                               out=out, seed=seed, ops=ops, model=model, endpoint=endpoint, endpoint_model=endpoint_model,
-                              command=["adaptcheck", *sys.argv[1:]])
+                              baseline=baseline, command=["adaptcheck", *sys.argv[1:]])
             results, run_dir = start_run(opts, progress)
     finally:
         progress.stop()
@@ -98,6 +100,12 @@ def run(
     print_grade(output, results)
     output.info(f"results: {run_dir / RESULTS}")
     output.info(f"report:  {run_dir / REPORT}")
-    output.data(results.model_dump(mode="json"))
+    saved = RunResults.load(run_dir / RESULTS)  # what was written: scrubbed, and sealed with its digest
+    if junit is not None:
+        from adaptcheck.report.junit import write_junit
+
+        write_junit(saved, junit, require)  # also when below --require: CI wants to see why
+        output.info(f"junit:   {junit}")
+    output.data(saved.model_dump(mode="json"))
     if require is not None and not level_at_least(results.grade.level, require):
         raise GradeBelowRequired(f"grade {results.grade.level} is below the required {require}")

@@ -35,4 +35,5 @@ def print_grade(out: Output, results: RunResults) -> None:
     if g.blockers:
         out.info("Blockers for the next level:", style="bold")
         for b in g.blockers:
-            out.info(f"  - {b}")
+            # One line each (a check message may span lines): a CI log reader greps "  - ".
+            out.info("  - " + " ".join(b.split()))

@@ -57,8 +57,13 @@ def render(root: type[BaseModel], title: str, intro: str) -> str:
 
 DOCS: dict[str, tuple[type[BaseModel], str, str]] = {
     "results": (RunResults, "results.json schema",
-                f"Schema version **{SCHEMA_VERSION}** (`schema_version`). A reader refuses another major version. "
-                "Full JSON Schema: `adaptcheck schema results`."),
+                (f"Schema version **{SCHEMA_VERSION}** (`schema_version`). A reader refuses another major version. "
+                 "Full JSON Schema: `adaptcheck schema results`.\n\n"
+                 "Since 1.1 the file carries `digest`: SHA-256 over its own content without that field (the parsed "
+                 "JSON re-serialized with sorted keys and compact separators, so re-indenting does not change it). "
+                 "`adaptcheck verify results.json` exits 0 when the content still matches, 5 when it was edited or has "
+                 "no digest. It shows accidental or casual edits; it is not a signature: anyone can edit the file and "
+                 "recompute it. See docs/ci.md.")),
     "ladder": (LadderSpec, "Ladder file schema",
                f"Ladder `schema_version: {LADDER_SCHEMA_VERSION}`. Unknown keys are errors. Each check's `params` "
                "is validated by its kind's params model (`adaptcheck kinds`). Full JSON Schema: `adaptcheck schema ladder`."),

@@ -3,7 +3,8 @@
 The file is versioned (:data:`SCHEMA_VERSION`); :meth:`RunResults.load` refuses files of
 another major version with a one-line error. The grade stored here is recomputed from the
 checks and the ladder's rules alone (``adaptcheck grade`` does exactly that), so the CLI,
-the report and CI always agree.
+the report and CI always agree. :meth:`RunResults.save` seals the file with a SHA-256
+digest of its content (:mod:`adaptcheck.integrity`; ``adaptcheck verify`` checks it).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adaptcheck.errors import InvalidInputError
+from adaptcheck.integrity import DIGEST_FIELD, compute_digest
 from adaptcheck.models.environment import Environment
 from adaptcheck.models.ladder import GradeSpec, ModelSpec
 
-SCHEMA_VERSION = "1.0"
+# 1.1: added ``digest``; 1.0 files (without it) still load.
+SCHEMA_VERSION = "1.1"
 
 
 def utcnow() -> datetime:
@@ -137,6 +140,14 @@ class RunResults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: str = Field(default=SCHEMA_VERSION, description="Version of this schema.")
+    digest: str | None = Field(
+        default=None,
+        description=(
+            "'sha256:<hex>' over the file's content without this field (parsed JSON, keys sorted, compact); "
+            "set when the file is written, checked by 'adaptcheck verify'. Tamper evidence, not a signature. "
+            "None in files older than schema 1.1."
+        ),
+    )
     adaptcheck_version: str = Field(description="adaptcheck version that produced the file.")
     run_id: str = Field(description="Unique id of the run (also the default folder name).")
     started_at: datetime = Field(description="Start of the run (UTC).")
@@ -154,11 +165,21 @@ class RunResults(BaseModel):
     checks: list[CheckResult] = Field(default_factory=list, description="Every check result, in ladder order.")
     grade: GradeResult = Field(description="The grade computed from checks + ladder rules.")
 
-    def save(self, path: Path) -> None:
-        """Write the results as indented JSON (atomically: a crash never leaves half a file)."""
+    def save(self, path: Path) -> str:
+        """Write the results as indented JSON (atomically: a crash never leaves half a file).
+
+        Seals the file: computes the digest over exactly what is written (its parsed JSON
+        without the digest), stores it in ``self.digest`` too — so a report rendered from
+        this object shows the value the file carries — and returns it.
+        """
+        self.digest = None
+        content = json.loads(self.model_dump_json())
+        content.pop(DIGEST_FIELD, None)
+        self.digest = compute_digest(content)
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(self.model_dump_json(indent=2), encoding="utf-8")
         tmp.replace(path)
+        return self.digest
 
     @classmethod
     def load(cls, path: Path) -> "RunResults":

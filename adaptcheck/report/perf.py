@@ -10,7 +10,8 @@ Step 5 records two kinds of outcome (docs/perf.md is the contract for both shape
   The peak figures the efficiencies rest on are shown once per distinct peak, with their
   source, whether they are verified and — for a CPU, whose peak is derived from what the
   machine reports — how they were derived: an efficiency is only as good as its peak.
-* serving scenarios (``perf.serving``): see :mod:`adaptcheck.report.perf_serving`.
+* serving scenarios (``perf.serving``): see :mod:`adaptcheck.report.perf_serving`;
+* the stability soak (``perf.soak``): see :mod:`adaptcheck.report.soak`.
 
 Every decision (units, which peak a row is measured against, what is over a bound) is made
 here where it can be tested; the template only lays it out. A check that errored or was
@@ -47,9 +48,13 @@ from adaptcheck.report.perf_serving import (
     pct,
     throughput_charts,
 )
+from adaptcheck.report.soak import SoakView, build_soak
 
 STEP = 5
 SERVING_KIND = "perf.serving"
+SOAK_KIND = "perf.soak"
+REGRESSION_KIND = "perf.regression"
+"""Rendered by the comparison section (:mod:`adaptcheck.report.compare`), not as a micro-benchmark."""
 BENCH_NAMES: dict[str, str] = {
     "gemm": "GEMM (matrix multiply)",
     "memory_bandwidth": "memory bandwidth",
@@ -132,6 +137,7 @@ class PerfView:
     micro: list[MicroView] = field(default_factory=list)
     serving: list[ScenarioView] = field(default_factory=list)
     combined: list[Chart] = field(default_factory=list)  # throughput across the concurrency scenarios
+    soak: list[SoakView] = field(default_factory=list)
     legend: list[Label] = field(default_factory=list)
 
 
@@ -288,22 +294,32 @@ def _combined(scenarios: list[ScenarioView]) -> list[Chart]:
     return throughput_charts("concurrency scenarios", curves, "concurrency (requests in flight)")
 
 
+def _unique(anchor: str, used: set[str]) -> str:
+    """``anchor``, or ``anchor-2``, ``-3`` … when a block of the section already has it."""
+    block, n = anchor, 2
+    while block in used:
+        block, n = f"{anchor}-{n}", n + 1
+    used.add(block)
+    return block
+
+
 def build_perf(results: RunResults, anchors: dict[str, str], records_base: str = "") -> PerfView:
     """The step-5 section. ``anchors`` are the Checks section's; ``records_base`` is the run
     folder relative to the report's folder ('' for the report ``adaptcheck run`` writes)."""
     peaks: dict[str, PeakView] = {}
     micro: list[MicroView] = []
     serving: list[ScenarioView] = []
+    soak: list[SoakView] = []
     used: set[str] = set()
     for c in results.checks:
-        if c.step != STEP:
+        if c.step != STEP or c.kind == REGRESSION_KIND:
             continue
-        if c.kind == SERVING_KIND:
-            base = section_anchor("perf", c.id)
-            block, n = base, 2
-            while block in used:
-                block, n = f"{base}-{n}", n + 1
-            used.add(block)
+        if c.kind == SOAK_KIND:
+            soak.append(build_soak(c, status_label(status_key(c)), anchors.get(c.id, ""),
+                                   _unique(section_anchor("soak", c.id), used), format_duration(c.duration_s),
+                                   records_base))
+        elif c.kind == SERVING_KIND:
+            block = _unique(section_anchor("perf", c.id), used)
             serving.append(build_scenario(c, status_label(status_key(c)), anchors.get(c.id, ""), block,
                                           format_duration(c.duration_s), records_base))
         else:
@@ -312,17 +328,20 @@ def build_perf(results: RunResults, anchors: dict[str, str], records_base: str =
     result_ids = {c.id for c in results.checks}
     for p in results.planned:
         # A planned check without any result (interrupted run) is listed as not run, never a gap.
-        if p.step != STEP or not ran or any(r == p.id or r.startswith(p.id + ".") for r in result_ids):
+        if p.step != STEP or p.kind == REGRESSION_KIND or not ran or any(r == p.id or r.startswith(p.id + ".") for r in result_ids):
             continue
         stub = CheckResult(step=STEP, id=p.id, kind=p.kind, status=Status.SKIP, message=NOT_REACHED)
-        if p.kind == SERVING_KIND:
+        if p.kind == SOAK_KIND:
+            soak.append(build_soak(stub, status_label("notrun"), anchors.get(p.id, ""),
+                                   _unique(section_anchor("soak", p.id), used), "—"))
+        elif p.kind == SERVING_KIND:
             serving.append(build_scenario(stub, status_label("notrun"), anchors.get(p.id, ""),
                                           section_anchor("perf", p.id), "—"))
         else:
             mv = _micro(stub, anchors, peaks)
             mv.status, mv.duration, mv.no_rows_note = status_label("notrun"), "—", ""
             micro.append(mv)
-    if not micro and not serving:
+    if not micro and not serving and not soak:
         # A step that ran without any performance check is not 'not run': n/a, so pill and text agree.
         key = "na" if ran and results.complete else "notrun"
         return PerfView(ran=False, not_run_reason=section_not_run_reason(results, STEP, "performance",
@@ -335,6 +354,7 @@ def build_perf(results: RunResults, anchors: dict[str, str], records_base: str =
                 if any(u.id == m.id for u in pk.used_by):
                     m.peak_note = f"efficiencies against peak figures {i}"
     present = ({m.status.key for m in micro} | {s.status.key for s in serving}
-               | {r.status.key for m in micro for r in m.rows})
+               | {r.status.key for m in micro for r in m.rows} | {s.status.key for s in soak})
     return PerfView(ran=True, not_run_reason="", peaks=peak_list, micro=micro, serving=serving,
-                    combined=_combined(serving), legend=[status_label(k) for k in STATUS_LABELS if k in present])
+                    combined=_combined(serving), soak=soak,
+                    legend=[status_label(k) for k in STATUS_LABELS if k in present])

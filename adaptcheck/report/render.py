@@ -12,6 +12,7 @@ import base64
 import hashlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
@@ -47,6 +48,11 @@ def _environment() -> Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+
+
+def render_template(name: str, **context: Any) -> str:
+    """Another page of this folder (e.g. the comparison page), with the same autoescaping environment."""
+    return _environment().get_template(name).render(**context)
 
 
 def render(view: ReportView) -> str:

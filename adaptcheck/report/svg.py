@@ -335,3 +335,113 @@ def throughput_chart(title: str, series: Sequence[tuple[str, Sequence[tuple[Any,
     return line_chart(lines, title=title, x_label=x_label, y_label=y_label, x_log=None,
                       x_ticks=levels if 0 < len(levels) <= MAX_LEVEL_TICKS else None,
                       x_log_ratio=LEVEL_LOG_RATIO, y_zero=True, x_tip=x_tip, y_unit=y_unit)
+
+
+# ---------------------------------------------------------------- sparklines
+
+SPARK_WIDTH = 240
+SPARK_HEIGHT = 64
+SPARK_LEFT, SPARK_RIGHT, SPARK_TOP, SPARK_BOTTOM = 4, SPARK_WIDTH - 4, 20, SPARK_HEIGHT - 14
+SPARK_BUCKETS = 120
+"""A long soak has thousands of samples: drawn as the min and max of this many time buckets
+(extremes kept: a spike must not be averaged away) so the chart stays small."""
+
+
+@dataclass(frozen=True)
+class TrendLine:
+    """A fitted straight line drawn over a sparkline, from ``(t0, v0)`` to ``(t1, v1)``."""
+
+    t0: float
+    v0: float
+    t1: float
+    v1: float
+
+
+def _decimate(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    if len(points) <= 2 * SPARK_BUCKETS:
+        return points
+    lo_t, hi_t = points[0][0], points[-1][0]
+    width = (hi_t - lo_t) / SPARK_BUCKETS or 1.0
+    buckets: dict[int, list[tuple[float, float]]] = {}
+    for p in points:
+        buckets.setdefault(min(SPARK_BUCKETS - 1, int((p[0] - lo_t) / width)), []).append(p)
+    out: list[tuple[float, float]] = []
+    for key in sorted(buckets):
+        group = buckets[key]
+        lo, hi = min(group, key=lambda p: p[1]), max(group, key=lambda p: p[1])
+        out += sorted({lo, hi})  # in time order
+    return out
+
+
+def _point(t: float | None, v: float | None) -> tuple[float, float] | None:
+    if t is None or v is None or not (math.isfinite(t) and math.isfinite(v)):
+        return None
+    return float(t), float(v)
+
+
+def _spark_open(tip: str) -> list[str]:
+    return [(f'<svg xmlns="http://www.w3.org/2000/svg" class="spark" viewBox="0 0 {SPARK_WIDTH} {SPARK_HEIGHT}" '
+             f'width="{SPARK_WIDTH}" height="{SPARK_HEIGHT}" role="img" aria-label="{_e(tip)}" '
+             f'font-family="{FONT}" fill="#1b1f24">'), f"<title>{_e(tip)}</title>"]
+
+
+def sparkline(title: str, points: Sequence[tuple[float | None, float | None]], *, unit: str = "",
+              trend: TrendLine | None = None, shade_until: float | None = None) -> Markup:
+    """A small time series without axes: the line, its last value and range, an optional
+    fitted trend (dashed) and a shaded warm-up span from the first sample to ``shade_until``.
+
+    Non-finite or missing values break the line. The whole chart carries one tooltip
+    (first, last, min, max), not one per point: a soak has too many points for that.
+    """
+    drawn = [_point(t, v) for t, v in points]
+    pts = [p for p in drawn if p is not None]
+    suffix = f" {unit}" if unit else ""
+    if not pts:
+        return Markup("".join([*_spark_open(f"{title}: no data"), _text(SPARK_LEFT, 13, title, anchor="start", size=10),
+                               _text(SPARK_WIDTH / 2, 40, "no data", size=10, extra=' fill="#57606a"'), "</svg>"]))
+    ts = [t for t, _ in pts]
+    vs = [v for _, v in pts]
+    # The trend line stays inside the frame: it is drawn on the data's scale, widened to fit it.
+    lo, hi = min(vs + ([trend.v0, trend.v1] if trend else [])), max(vs + ([trend.v0, trend.v1] if trend else []))
+    if hi == lo:  # flat: centre the line
+        pad = abs(lo) * 0.05 or 1.0
+        lo, hi = lo - pad, hi + pad
+    t_lo, t_hi = min(ts), max(ts)
+    if t_hi == t_lo:
+        t_lo, t_hi = t_lo - 1.0, t_hi + 1.0
+    xs = Scale(t_lo, t_hi, SPARK_LEFT, SPARK_RIGHT)
+    ys = Scale(lo, hi, SPARK_BOTTOM, SPARK_TOP)
+    last = vs[-1]
+    tip = (f"{title}: first {format_float(vs[0])}{suffix}, last {format_float(last)}{suffix}, "
+           f"min {format_float(min(vs))}{suffix}, max {format_float(max(vs))}{suffix}")
+    short = title if len(title) <= 40 else title[:39] + "…"  # the full title is in the tooltip
+    parts = [*_spark_open(tip), _text(SPARK_LEFT, 13, short, anchor="start", size=10, extra=' font-weight="600"')]
+    if shade_until is not None and shade_until > t_lo:
+        x1 = xs(min(shade_until, t_hi))
+        parts.append(f'<rect class="warmup" x="{SPARK_LEFT}" y="{SPARK_TOP}" width="{_n(x1 - SPARK_LEFT)}" '
+                     f'height="{SPARK_BOTTOM - SPARK_TOP}" fill="#eaeef2"><title>warm-up (not in the trend)</title>'
+                     "</rect>")
+    segments: list[list[tuple[float, float]]] = [[]]
+    for p in drawn:
+        if p is not None:
+            segments[-1].append(p)
+        elif segments[-1]:
+            segments.append([])  # a missing sample breaks the line rather than bridging it
+    for seg in segments:
+        seg = _decimate(seg)
+        if len(seg) > 1:
+            coords = " ".join(f"{_n(xs(t))},{_n(ys(v))}" for t, v in seg)
+            parts.append(f'<polyline class="series" points="{coords}" fill="none" stroke="{PALETTE[0]}" '
+                         'stroke-width="1.5"/>')
+        elif seg:
+            parts.append(f'<circle class="series" cx="{_n(xs(seg[0][0]))}" cy="{_n(ys(seg[0][1]))}" r="1.5" '
+                         f'fill="{PALETTE[0]}"/>')
+    if trend is not None:
+        parts.append(f'<line class="trend" x1="{_n(xs(trend.t0))}" y1="{_n(ys(trend.v0))}" x2="{_n(xs(trend.t1))}" '
+                     f'y2="{_n(ys(trend.v1))}" stroke="{PALETTE[1]}" stroke-width="1.5" stroke-dasharray="5 3">'
+                     "<title>least-squares trend</title></line>")
+    parts.append(_text(SPARK_LEFT, SPARK_HEIGHT - 2, f"last {format_float(last)}{suffix} · range "
+                       f"{format_float(min(vs))}–{format_float(max(vs))} · {format_float(t_hi - t_lo)} s",
+                       anchor="start", size=9, extra=' fill="#57606a"'))
+    parts.append("</svg>")
+    return Markup("".join(parts))

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
+from adaptcheck.report.compare import CompareView, build_compare
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
     Label,
@@ -151,6 +152,9 @@ class ReproduceView:
     seed: int
     steps: str
     device: str
+    # The results.json digest this report was rendered from ('' when the file has none).
+    digest: str = ""
+    verify_command: str = "adaptcheck verify results.json"
 
 
 @dataclass
@@ -177,6 +181,7 @@ class ReportView:
     check_groups: list[CheckGroup]
     reproduce: ReproduceView
     legend: list[Label] = field(default_factory=lambda: [_label(k) for k in STATUS_LABELS])
+    compare: CompareView | None = None  # a perf.regression result with a comparison in its details
 
 
 def _anchors(ids: list[str]) -> dict[str, str]:
@@ -307,6 +312,7 @@ def _reproduce(results: RunResults) -> ReproduceView:
         adaptcheck_version=results.adaptcheck_version, schema_version=results.schema_version,
         ladder=f"{lad.id} {lad.version}", ladder_source=lad.source, ladder_sha256=lad.sha256,
         seed=results.seed, steps=", ".join(str(s) for s in results.steps), device=_device_text(results),
+        digest=results.digest or "",
     )
 
 
@@ -335,5 +341,5 @@ def build_view(results: RunResults, records_base: str = "") -> ReportView:
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
         matrix=build_matrix(env, results.checks, anchors), ops=build_ops(results, anchors),
         framework=build_framework(results, anchors), perf=build_perf(results, anchors, records_base), check_groups=groups,
-        reproduce=_reproduce(results),
+        reproduce=_reproduce(results), compare=build_compare(results, anchors),
     )

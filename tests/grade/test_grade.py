@@ -123,18 +123,15 @@ def test_where_applicable_condition_holds_when_every_selected_check_is_not_appli
 
 
 def _builtin_results(not_applicable: tuple[str, ...] = ()) -> tuple[list[PlannedCheck], list[CheckResult], object]:
-    """Every check of the quick ladder passing (ops once per dtype, as they report), the
-    placeholders (soak, regression) skipping, and the checks whose id starts with one of ``not_applicable`` n/a."""
+    """Every check of the quick ladder passing (ops once per dtype, as they report), and the
+    checks whose id starts with one of ``not_applicable`` n/a."""
     spec = load_ladder("quick").spec
     planned = [PlannedCheck(id=c.id, step=c.step, kind=c.kind, tags=c.tags, timeout_s=1) for c in spec.checks]
     results: list[CheckResult] = []
     for c in spec.checks:
         ids = [f"{c.id}.{d}" for d in c.params.get("dtypes", [])] if c.kind == "ops.op" else [c.id]
         for rid in ids:
-            if c.kind == "placeholder.not_implemented":
-                results.append(CheckResult(id=rid, step=c.step, kind=c.kind, tags=c.tags, status=Status.SKIP,
-                                           message="not implemented"))
-            elif c.id.startswith(not_applicable):
+            if c.id.startswith(not_applicable):
                 results.append(CheckResult(id=rid, step=c.step, kind=c.kind, tags=c.tags, status=Status.SKIP, applicable=False,
                                            message="vLLM is not installed"))
             else:
@@ -142,19 +139,31 @@ def _builtin_results(not_applicable: tuple[str, ...] = ()) -> tuple[list[Planned
     return planned, results, spec
 
 
-def test_step5_placeholders_cap_the_builtin_ladder_at_l4() -> None:
-    """Steps 1-5 passing give L4; L5 is blocked by the soak and regression checks that are not implemented."""
+def test_every_check_passing_gives_l5_and_each_l5_condition_blocks_it() -> None:
+    """L5 needs the known-good entry, the soak and the regression comparison; without a
+    baseline the comparison skips, which blocks L5 (never a pass), and the grade stays L4."""
     planned, results, spec = _builtin_results()
-    g = compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1)  # type: ignore[attr-defined]
-    assert g.level == "L4"
-    assert any("perf.soak skip: not implemented" in b for b in g.blockers)
-    assert any("perf.regression skip: not implemented" in b for b in g.blockers)
+    assert not any(c.kind == "placeholder.not_implemented" for c in spec.checks)  # type: ignore[attr-defined]
+    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L5"  # type: ignore[attr-defined]
+    for broken, status, message in (
+            ("perf.regression", Status.SKIP, "no baseline: pass --baseline RESULTS.json"),
+            ("perf.regression", Status.FAIL, "1 regression: perf.gemm median time +80%"),
+            ("perf.soak", Status.FAIL, "server RSS grows 1600 MiB/min > 10 MiB/min"),
+            ("perf.soak", Status.SKIP, "no memory series could be sampled"),
+            ("matrix.known_good", Status.FAIL, "no known-good entry matches")):
+        changed = [x.model_copy(update={"status": status, "message": message}) if x.id == broken else x
+                   for x in results]
+        g = compute_grade(spec.grade, planned, changed, [1, 2, 3, 4, 5], 1)  # type: ignore[attr-defined]
+        assert g.level == "L4", (broken, status)
+        assert any(b.startswith("L5 ") and f"{broken} {status.value}: {message}" in b for b in g.blockers), g.blockers
+    # The regression check is the ladder's last: it compares everything that ran before it.
+    assert spec.checks[-1].kind == "perf.regression"  # type: ignore[attr-defined]
 
 
 def test_l4_needs_every_micro_benchmark_and_every_serving_scenario() -> None:
     # Host-device copies do not exist on a CPU (n/a): the other micro-benchmarks carry L4.
     planned, results, spec = _builtin_results(("perf.host_device",))
-    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L4"  # type: ignore[attr-defined]
+    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L5"  # type: ignore[attr-defined]
     for broken, status in (("perf.serving.mixed", Status.FAIL), ("perf.gemm", Status.SKIP),
                            ("perf.collectives", Status.ERROR)):
         changed = [r.model_copy(update={"status": status, "message": "spread 40% > 25%"}) if r.id == broken else r
@@ -168,9 +177,9 @@ def test_l4_needs_every_micro_benchmark_and_every_serving_scenario() -> None:
     assert g.level == "L3" and any("perf.gemm not run (step 5 not selected)" in b for b in g.blockers)
 
 
-def test_a_machine_without_vllm_still_reaches_l4_through_transformers() -> None:
+def test_a_machine_without_vllm_still_reaches_l5_through_transformers() -> None:
     planned, results, spec = _builtin_results(("framework.vllm", "framework.endpoint", "ops.vllm"))
-    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L4"  # type: ignore[attr-defined]
+    assert compute_grade(spec.grade, planned, results, [1, 2, 3, 4, 5], 1).level == "L5"  # type: ignore[attr-defined]
 
 
 def test_a_failing_framework_blocks_l2_even_when_another_passes() -> None:

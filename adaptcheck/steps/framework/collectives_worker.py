@@ -113,23 +113,26 @@ def execute(impl: TorchCollectives, op: str, inp: torch.Tensor, out: torch.Tenso
 
 
 def run_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: int, op: str, dtype: str,
-             elements: int) -> dict[str, Any]:
+             elements: int, *, device_index: int | None = None) -> dict[str, Any]:
     """Run one (op, dtype, size) on this rank and check it exactly; one JSON-able record.
 
     ``status`` is ``ok``, ``mismatch`` (with count, first index and values), ``unsupported``
     or ``raised`` (with the error). Inputs and the expectation are built on the CPU from
     the pure functions, so the device under test computes nothing the check relies on.
+    ``device_index`` is the device this rank drives: its rank on one machine (the default),
+    its local rank when ranks span several (:mod:`adaptcheck.cluster.collectives`).
     """
-    device = backend.torch_device(rank)
+    index = rank if device_index is None else device_index
+    device = backend.torch_device(index)
     rec: dict[str, Any] = {"event": "op", "key": f"{op}/{dtype}/{elements}", "op": op, "dtype": dtype,
                            "elements": elements}
     inp = build_input(op, world_size, rank, elements, dtype).to(device)
     out = output_buffer(op, world_size, elements, dtype, device=device)
-    backend.synchronize(rank)
+    backend.synchronize(index)
     start = time.perf_counter()
     try:
         result = execute(impl, op, inp, out, world_size)
-        backend.synchronize(rank)  # the op is done only when the device says so
+        backend.synchronize(index)  # the op is done only when the device says so
     except Exception as exc:  # noqa: BLE001 - a failing collective is the finding, not a crash
         rec.update(status=classify_exception(exc), error=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
         return rec
@@ -142,7 +145,7 @@ def run_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: in
 # --- step 5: timing (bench mode) ----------------------------------------------------------
 
 def run_bench_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: int, op: str, dtype: str,
-                   elements: int, bench: dict[str, Any]) -> dict[str, Any]:
+                   elements: int, bench: dict[str, Any], *, device_index: int | None = None) -> dict[str, Any]:
     """Time one (op, dtype, size) on this rank; one JSON-able record with per-call samples.
 
     As nccl-tests do: warm-up calls, then repetitions of ``inner`` back-to-back calls timed
@@ -152,13 +155,15 @@ def run_bench_case(impl: TorchCollectives, backend: Backend, rank: int, world_si
     same on every rank (a rank that called once more would hang its peers), so they are
     derived from the *largest* warm-up estimate, agreed on with an all-reduce (MAX).
     Buffers hold zeros: repeated in-place reductions stay finite whatever the count.
+    ``device_index`` as for :func:`run_case`.
     """
     import math
 
     import torch
 
     dist = impl.dist
-    device = backend.torch_device(rank)
+    index = rank if device_index is None else device_index
+    device = backend.torch_device(index)
     rec: dict[str, Any] = {"event": "bench", "key": f"{op}/{dtype}/{elements}", "op": op, "dtype": dtype,
                            "elements": elements}
     numel_in, numel_out = buffer_sizes(op, world_size, elements)
@@ -167,10 +172,10 @@ def run_bench_case(impl: TorchCollectives, backend: Backend, rank: int, world_si
     warm: list[float] = []
     try:
         for _ in range(max(1, int(bench.get("warmup", 2)))):
-            backend.synchronize(rank)
+            backend.synchronize(index)
             t0 = time.perf_counter()
             execute(impl, op, inp, out, world_size)
-            backend.synchronize(rank)
+            backend.synchronize(index)
             warm.append(time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - an unsupported op/dtype is a finding, not a crash
         rec.update(status=classify_exception(exc), error=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
@@ -186,11 +191,11 @@ def run_bench_case(impl: TorchCollectives, backend: Backend, rank: int, world_si
     samples: list[float] = []
     for _ in range(reps):
         dist.barrier()
-        backend.synchronize(rank)
+        backend.synchronize(index)
         t0 = time.perf_counter()
         for _ in range(inner):
             execute(impl, op, inp, out, world_size)
-        backend.synchronize(rank)
+        backend.synchronize(index)
         samples.append((time.perf_counter() - t0) / inner)
     rec.update(status="ok", samples=samples, inner=inner, warmup=len(warm), estimate_s=estimate)
     return rec
@@ -222,6 +227,23 @@ def _die_with_parent() -> None:
             pass
     if parent and os.getppid() != parent:
         os._exit(3)
+
+
+def bind_device(backend: Backend, index: int, ranks_on_host: int) -> None:
+    """Prepare this process to drive device ``index`` before the process group forms.
+
+    On an accelerator the collective library binds each rank's communicator to "the current
+    device", so it is set first; on a CPU the ranks of one host share its cores, and without
+    a split each would start one thread per core.
+    """
+    import torch
+
+    if backend.is_accelerator:
+        set_device = getattr(backend.torch_api(), "set_device", None)
+        if set_device is not None:
+            set_device(index)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ranks_on_host)))
 
 
 def _emit(fh: IO[str], rec: dict[str, Any]) -> None:
@@ -256,13 +278,7 @@ def main(argv: list[str]) -> int:
         import torch
         import torch.distributed as dist
 
-        if backend.is_accelerator:
-            set_device = getattr(backend.torch_api(), "set_device", None)
-            if set_device is not None:
-                set_device(rank)  # the library binds each rank's communicator to "the current device"
-        else:
-            # Ranks share the cores: without this each would start one thread per core.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        bind_device(backend, rank, world_size)  # every rank of this launcher is on this host
         impl = load_impl(config.get("impl"))
         t0 = time.perf_counter()
         # The launcher's deadline must be what ends a hang (it reports which rank and op, and

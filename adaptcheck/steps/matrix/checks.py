@@ -6,7 +6,7 @@ kind               class           proves
 matrix.capture     CaptureCheck    what exactly is installed (the Environment, secrets redacted)
 matrix.rules       RulesCheck      no rule of ``matrices/rules.yaml`` finds the stack incompatible
 matrix.telemetry   TelemetryCheck  basic monitoring (device memory at least) is readable
-matrix.known_good  KnownGoodCheck  the stack matches an entry of ``matrices/known_good.yaml``
+matrix.known_good  KnownGoodCheck  the stack matches a known-good entry (``matrices/`` + ``$ADAPTCHECK_KNOWN_GOOD``)
 =================  ==============  ==========================================================
 
 All four capture in-process (the runner already isolates each check in a worker) and
@@ -27,7 +27,9 @@ from adaptcheck.ladder.check import Check, CheckContext, NoParams, Outcome
 from adaptcheck.models.environment import Environment
 from adaptcheck.steps.matrix.capture import capture_environment
 from adaptcheck.steps.matrix.known_good import (
-    load_known_good,
+    KNOWN_GOOD_ENV,
+    extra_known_good_files,
+    load_known_good_sources,
     match_known_good,
     stack_value,
 )
@@ -186,7 +188,9 @@ class KnownGoodParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    known_good_file: str | None = Field(default=None, description="YAML to use instead of matrices/known_good.yaml.")
+    known_good_file: str | None = Field(
+        default=None, description="YAML to use instead of matrices/known_good.yaml (files in $ADAPTCHECK_KNOWN_GOOD "
+                                  "are still read in addition).")
 
 
 class KnownGoodCheck(Check):
@@ -198,13 +202,17 @@ class KnownGoodCheck(Check):
     params_model = KnownGoodParams
 
     def run(self, ctx: CheckContext, params: KnownGoodParams) -> Outcome:
-        known = load_known_good(Path(params.known_good_file) if params.known_good_file else None)
+        # Site files come from the environment, not the ladder, so a site adds its own
+        # measured stacks without editing (or re-hashing) the shipped ladder.
+        sources = load_known_good_sources(Path(params.known_good_file) if params.known_good_file else None,
+                                          extra_known_good_files())
         env = environment_for(ctx)
-        result = match_known_good(env, known)
+        result = match_known_good(env, sources.known)
         entry = result.entry
-        assert entry is not None  # the file holds at least one entry (validated)
-        details = {"entry": entry.model_dump(mode="json"), "differences": result.differences,
-                   "stack": {k: stack_value(env, k) for k in entry.versions}}
+        assert entry is not None  # every file holds at least one entry (validated)
+        details = {"entry": entry.model_dump(mode="json"), "entry_file": str(sources.origin[entry.id]),
+                   "files": [str(f) for f in sources.files], "extra_files_env": KNOWN_GOOD_ENV,
+                   "differences": result.differences, "stack": {k: stack_value(env, k) for k in entry.versions}}
         if result.matched:
             return Outcome.passed(f"matches known-good entry {entry.id!r} ({entry.basis}; source: {entry.source})",
                                   details=details)

@@ -12,11 +12,17 @@ Values are PEP 440 specifiers (``==2.13.*``, ``>=525.60.13``) or, for version st
 are not PEP 440 (CANN's ``8.0.RC2``), ``re:<regex>`` matched against the whole string.
 An entry matches when the backend, architecture and every device name match and every
 constraint holds; otherwise the closest entry and its differences are reported.
+
+A site adds its own entries without editing the shipped file: ``$ADAPTCHECK_KNOWN_GOOD``
+lists further files (``path[:path…]``, ``os.pathsep``-separated) that are read in addition
+(:func:`load_known_good_sources`); ``adaptcheck matrix export-known-good`` writes them.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -26,7 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adaptcheck.models.environment import Environment
 from adaptcheck.steps.matrix import versions as V
-from adaptcheck.steps.matrix.datafile import load_model, matrices_file
+from adaptcheck.steps.matrix.datafile import MatrixError, load_model, matrices_file
+
+KNOWN_GOOD_ENV = "ADAPTCHECK_KNOWN_GOOD"
+"""Environment variable listing site known-good files read in addition to the base file."""
 
 _KEY = re.compile(r"^(torch|python|driver|firmware|(runtime|package|extension)\.[A-Za-z0-9_.\-]+)$")
 
@@ -93,6 +102,41 @@ class KnownGoodFile(BaseModel):
 def load_known_good(path: Path | None = None) -> KnownGoodFile:
     """The shipped known-good stacks, or those of ``path``. Raises MatrixError naming file:line."""
     return load_model(path or matrices_file("known_good.yaml"), KnownGoodFile)
+
+
+def extra_known_good_files(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The files ``$ADAPTCHECK_KNOWN_GOOD`` lists, in order (empty parts ignored)."""
+    value = (os.environ if environ is None else environ).get(KNOWN_GOOD_ENV, "")
+    return [Path(part) for part in value.split(os.pathsep) if part.strip()]
+
+
+@dataclass
+class KnownGoodSources:
+    """Entries of several known-good files, in reading order, and which file each came from."""
+
+    known: KnownGoodFile
+    files: list[Path]
+    origin: dict[str, Path]
+
+
+def load_known_good_sources(path: Path | None = None, extra: Sequence[Path] = ()) -> KnownGoodSources:
+    """The base file (shipped, or ``path``) followed by every ``extra`` file.
+
+    Entry ids must stay unique across files: two files claiming the same id would make the
+    check's verdict depend on reading order, so that is an error naming both files.
+    """
+    base = path or matrices_file("known_good.yaml")
+    files = [base, *extra]
+    entries: list[KnownGoodEntry] = []
+    origin: dict[str, Path] = {}
+    for file in files:
+        for entry in load_model(file, KnownGoodFile).entries:
+            if entry.id in origin:
+                raise MatrixError(f"{file}: known-good entry id {entry.id!r} is also defined in {origin[entry.id]}",
+                                  hint="give site entries their own ids (export-known-good --prefix)")
+            origin[entry.id] = file
+            entries.append(entry)
+    return KnownGoodSources(KnownGoodFile(schema_version=1, entries=entries), files, origin)
 
 
 def stack_value(env: Environment, key: str) -> str | None:

@@ -67,8 +67,8 @@ class Slo(BaseModel):
     e2el_ms: float | None = Field(default=None, gt=0, description="Largest end-to-end latency, ms.")
 
 
-class ServingParams(FrameworkParams):
-    """``perf.serving``: one scenario of the serving baseline."""
+class ServerParams(FrameworkParams):
+    """The server a step-5 check drives under load (``perf.serving``, ``perf.soak``)."""
 
     framework: str = Field(default=AUTO, description="Server to drive: vllm_serve or transformers_serve "
                            "(the one step 4 launched, when the load options agree), endpoint (--endpoint), or "
@@ -83,6 +83,11 @@ class ServingParams(FrameworkParams):
         from adaptcheck.frameworks.registry import validate_name
 
         return validate_name(v)
+
+
+class ServingParams(ServerParams):
+    """``perf.serving``: one scenario of the serving baseline."""
+
     scenario: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Scenario name; names the records file "
                           "perf/serving/<scenario>.jsonl.")
     arrival: Literal["burst", "concurrency", "poisson"] = Field(
@@ -188,7 +193,7 @@ def resolve_framework(ctx: CheckContext, requested: str) -> str:
     return AUTO_ORDER[0]
 
 
-def _tokenizer(active: Active) -> Any:
+def served_tokenizer(active: Active) -> Any:
     """The served model's local tokenizer, loaded once per framework instance and shared with
     step 4's probes and the other scenarios; None without one."""
     try:
@@ -203,7 +208,7 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
     if not url:
         return Outcome.skipped(f"{active.name} serves no HTTP endpoint: perf.serving drives vllm_serve, "
                                "transformers_serve or endpoint", applicable=False)
-    tokenizer = _tokenizer(active)
+    tokenizer = served_tokenizer(active)
     seed = ctx.seed_for(ctx.check_id or params.scenario)
     workload = Workload(params.shapes(), PromptFactory(tokenizer), seed=seed)
     client = getattr(fw, "client", None)

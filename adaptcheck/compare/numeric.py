@@ -1,0 +1,135 @@
+"""Numerical regressions: correctness metrics of matched checks that got worse beyond a rule.
+
+Only metrics whose meaning does not depend on the data's units are judged, each with a
+direction and a rule (docs/compare.md):
+
+* ``ratio_to_tolerance`` (step 3: the worst error divided by the op's tolerance, 1.0 = at
+  the tolerance) — regression when the new value is more than ``error_growth`` × the
+  baseline's **and** more than ``min_error_delta`` tolerances above it. A same-seed rerun
+  gives the same value (never trips), and an error moving from 1e-4 to 5e-4 of the
+  tolerance is a large factor but a negligible amount (does not trip either).
+* ``max_logprob_abs_diff`` (step 4, nats) — the same two-part rule, the floor being
+  ``min_logprob_delta`` nats.
+* ``cases_failed`` / ``sequences_failed`` (counts) — any increase: a deterministic rerun
+  repeats its failures exactly.
+* ``token_agreement`` (step 4, fraction, higher is better) — a drop of more than
+  ``max_agreement_drop``.
+
+Raw ``max_abs_error`` / ``max_rel_error`` are not judged: they are in the data's own units
+(a bf16 GEMM's max_abs_error of 64 can be within tolerance), and ratio_to_tolerance is the
+same error expressed against the tolerance that gives it meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from adaptcheck.compare.model import (
+    Better,
+    ComparePolicy,
+    NumericChange,
+    Regression,
+    num,
+)
+from adaptcheck.models.results import CheckResult
+
+RuleKind = Literal["tolerance", "nats", "count", "fraction"]
+Moved = Literal["regression", "improvement"]
+
+
+@dataclass(frozen=True)
+class MetricRule:
+    """How one metric is judged."""
+
+    better: Better
+    kind: RuleKind
+
+
+RULES: dict[str, MetricRule] = {
+    "ratio_to_tolerance": MetricRule("lower", "tolerance"),
+    "max_logprob_abs_diff": MetricRule("lower", "nats"),
+    "cases_failed": MetricRule("lower", "count"),
+    "sequences_failed": MetricRule("lower", "count"),
+    "token_agreement": MetricRule("higher", "fraction"),
+}
+
+
+def _number(value: Any) -> float | None:
+    """A metric as a float; inf/nan may be stored as strings (JSON has neither)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _grew(worse: float, better: float, policy: ComparePolicy, floor: float) -> bool:
+    """``worse`` exceeds ``better`` by the growth factor and by the absolute floor."""
+    return worse > policy.error_growth * better and worse - better > floor
+
+
+def judge(rule: MetricRule, before: float, after: float, policy: ComparePolicy) -> tuple[Moved | None, str]:
+    """(``'regression'`` | ``'improvement'`` | None, the rule in words)."""
+    if not (math.isfinite(before) and math.isfinite(after)):
+        # A value that became inf/NaN is the worst possible outcome, one that stopped being is the best.
+        if math.isfinite(before) != math.isfinite(after):
+            moved: Moved = "regression" if math.isfinite(before) else "improvement"
+            return moved, "must stay finite"
+        return None, "not finite on either side"
+    if rule.kind in ("tolerance", "nats"):
+        floor = policy.min_error_delta if rule.kind == "tolerance" else policy.min_logprob_delta
+        unit = "tolerance" if rule.kind == "tolerance" else "nats"
+        text = f"> {policy.error_growth:g}× and > +{floor:g} {unit}"
+        if _grew(after, before, policy, floor):
+            return "regression", text
+        if _grew(before, after, policy, floor):
+            return "improvement", text
+        return None, text
+    if rule.kind == "count":
+        if after == before:
+            return None, "any increase"
+        return ("regression" if after > before else "improvement"), "any increase"
+    drop = before - after  # fraction, higher is better
+    text = f"drop > {policy.max_agreement_drop:g}"
+    if drop > policy.max_agreement_drop:
+        return "regression", text
+    if -drop > policy.max_agreement_drop:
+        return "improvement", text
+    return None, text
+
+
+def compare_numeric(pairs: list[tuple[CheckResult, CheckResult]],
+                    policy: ComparePolicy) -> tuple[list[NumericChange], int]:
+    """Every judged metric of the matched (baseline, new) checks that moved beyond its rule,
+    and how many metrics were judged in all."""
+    changes: list[NumericChange] = []
+    judged = 0
+    for old, new in pairs:
+        for name, rule in RULES.items():
+            before, after = _number(old.metrics.get(name)), _number(new.metrics.get(name))
+            if before is None or after is None:
+                continue
+            judged += 1
+            verdict, bound = judge(rule, before, after, policy)
+            if verdict is not None:
+                changes.append(NumericChange(check_id=new.id, metric=name, better=rule.better, before=before,
+                                             after=after, bound=bound, verdict=verdict))
+    return changes, judged
+
+
+def as_regression(c: NumericChange) -> Regression:
+    """The regression line of a numeric change."""
+    line = f"{c.check_id} {c.metric}: {num(c.before)} → {num(c.after)} (regression: {c.bound})"
+    return Regression(category="numeric", check_id=c.check_id, figure=c.metric, before=num(c.before),
+                      after=num(c.after), bound=c.bound, line=line)
+
+
+def improvement_line(c: NumericChange) -> str:
+    return f"{c.check_id} {c.metric}: {num(c.before)} → {num(c.after)}"

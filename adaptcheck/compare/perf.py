@@ -1,0 +1,225 @@
+"""Performance regressions: step-5 figures judged against the run-to-run noise both runs measured.
+
+Figures (docs/perf.md has the shapes they are read from):
+
+* micro-benchmark rows (``details.rows[]`` of perf.gemm, perf.memory_bandwidth,
+  perf.attention, perf.collectives …), matched by (row name, dtype): the median time; its
+  noise is the row's ``time_s.spread`` = (p90 − p10) / median of the repetitions;
+* serving levels (``details.levels[]`` of perf.serving), matched by level: the median over
+  the runs of the median TTFT, of the median TPOT, and of output tok/s; the noise of each is
+  (max − min) / median over the runs — the same spread perf.serving bounds for L4.
+
+A figure regresses when it is worse than the baseline by more than
+``noise_multiplier × max(spread_before, spread_after)``, the change taken as a time
+(``after / before − 1`` for latencies and times, ``before / after − 1`` for throughput);
+``min_tolerance`` floors that bound only where a spread was measured as ~0. The mirror image
+is an improvement: the baseline took more than ``1 + bound`` times the new time. Figures on one side only, rows that did not
+run, serving checks whose workload differs and rows timed too few times to measure their
+noise are listed as not compared, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any, Literal
+
+from adaptcheck.compare.model import (
+    Better,
+    ComparePolicy,
+    NotCompared,
+    PerfFigure,
+    Regression,
+    num,
+)
+from adaptcheck.models.results import CheckResult
+
+MIN_REPETITIONS = 3
+"""Fewer timed repetitions than this give a spread that measures nothing."""
+MIN_RUNS = 2
+"""A serving level needs this many runs with completed requests on each side to know its noise."""
+WORKLOAD_KEYS = ("arrival", "input_tokens", "output_tokens", "mixed", "num_requests", "duration_s")
+"""Scenario fields that define the work measured; a change in any makes the figures incomparable."""
+
+Verdict = Literal["regression", "improvement", "within_noise"]
+Figure = tuple[float, float, int]
+"""(value, relative spread, number of samples behind the spread)."""
+
+
+def _pos(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _rows(check: CheckResult) -> dict[str, dict[str, Any]]:
+    """Micro rows by 'name dtype' (a repeated key gets '#2', '#3' so none is silently dropped)."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in check.details.get("rows") or []:
+        if not isinstance(row, dict):
+            continue
+        key = f"{row.get('name', '?')}" + (f" {row['dtype']}" if row.get("dtype") else "")
+        unique, n = key, 2
+        while unique in out:
+            unique, n = f"{key} #{n}", n + 1
+        out[unique] = row
+    return out
+
+
+def _row_figure(row: dict[str, Any]) -> Figure | str:
+    """A row's (median time, spread, repetitions), or why it has none."""
+    if row.get("status") != "ok":
+        return f"not run ({row.get('reason') or row.get('status')})"
+    t = _dict(row.get("time_s"))
+    median, spread, n = _pos(t.get("median")), t.get("spread"), t.get("n")
+    if median is None:
+        return "no valid median time"
+    if not isinstance(n, int) or n < MIN_REPETITIONS or not isinstance(spread, (int, float)) or not spread >= 0:
+        return f"{n} timed repetitions: the noise is not measured (fewer than {MIN_REPETITIONS})"
+    return median, float(spread), n
+
+
+def _workload(check: CheckResult) -> dict[str, Any]:
+    scenario, server = _dict(check.details.get("scenario")), _dict(check.details.get("server"))
+    out = {k: scenario.get(k) for k in WORKLOAD_KEYS}
+    out["server"] = server.get("framework") or server.get("name")
+    return out
+
+
+SERVING_FIGURES: tuple[tuple[str, str, Better, Callable[[dict[str, Any]], Any]], ...] = (
+    ("TTFT median", "ms", "lower", lambda r: (r.get("ttft_ms") or {}).get("median")),
+    ("TPOT median", "ms", "lower", lambda r: (r.get("tpot_ms") or {}).get("median")),
+    ("output throughput", "tok/s", "higher", lambda r: r.get("output_throughput")),
+)
+
+
+def _levels(check: CheckResult) -> dict[str, dict[str, Any]]:
+    return {f"level {lv['level']:g}": lv for lv in check.details.get("levels") or []
+            if isinstance(lv, dict) and isinstance(lv.get("level"), (int, float))}
+
+
+def _level_figure(level: dict[str, Any], get: Callable[[dict[str, Any]], Any]) -> Figure | str:
+    """The median over the runs and (max − min)/median, or why there is none."""
+    values = [v for r in level.get("runs") or [] if isinstance(r, dict) and (v := _pos(get(r))) is not None]
+    if len(values) < MIN_RUNS:
+        return f"{len(values)} run(s) with a value: the run-to-run noise is not measured (fewer than {MIN_RUNS})"
+    median = statistics.median(values)
+    return median, (max(values) - min(values)) / median, len(values)
+
+
+class PerfComparer:
+    """Collects the figures, the not-compared entries and the verdicts of matched perf checks."""
+
+    def __init__(self, policy: ComparePolicy) -> None:
+        self.policy = policy
+        self.figures: list[PerfFigure] = []
+        self.not_compared: list[NotCompared] = []
+
+    def skip(self, check_id: str, figure: str, reason: str) -> None:
+        self.not_compared.append(NotCompared(check_id=check_id, figure=figure, reason=reason))
+
+    def add(self, check_id: str, figure: str, unit: str, better: Better,
+            old: Figure | str, new: Figure | str) -> None:
+        if isinstance(old, str) or isinstance(new, str):
+            why = [f"baseline: {old}" if isinstance(old, str) else "", f"new: {new}" if isinstance(new, str) else ""]
+            self.skip(check_id, figure, "; ".join(w for w in why if w))
+            return
+        (before, s_before, _), (after, s_after, _) = old, new
+        # As a time either way: a halved throughput is +100 %, like a doubled latency, so a
+        # throughput regression is never capped at 100 % while its bound is not.
+        change = after / before - 1 if better == "lower" else before / after - 1
+        bound = max(self.policy.noise_multiplier * max(s_before, s_after), self.policy.min_tolerance)
+        # An improvement is the mirror image: the baseline took (1 + bound) × the new time or longer.
+        faster = (1 + change) * (1 + bound) < 1
+        verdict: Verdict = "regression" if change > bound else "improvement" if faster else "within_noise"
+        self.figures.append(PerfFigure(check_id=check_id, figure=figure, unit=unit, better=better, before=before,
+                                       after=after, change=change, spread_before=s_before, spread_after=s_after,
+                                       bound=bound, verdict=verdict))
+
+    def micro(self, old: CheckResult, new: CheckResult) -> None:
+        a, b = _rows(old), _rows(new)
+        for key in a.keys() | b.keys():
+            if key not in a or key not in b:
+                self.skip(new.id, key, "only in the " + ("new run" if key in b else "baseline"))
+            elif (a[key].get("params") or {}) != (b[key].get("params") or {}):
+                self.skip(new.id, key, f"problem differs: {a[key].get('params')} → {b[key].get('params')}")
+            else:
+                self.add(new.id, f"{key}: median time", "s", "lower", _row_figure(a[key]), _row_figure(b[key]))
+
+    def serving(self, old: CheckResult, new: CheckResult) -> None:
+        wa, wb = _workload(old), _workload(new)
+        if wa != wb:
+            diff = ", ".join(f"{k} {wa[k]} → {wb[k]}" for k in wa if wa[k] != wb[k])
+            self.skip(new.id, "*", f"workload differs: {diff}")
+            return
+        a, b = _levels(old), _levels(new)
+        for key in a.keys() | b.keys():
+            if key not in a or key not in b:
+                self.skip(new.id, key, "only in the " + ("new run" if key in b else "baseline"))
+                continue
+            for name, unit, better, get in SERVING_FIGURES:
+                self.add(new.id, f"{key}: {name}", unit, better, _level_figure(a[key], get),
+                         _level_figure(b[key], get))
+
+    def compare(self, old: CheckResult, new: CheckResult) -> None:
+        """Whatever figures the pair carries (a check with neither shape has none)."""
+        if isinstance(old.details.get("levels"), list) or isinstance(new.details.get("levels"), list):
+            self.serving(old, new)
+        elif isinstance(old.details.get("rows"), list) or isinstance(new.details.get("rows"), list):
+            self.micro(old, new)
+
+    def sorted_figures(self) -> list[PerfFigure]:
+        return sorted(self.figures, key=lambda f: (f.check_id, f.figure))
+
+
+def compare_perf(pairs: list[tuple[CheckResult, CheckResult]], policy: ComparePolicy,
+                 only_old: list[CheckResult], only_new: list[CheckResult]) -> tuple[list[PerfFigure], list[NotCompared]]:
+    """Judge every performance figure of the matched checks; list what could not be compared
+    (including the figures of step-5 checks present in one run only)."""
+    comparer = PerfComparer(policy)
+    for old, new in pairs:
+        comparer.compare(old, new)
+    for check, side in [(c, "baseline") for c in only_old] + [(c, "new run") for c in only_new]:
+        if isinstance(check.details.get("levels"), list) or isinstance(check.details.get("rows"), list):
+            comparer.skip(check.id, "*", f"check only in the {side}")
+    return comparer.sorted_figures(), sorted(comparer.not_compared, key=lambda n: (n.check_id, n.figure))
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "s":  # micro times: ms or µs read better than 0.00209 s
+        return f"{value * 1e3:.4g} ms" if value >= 1e-3 else f"{value * 1e6:.4g} µs"
+    return f"{num(value)} {unit}"
+
+
+def describe_change(change: float) -> str:
+    """'59.0% slower' / '25.0% faster' — faster measured like slower, against the quicker side, so
+    that an improvement reads as the mirror of a regression ('faster' > bound)."""
+    if change > 0:
+        return f"{change:.1%} slower"
+    if change < 0:
+        return f"{1 / (1 + change) - 1:.1%} faster"
+    return "unchanged"
+
+
+def as_regression(f: PerfFigure) -> Regression:
+    """The regression line of a performance figure."""
+    bound = f"worse by > {f.bound:.1%} (noise: spread {f.spread_before:.1%} before, {f.spread_after:.1%} after)"
+    line = (f"{f.check_id} {f.figure}: {_fmt(f.before, f.unit)} → {_fmt(f.after, f.unit)} "
+            f"({describe_change(f.change)}; bound {f.bound:.1%})")
+    return Regression(category="performance", check_id=f.check_id, figure=f.figure, before=_fmt(f.before, f.unit),
+                      after=_fmt(f.after, f.unit), bound=bound, line=line)
+
+
+def improvement_line(f: PerfFigure) -> str:
+    return (f"{f.check_id} {f.figure}: {_fmt(f.before, f.unit)} → {_fmt(f.after, f.unit)} "
+            f"({describe_change(f.change)}; bound {f.bound:.1%})")
+
+
+def value_text(value: float, unit: str) -> str:
+    """A figure with its unit, as the table and the report show it."""
+    return _fmt(value, unit)

@@ -1,0 +1,131 @@
+"""The fleet matrix as one self-contained HTML page: view data first, then the template.
+
+Device names, hostnames, versions and blockers come from the machines being merged (and
+from third-party plugins), so they are untrusted text: the template is autoescaped and the
+page forbids every script and network load through its Content-Security-Policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from adaptcheck.fleet.models import KNOWN_GOOD_MIN_LEVEL, Combination, FleetMatrix
+from adaptcheck.fleet.stack import version_label
+
+# Beside the run report's templates (shipped in the wheel); not imported from adaptcheck.report
+# so that merging never loads the whole report package.
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "report" / "templates"
+TEMPLATE = "fleet.html.j2"
+LEVEL_NAMES = {"L0": "none", "L1": "device usable", "L2": "model runs", "L3": "service usable",
+               "L4": "performance optimizable", "L5": "production sustainable"}
+
+
+@dataclass
+class VersionCell:
+    label: str
+    value: str
+
+
+@dataclass
+class RunCell:
+    run_id: str
+    host: str
+    started: str
+    grade: str
+    ladder: str
+    # Set when the stored grade or the file's digest says the file was edited after the run.
+    warning: str
+
+
+@dataclass
+class RowView:
+    id: str
+    latest_grade: str
+    latest_name: str
+    best_grade: str
+    devices: str
+    device_count: int
+    backend: str
+    arch: str
+    versions: list[VersionCell]
+    plugins: list[str]
+    hosts: list[str]
+    runs: list[RunCell]
+    ladders: str
+    dates: str
+    blockers: list[str]
+    known_good: bool
+    known_good_reason: str
+
+
+@dataclass
+class SkipView:
+    path: str
+    reason: str
+
+
+@dataclass
+class FleetView:
+    title: str
+    generated: str
+    adaptcheck_version: str
+    summary: str
+    min_level: str
+    rows: list[RowView]
+    skipped: list[SkipView]
+
+
+def _date(row: Combination) -> str:
+    first, last = row.first_started.date().isoformat(), row.last_started.date().isoformat()
+    return first if first == last else f"{first} – {last}"
+
+
+def _warning(grade: str, stored: str, integrity: str) -> str:
+    notes = []
+    if stored != grade:
+        notes.append(f"file claims {stored}, its checks give {grade}")
+    if integrity == "edited":
+        notes.append("file edited after the run (digest mismatch)")
+    return "; ".join(notes)
+
+
+def build_row(row: Combination) -> RowView:
+    """One combination as the page shows it."""
+    return RowView(
+        id=row.id, latest_grade=row.latest_grade, latest_name=LEVEL_NAMES.get(row.latest_grade, ""),
+        best_grade=row.best_grade, devices=", ".join(row.key.devices), device_count=row.key.device_count,
+        backend=row.key.backend, arch=row.key.arch,
+        versions=[VersionCell(version_label(k), v) for k, v in row.key.versions.items()],
+        plugins=row.key.plugins, hosts=row.hosts,
+        runs=[RunCell(r.run_id, r.host, r.started_at.strftime("%Y-%m-%d %H:%M UTC"), r.grade, r.ladder,
+                      _warning(r.grade, r.stored_grade, r.integrity)) for r in reversed(row.runs)],
+        ladders=", ".join(row.ladders), dates=_date(row), blockers=row.latest_blockers,
+        known_good=row.known_good, known_good_reason=row.known_good_reason,
+    )
+
+
+def build_fleet_view(matrix: FleetMatrix) -> FleetView:
+    """The whole page's data."""
+    hosts = {h for r in matrix.rows for h in r.hosts}
+    summary = (f"{matrix.merged_runs} run(s) from {len(hosts)} host(s) in {len(matrix.rows)} combination(s); "
+               f"{len(matrix.skipped)} of {matrix.inputs} input(s) skipped")
+    return FleetView(
+        title="adaptcheck fleet compatibility matrix", generated=matrix.generated_at.strftime("%Y-%m-%d %H:%M UTC"),
+        adaptcheck_version=matrix.adaptcheck_version, summary=summary, min_level=KNOWN_GOOD_MIN_LEVEL,
+        rows=[build_row(r) for r in matrix.rows], skipped=[SkipView(s.path, s.reason) for s in matrix.skipped],
+    )
+
+
+@lru_cache(maxsize=1)
+def _environment() -> Environment:
+    return Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True, undefined=StrictUndefined,
+                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def render_fleet(matrix: FleetMatrix) -> str:
+    """The matrix page as one HTML string."""
+    return _environment().get_template(TEMPLATE).render(v=build_fleet_view(matrix))

@@ -1,0 +1,174 @@
+"""Memory growth over a soak: a least-squares trend through every sample, and its verdict.
+
+Pure functions, no I/O. "Did memory grow?" is answered by fitting a straight line to all
+samples taken after a warm-up window, never by comparing two points: one sample taken at a
+momentary peak (a burst of requests in flight, a garbage collector that has not run yet)
+makes the last-minus-first difference say anything, while a fit through a few dozen
+samples moves by that one point's share only.
+
+The fit is ordinary least squares with one robustness step: points whose residual exceeds
+:data:`OUTLIER_SIGMAS` robust standard deviations (1.4826 × the median absolute residual)
+are set aside and the line refitted, until nothing changes. At most
+:data:`MAX_OUTLIER_FRACTION` of the points may be set aside (worst first), so a real leak,
+whose every point lies on the rising line, cannot be explained away as outliers; the
+number set aside is reported with the fit.
+
+Reported per fit: slope (MiB/min), its standard error, intercept, R², residual noise, the
+growth the line projects over the fitted window and over an hour.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+OUTLIER_SIGMAS = 4.0
+"""Residual (in robust standard deviations) beyond which a point is an outlier."""
+MAX_OUTLIER_FRACTION = 0.05
+"""Largest share of the points that may be set aside as outliers."""
+MAD_TO_SIGMA = 1.4826
+"""Median absolute deviation → standard deviation, for normally distributed noise."""
+MIN_SAMPLES = 5
+"""Fewest samples after the warm-up for a verdict (a line through 2-4 points is two points)."""
+MAX_ITERATIONS = 5
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A straight line through (time s, value MiB) samples."""
+
+    n: int
+    """Samples the line was fitted to (outliers excluded)."""
+    outliers: int
+    """Samples set aside as outliers."""
+    t_start_s: float
+    t_end_s: float
+    slope_mib_per_min: float
+    slope_stderr_mib_per_min: float | None
+    """Standard error of the slope (None with fewer than 3 points)."""
+    intercept_mib: float
+    """The line's value at t = 0 (the start of the sampling, not of the fitted window)."""
+    r2: float | None
+    """Share of the variance the line explains; None when the samples do not vary at all."""
+    residual_std_mib: float
+    """Standard deviation of the residuals: the noise around the line."""
+
+    @property
+    def growth_over_window_mib(self) -> float:
+        """What the line grows from the first to the last fitted sample."""
+        return self.slope_mib_per_min * (self.t_end_s - self.t_start_s) / 60.0
+
+    @property
+    def growth_per_hour_mib(self) -> float:
+        return self.slope_mib_per_min * 60.0
+
+    def value_at(self, t_s: float) -> float:
+        return self.intercept_mib + self.slope_mib_per_min * t_s / 60.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: _round(v) for k, v in asdict(self).items()}
+        out["growth_over_window_mib"] = _round(self.growth_over_window_mib)
+        out["growth_per_hour_mib"] = _round(self.growth_per_hour_mib)
+        return out
+
+
+def _round(value: Any) -> Any:
+    return round(value, 6) if isinstance(value, float) else value
+
+
+def _ols(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, float]:
+    """(slope per s, intercept, SS residual, SS total) of the least-squares line; needs ≥ 2 distinct times."""
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    sxx = sum((t - mt) ** 2 for t, _ in points)
+    sxy = sum((t - mt) * (v - mv) for t, v in points)
+    slope = sxy / sxx
+    intercept = mv - slope * mt
+    ss_res = sum((v - intercept - slope * t) ** 2 for t, v in points)
+    ss_tot = sum((v - mv) ** 2 for _, v in points)
+    return slope, intercept, ss_res, ss_tot
+
+
+def _outliers(points: Sequence[tuple[float, float]], slope: float, intercept: float) -> set[int]:
+    """Indices whose residual is beyond OUTLIER_SIGMAS robust sigmas, worst first, capped."""
+    residuals = [v - intercept - slope * t for t, v in points]
+    centre = statistics.median(residuals)
+    sigma = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in residuals)
+    if sigma <= 0:
+        # Over half the points sit exactly on the line (quantised, flat memory): any point
+        # off it is an outlier only if it is off by more than rounding noise.
+        sigma = 1e-6 * max(1.0, max(abs(v) for _, v in points))
+    far = sorted((i for i, r in enumerate(residuals) if abs(r - centre) > OUTLIER_SIGMAS * sigma),
+                 key=lambda i: -abs(residuals[i] - centre))
+    return set(far[: int(MAX_OUTLIER_FRACTION * len(points))])
+
+
+def fit_trend(times_s: Sequence[float], values: Sequence[float | None], *, after_s: float = 0.0) -> Fit | None:
+    """The robust least-squares line through the finite samples at ``t >= after_s``.
+
+    None when fewer than two samples with distinct times remain (there is no line).
+    """
+    points = [(float(t), float(v)) for t, v in zip(times_s, values, strict=True)
+              if v is not None and math.isfinite(t) and math.isfinite(v) and t >= after_s]
+    if len({t for t, _ in points}) < 2:
+        return None
+    dropped: set[int] = set()
+    for _ in range(MAX_ITERATIONS):
+        kept = [p for i, p in enumerate(points) if i not in dropped]
+        slope, intercept, _, _ = _ols(kept)
+        # Judged against every point, so a point set aside by a biased first line comes back.
+        again = _outliers(points, slope, intercept)
+        if again == dropped or len({points[i][0] for i in range(len(points)) if i not in again}) < 2:
+            break
+        dropped = again
+    kept = [p for i, p in enumerate(points) if i not in dropped]
+    slope, intercept, ss_res, ss_tot = _ols(kept)
+    n = len(kept)
+    mt = sum(t for t, _ in kept) / n
+    sxx = sum((t - mt) ** 2 for t, _ in kept)
+    stderr = math.sqrt(ss_res / (n - 2) / sxx) * 60.0 if n > 2 else None
+    return Fit(n=n, outliers=len(dropped), t_start_s=min(t for t, _ in kept), t_end_s=max(t for t, _ in kept),
+               slope_mib_per_min=slope * 60.0, slope_stderr_mib_per_min=stderr, intercept_mib=intercept,
+               r2=1.0 - ss_res / ss_tot if ss_tot > 0 else None,
+               residual_std_mib=math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0)
+
+
+@dataclass(frozen=True)
+class GrowthVerdict:
+    """Whether one memory series stayed within the growth bound."""
+
+    ok: bool | None
+    """True: within the bound; False: over it; None: not judged (too few samples)."""
+    reason: str
+    fit: Fit | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "reason": self.reason, "fit": self.fit.to_dict() if self.fit else None}
+
+
+def memory_growth_verdict(samples: Iterable[tuple[float, float | None]], bound_mib_per_min: float, *,
+                          warmup_s: float = 0.0, min_samples: int = MIN_SAMPLES) -> GrowthVerdict:
+    """Judge one memory series, ``(time s, MiB)`` samples, against a growth bound (MiB/min).
+
+    The fitted slope must not exceed the bound; samples before ``warmup_s`` are left out
+    (loading, first allocations and caches filling are not growth). Fewer than
+    ``min_samples`` usable samples after the warm-up: not judged.
+    """
+    pairs = list(samples)
+    usable = [(t, v) for t, v in pairs if v is not None and math.isfinite(v) and math.isfinite(t) and t >= warmup_s]
+    if len(usable) < min_samples:
+        return GrowthVerdict(None, f"{len(usable)} sample(s) after the {warmup_s:g} s warm-up, fewer than the "
+                             f"{min_samples} a trend needs", None)
+    fit = fit_trend([t for t, _ in usable], [v for _, v in usable], after_s=warmup_s)
+    if fit is None:
+        return GrowthVerdict(None, "the samples after the warm-up share one time: no trend", None)
+    r2 = f", R² {fit.r2:.2f}" if fit.r2 is not None else ""
+    text = (f"{fit.slope_mib_per_min:+.4g} MiB/min over {fit.t_end_s - fit.t_start_s:.0f} s "
+            f"({fit.n} samples{r2}, noise {fit.residual_std_mib:.3g} MiB)")
+    if fit.slope_mib_per_min > bound_mib_per_min:
+        return GrowthVerdict(False, f"grows {text} > bound {bound_mib_per_min:g} MiB/min", fit)
+    return GrowthVerdict(True, f"{text} ≤ bound {bound_mib_per_min:g} MiB/min", fit)

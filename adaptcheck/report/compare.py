@@ -1,0 +1,204 @@
+"""View data of the regression comparison — plain data, no HTML.
+
+Built from a :class:`~adaptcheck.compare.Comparison`: inside the run report when a
+``perf.regression`` result carries one in its details, and as a page of its own for
+``adaptcheck compare --html``. Shows the verdict (and, prominently, when the two runs are
+from different devices), the regressions, the environment changes, the improvements, and
+how much could not be compared and why; every performance figure with its bound is in a
+collapsed table below.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from adaptcheck.compare import SELF_KIND, Comparison
+from adaptcheck.compare.model import PerfFigure, RunRef
+from adaptcheck.compare.perf import describe_change, value_text
+from adaptcheck.errors import InvalidInputError
+from adaptcheck.models.results import RunResults
+from adaptcheck.report.fmt import Label, status_key, status_label
+
+PAGE_TEMPLATE = "compare_page.html.j2"
+_VERDICTS: dict[str, Label] = {
+    "regression": Label(key="fail", label="regression", glyph="✗"),
+    "improvement": Label(key="pass", label="improved", glyph="✓"),
+    "within_noise": Label(key="na", label="within noise", glyph="○"),
+}
+_CATEGORY = {"status": "status", "numeric": "numerical", "performance": "performance"}
+
+
+@dataclass
+class CheckRef:
+    """A check id and its anchor in the run report ('' on the stand-alone page)."""
+
+    id: str
+    anchor: str
+
+
+@dataclass
+class RegressionRow:
+    category: str
+    check: CheckRef
+    figure: str
+    before: str
+    after: str
+    bound: str
+
+
+@dataclass
+class EnvRow:
+    what: str
+    before: str
+    after: str
+    change: str
+
+
+@dataclass
+class FigureRow:
+    check: CheckRef
+    figure: str
+    before: str
+    after: str
+    change: str
+    noise: str
+    bound: str
+    verdict: Label
+
+
+@dataclass
+class NotComparedRow:
+    check: CheckRef
+    figure: str
+    reason: str
+
+
+@dataclass
+class Fact:
+    label: str
+    value: str
+
+
+@dataclass
+class CompareView:
+    title: str
+    verdict: str
+    ok: bool  # comparable and no regression
+    comparable: bool
+    not_comparable_reason: str
+    check: Label | None  # the perf.regression check's status, inside a run report
+    runs: list[Fact]
+    regressions: list[RegressionRow]
+    environment: list[EnvRow]
+    improvements: list[str]
+    other_status_changes: list[str]
+    added: list[str]
+    removed: list[str]
+    figures: list[FigureRow]
+    not_compared: list[NotComparedRow]
+    counts: list[Fact]
+    policy: list[Fact]
+    adaptcheck_version: str
+
+
+@dataclass
+class ComparePage:
+    """What the stand-alone page renders (the section reads ``v.compare`` in both places)."""
+
+    compare: CompareView
+
+
+def _run_text(r: RunRef) -> str:
+    partial = "" if r.complete else ", incomplete"
+    return (f"{r.run_id} — {r.device_name} ({r.backend}, {r.device_count} visible), ladder {r.ladder}, "
+            f"adaptcheck {r.adaptcheck_version}, started {r.started_at.isoformat(timespec='seconds')}{partial}")
+
+
+def _figure_row(f: PerfFigure, ref: CheckRef) -> FigureRow:
+    noise = f"{f.spread_before:.1%} / {f.spread_after:.1%}"
+    return FigureRow(check=ref, figure=f.figure, before=value_text(f.before, f.unit), after=value_text(f.after, f.unit),
+                     change=describe_change(f.change),
+                     noise=noise, bound=f"±{f.bound:.1%}", verdict=_VERDICTS[f.verdict])
+
+
+def build_compare_view(comparison: Comparison, anchors: dict[str, str] | None = None,
+                       check: Label | None = None) -> CompareView:
+    """The section's data. ``anchors``: check id → anchor in the run report, when inside one."""
+    import adaptcheck
+
+    c = comparison
+
+    def ref(cid: str) -> CheckRef:
+        return CheckRef(id=cid, anchor=(anchors or {}).get(cid, ""))
+
+    n = c.counts
+    counts = [Fact("checks matched", str(n.checks_matched)),
+              Fact("checks only in the new run / only in the baseline", f"{n.checks_added} / {n.checks_removed}"),
+              Fact("status changes", str(n.status_changes)),
+              Fact("numerical metrics judged", str(n.numeric_compared)),
+              Fact("performance figures compared", f"{n.perf_compared} ({n.perf_improvements} improved)"),
+              Fact("performance figures not compared", str(n.perf_not_compared)),
+              Fact("environment changes", str(n.environment_changes))]
+    p = c.policy
+    policy = [Fact("performance bound", f"{p.noise_multiplier:g} × the larger measured spread, at least "
+                   f"{p.min_tolerance:.1%}"),
+              Fact("ratio_to_tolerance", f"regression when > {p.error_growth:g}× the baseline and "
+                   f"> +{p.min_error_delta:g} tolerance"),
+              Fact("max_logprob_abs_diff", f"regression when > {p.error_growth:g}× the baseline and "
+                   f"> +{p.min_logprob_delta:g} nats"),
+              Fact("token_agreement", f"regression when it drops by > {p.max_agreement_drop:g}"),
+              Fact("cases_failed, sequences_failed", "regression on any increase")]
+    return CompareView(
+        title=f"adaptcheck comparison — {c.new.device_name}",
+        verdict=c.verdict, ok=c.comparable and not c.regressions, comparable=c.comparable,
+        not_comparable_reason=c.not_comparable_reason, check=check,
+        runs=[Fact("baseline", _run_text(c.baseline)), Fact("new", _run_text(c.new))],
+        regressions=[RegressionRow(category=_CATEGORY[r.category], check=ref(r.check_id), figure=r.figure,
+                                   before=r.before, after=r.after, bound=r.bound) for r in c.regressions],
+        environment=[EnvRow(what=e.what, before=e.before if e.before is not None else "absent",
+                            after=e.after if e.after is not None else "absent", change=e.change)
+                     for e in c.environment],
+        improvements=list(c.improvements),
+        other_status_changes=[f"{s.check_id}: {s.before.value} → {s.after.value}" for s in c.status_changes
+                              if s.verdict == "changed"],
+        added=list(c.added_checks), removed=list(c.removed_checks),
+        figures=[_figure_row(f, ref(f.check_id)) for f in c.perf],
+        not_compared=[NotComparedRow(check=ref(x.check_id), figure=x.figure, reason=x.reason) for x in c.not_compared],
+        counts=counts, policy=policy, adaptcheck_version=adaptcheck.__version__,
+    )
+
+
+def build_compare(results: RunResults, anchors: dict[str, str]) -> CompareView | None:
+    """The section of a run report: from the first ``perf.regression`` result carrying a
+    comparison (None when there is none: no baseline was given, or the check did not run)."""
+    for c in results.checks:
+        if c.kind != SELF_KIND or "counts" not in c.details:
+            continue
+        try:
+            comparison = Comparison.from_data(c.details, c.id)
+        except InvalidInputError:
+            continue  # hand-edited or older details: the check's own entry still shows them raw
+        return build_compare_view(comparison, anchors, check=status_label(status_key(c)))
+    return None
+
+
+def write_compare_report(comparison: Comparison, path: Path) -> None:
+    """The comparison as a self-contained HTML page (UTF-8, written atomically)."""
+    from adaptcheck.report.render import render_template
+
+    text = render_template(PAGE_TEMPLATE, v=ComparePage(compare=build_compare_view(comparison)))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # shared like any other output file
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

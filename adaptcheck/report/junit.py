@@ -1,0 +1,231 @@
+"""JUnit XML of a run, for CI systems (Jenkins, GitLab, GitHub test reporters).
+
+Layout (documented for users in docs/ci.md), shaped to the schema Jenkins' xUnit plugin
+validates against (``junit-10.xsd``; tests/report/data/junit.xsd reflects it):
+
+* ``<testsuites name="adaptcheck">`` with the totals; one ``<testsuite>`` per ladder step
+  (``adaptcheck.step3 operator numerics``), then one ``adaptcheck.grade`` suite.
+* One ``<testcase>`` per check result: ``name`` is the check id, ``classname`` is
+  ``adaptcheck.step<N>.<first part of the id>``, ``time`` its duration. fail → ``<failure>``,
+  error → ``<error>``, skip → ``<skipped>`` (message ``n/a: …`` when the backend lacks the
+  capability). Metrics go to ``<system-out>``, structured details into the failure body.
+* A check the ladder planned but that has no result is never reported as passed: when its
+  step was not selected (``--steps``) it is ``<skipped>`` ("not run: …"), otherwise (run
+  interrupted, result lost) it is an ``<error>`` — something meant to run did not.
+* The ``grade`` testcase carries the grade and its blockers in ``<system-out>``; it fails
+  only when ``require`` was given and the grade is below it, so the JUnit verdict and the
+  exit code agree. Every suite has properties: run id, grade, adaptcheck version, digest.
+
+Every string passes through the secret scrubber and loses the control characters XML 1.0
+cannot carry; ElementTree does the escaping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from datetime import timezone
+from pathlib import Path
+
+from adaptcheck.errors import UsageError
+from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.report.view import STEP_NAMES
+from adaptcheck.steps.grade import level_at_least
+from adaptcheck.steps.matrix.redact import scrub_text
+
+# A failure body is for reading in a CI page, not for archiving: the full details are in results.json.
+MAX_BODY_CHARS = 20_000
+GRADE_SUITE = "adaptcheck.grade"
+# Characters XML 1.0 does not allow at all (ElementTree would write them and produce a file
+# no parser accepts), e.g. the ANSI escapes a crashing subprocess prints.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: object) -> str:
+    """Scrubbed, XML-safe text: forbidden characters are shown as \\xNN instead of dropped."""
+    text = scrub_text(str(value))
+    text = _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _seconds(value: float) -> str:
+    # Plain decimal (no exponent, no thousands separator): the form junit-10.xsd's time pattern allows.
+    return f"{max(value, 0.0):.3f}"
+
+
+@dataclass
+class _Case:
+    """One testcase before it becomes XML."""
+
+    classname: str
+    name: str
+    time: float
+    outcome: str  # 'pass', 'failure', 'error', 'skipped'
+    message: str = ""
+    type: str = ""
+    body: str = ""
+    stdout: list[str] = field(default_factory=list)
+
+
+def _classname(step: int, check_id: str) -> str:
+    return f"adaptcheck.step{step}.{check_id.split('.')[0]}"
+
+
+def _metrics_lines(c: CheckResult) -> list[str]:
+    return [f"{k} = {json.dumps(v, default=str)}" for k, v in c.metrics.items()]
+
+
+def _result_case(c: CheckResult) -> _Case:
+    case = _Case(classname=_classname(c.step, c.id), name=c.id, time=c.duration_s, outcome="pass",
+                 stdout=[f"{c.status.value}: {c.message}"] if c.message else [])
+    case.stdout += _metrics_lines(c)
+    if c.status is Status.PASS:
+        return case
+    if c.status is Status.SKIP:
+        case.outcome, case.type = "skipped", "skip" if c.applicable else "n/a"
+        case.message = c.message if c.applicable else f"n/a: {c.message}"
+        return case
+    case.outcome = "failure" if c.status is Status.FAIL else "error"
+    case.type, case.message = c.kind, c.message or c.status.value
+    if c.details:
+        body = json.dumps(c.details, indent=2, default=str)
+        case.body = body if len(body) <= MAX_BODY_CHARS else body[:MAX_BODY_CHARS] + "\n… (truncated; see results.json)"
+    return case
+
+
+def _has_result(p: PlannedCheck, result_ids: set[str]) -> bool:
+    # Expanding checks store results as '<id>.<subid>'; either form is a result of the planned check.
+    return p.id in result_ids or any(r.startswith(p.id + ".") for r in result_ids)
+
+
+def _not_run_case(p: PlannedCheck, results: RunResults) -> _Case:
+    case = _Case(classname=_classname(p.step, p.id), name=p.id, time=0.0, outcome="error", type="not run")
+    if p.step not in results.steps:
+        selected = ", ".join(map(str, results.steps)) or "none"
+        case.outcome, case.message = "skipped", f"not run: step {p.step} was not selected (steps run: {selected})"
+    elif not results.complete:
+        case.message = "not run: the run was interrupted before this check"
+    else:
+        case.message = "not run: no result was recorded for this check"
+    return case
+
+
+def _grade_case(results: RunResults, require: str | None) -> _Case:
+    g = results.grade
+    lines = [f"grade: {g.level} ({g.name})", f"required: {require or 'none'}"]
+    if g.blockers:
+        lines.append("blockers for the next level:")
+        lines += [f"  - {b}" for b in g.blockers]
+    if g.steps_not_run:
+        lines.append("steps not run: " + ", ".join(map(str, g.steps_not_run)))
+    if not results.complete:
+        lines.append("the run is incomplete (interrupted)")
+    case = _Case(classname=GRADE_SUITE, name="grade", time=0.0, outcome="pass", stdout=lines)
+    if require is not None and not level_at_least(g.level, require):
+        case.outcome, case.type = "failure", "GradeBelowRequired"
+        case.message = f"grade {g.level} is below the required {require}"
+        case.body = "\n".join(lines)
+    return case
+
+
+def _properties(results: RunResults, require: str | None) -> list[tuple[str, str]]:
+    return [
+        ("adaptcheck.run_id", results.run_id),
+        ("adaptcheck.grade", results.grade.level),
+        ("adaptcheck.grade_name", results.grade.name),
+        ("adaptcheck.required", require or ""),
+        ("adaptcheck.version", results.adaptcheck_version),
+        ("adaptcheck.results_schema", results.schema_version),
+        ("adaptcheck.digest", results.digest or "none"),
+        ("adaptcheck.complete", str(results.complete).lower()),
+        ("adaptcheck.ladder", f"{results.ladder.id} {results.ladder.version}"),
+        ("adaptcheck.ladder_sha256", results.ladder.sha256),
+        ("adaptcheck.device", f"{results.device.device_name} [{results.device.backend}]"),
+    ]
+
+
+def _suites(results: RunResults, require: str | None) -> list[tuple[str, list[_Case]]]:
+    """(suite name, cases) per step in ladder order, then the grade suite."""
+    result_ids = {c.id for c in results.checks}
+    by_step: dict[int, list[_Case]] = {}
+    for c in results.checks:
+        by_step.setdefault(c.step, []).append(_result_case(c))
+    for p in results.planned:
+        if not _has_result(p, result_ids):
+            by_step.setdefault(p.step, []).append(_not_run_case(p, results))
+    suites = [(f"adaptcheck.step{s} {STEP_NAMES.get(s, f'step {s}')}", by_step[s]) for s in sorted(by_step)]
+    suites.append((GRADE_SUITE, [_grade_case(results, require)]))
+    return suites
+
+
+def _count(cases: list[_Case], outcome: str) -> str:
+    return str(sum(1 for c in cases if c.outcome == outcome))
+
+
+def _case_element(parent: ET.Element, case: _Case) -> None:
+    el = ET.SubElement(parent, "testcase", name=_text(case.name), classname=_text(case.classname),
+                       time=_seconds(case.time))
+    if case.outcome != "pass":
+        child = ET.SubElement(el, case.outcome, message=_text(case.message), type=_text(case.type))
+        if case.body:
+            child.text = _text(case.body)
+    if case.stdout:
+        ET.SubElement(el, "system-out").text = _text("\n".join(case.stdout))
+
+
+def junit_xml(results: RunResults, require: str | None = None) -> str:
+    """The JUnit XML document of ``results`` (with declaration). ``require``: the level the
+    caller gated on (``--require``), which decides whether the ``grade`` testcase fails."""
+    started = results.started_at.astimezone(timezone.utc).replace(tzinfo=None)
+    # junit-10.xsd leaves timestamp free, but Ant's schema wants no zone: naive UTC fits both.
+    timestamp = started.isoformat(timespec="seconds")
+    hostname = results.environment.hostname if results.environment else "unknown"
+    suites = _suites(results, require)
+    every = [c for _, cases in suites for c in cases]
+    root = ET.Element("testsuites", name="adaptcheck", tests=str(len(every)), failures=_count(every, "failure"),
+                      errors=_count(every, "error"), time=_seconds(sum(c.time for c in every)))
+    properties = _properties(results, require)
+    for index, (name, cases) in enumerate(suites):
+        suite = ET.SubElement(root, "testsuite", name=_text(name), tests=str(len(cases)),
+                              failures=_count(cases, "failure"), errors=_count(cases, "error"),
+                              skipped=_count(cases, "skipped"), time=_seconds(sum(c.time for c in cases)),
+                              timestamp=timestamp, hostname=_text(hostname), id=str(index),
+                              package=name.split(" ")[0])
+        props = ET.SubElement(suite, "properties")
+        for key, value in properties:
+            ET.SubElement(props, "property", name=key, value=_text(value))
+        for case in cases:
+            _case_element(suite, case)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_junit(results: RunResults, path: Path, require: str | None = None) -> None:
+    """Write :func:`junit_xml` to ``path`` (UTF-8, atomically, parent folders created).
+
+    A path that cannot be written (a folder, no permission) is a one-line UsageError.
+    """
+    path = Path(path)
+    text = junit_xml(results, require)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise UsageError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; CI uploads the file like any other artifact
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

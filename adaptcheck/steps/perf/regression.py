@@ -1,0 +1,101 @@
+"""Check kind ``perf.regression``: this run against an earlier baseline of the same machine (L5).
+
+The baseline is the copy ``adaptcheck run --baseline RESULTS.json`` left in the run folder
+(``baseline.json``); this run's results are rebuilt from the journal (``checks.jsonl``) the
+way the session assembles results.json, so the check must come last in the ladder — after
+every check whose figures it should compare. :func:`adaptcheck.compare.compare_results`
+does the comparing; docs/compare.md states its rules.
+
+Outcomes: ``pass`` when the runs are comparable and nothing regressed; ``fail`` listing the
+regressions; ``skip`` (blocking L5) without a baseline, when the baseline is from another
+device, or — with ``require_perf`` — when no performance figure could be compared, since a
+regression check that compared no performance says nothing about it. ``details`` is the
+whole comparison (JSON), ``metrics`` its counts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from adaptcheck.compare import ComparePolicy, Comparison, compare_results
+from adaptcheck.errors import InvalidInputError
+from adaptcheck.ladder.check import Check, CheckContext, Outcome
+from adaptcheck.models.results import RunResults
+
+SHOWN = 3
+"""Regressions named in the message; the details list them all."""
+NO_BASELINE = "no baseline: pass --baseline RESULTS.json of an earlier run of this machine"
+
+
+class RegressionParams(ComparePolicy):
+    """``perf.regression``: the comparison policy, plus whether performance must have been compared."""
+
+    require_perf: bool = Field(default=True, description="Skip (never pass) when no performance figure was measured "
+                               "in both runs: a comparison without performance figures cannot vouch for performance.")
+
+    def policy(self) -> ComparePolicy:
+        return ComparePolicy.model_validate(self.model_dump(exclude={"require_perf"}))
+
+
+def current_results(run_dir: Path) -> RunResults:
+    """This run as results.json would hold it now: the finished checks of the journal, the
+    environment lifted out of the capture check, in ladder order."""
+    from adaptcheck.ladder.loader import parse_ladder
+    from adaptcheck.ladder.runner import JournalWriter
+    from adaptcheck.session import JOURNAL, LADDER_SNAPSHOT, RUN_META, RunMeta, assemble
+
+    meta = RunMeta.model_validate_json((run_dir / RUN_META).read_text(encoding="utf-8"))
+    spec = parse_ladder((run_dir / LADDER_SNAPSHOT).read_text(encoding="utf-8"), str(run_dir / LADDER_SNAPSHOT))
+    if meta.model is not None:  # --model replaced the ladder's, as the session does
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": meta.model})})
+    return assemble(meta, spec, JournalWriter(run_dir / JOURNAL).read(), complete=False)
+
+
+def verdict(comparison: Comparison, require_perf: bool) -> Outcome:
+    """The outcome of a finished comparison (details and metrics attached)."""
+    details = comparison.to_data()
+    metrics = comparison.counts.model_dump()
+    c = comparison
+    changed = f"; {c.counts.environment_changes} environment change(s)" if c.counts.environment_changes else ""
+    if not c.comparable:
+        return Outcome.skipped(f"baseline not comparable: {c.not_comparable_reason}", details=details, metrics=metrics)
+    if c.regressions:
+        more = f" (+{len(c.regressions) - SHOWN} more)" if len(c.regressions) > SHOWN else ""
+        lines = "; ".join(r.line for r in c.regressions[:SHOWN])
+        return Outcome.failed(f"{len(c.regressions)} regression(s) against run {c.baseline.run_id}: {lines}{more}"
+                              f"{changed}", details=details, metrics=metrics)
+    if require_perf and not c.counts.perf_compared:
+        return Outcome.skipped(f"no performance figure was measured in both this run and baseline run "
+                               f"{c.baseline.run_id} ({c.counts.perf_not_compared} not compared): the comparison "
+                               "cannot vouch for performance (run the step-5 checks before this one, or set "
+                               "require_perf: false)", details=details, metrics=metrics)
+    return Outcome.passed(f"no regression against run {c.baseline.run_id}: {c.counts.checks_matched} checks matched, "
+                          f"{c.counts.perf_compared} performance figures within noise or better "
+                          f"({c.counts.perf_improvements} improved){changed}", details=details, metrics=metrics)
+
+
+class RegressionCheck(Check):
+    """This run compared with the baseline given to ``adaptcheck run --baseline``."""
+
+    kind = "perf.regression"
+    step = 5
+    description = ("No status, numerical or performance regression against an earlier baseline of this machine "
+                   "(performance judged against the measured run-to-run noise).")
+    params_model = RegressionParams
+
+    def run(self, ctx: CheckContext, params: RegressionParams) -> Outcome:
+        from adaptcheck.session import BASELINE
+
+        path = ctx.run_dir / BASELINE
+        if not path.is_file():
+            return Outcome.skipped(NO_BASELINE)
+        try:
+            baseline = RunResults.load(path)
+        except InvalidInputError as exc:
+            return Outcome.errored(f"the baseline copy cannot be read: {exc.one_line()}")
+        # The baseline's own result of this check is about its own baseline (and this run has
+        # none yet): leave it out rather than list it as removed.
+        baseline.checks = [c for c in baseline.checks if c.id != ctx.check_id]
+        return verdict(compare_results(baseline, current_results(ctx.run_dir), params.policy()), params.require_perf)
