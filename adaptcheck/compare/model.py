@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from adaptcheck.atomic import write_text_atomic
 from adaptcheck.errors import AdaptcheckError, ExitCode, InvalidInputError
 from adaptcheck.models.results import RunResults, Status
 
@@ -211,9 +212,7 @@ class Comparison(BaseModel):
 
     def save(self, path: Path) -> None:
         """Write the comparison as indented JSON (atomically)."""
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.model_dump_json(indent=2), encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, self.model_dump_json(indent=2))
 
     @classmethod
     def load(cls, path: Path) -> Comparison:

@@ -24,7 +24,7 @@ from adaptcheck.fleet.models import (
     KnownGoodExport,
     Refusal,
 )
-from adaptcheck.fleet.output import write_atomic
+from adaptcheck.atomic import write_text_atomic
 from adaptcheck.fleet.stack import summary
 from adaptcheck.models.results import RunResults
 from adaptcheck.steps.matrix import versions as V
@@ -90,7 +90,7 @@ def _write(path: Path, entries: list[KnownGoodEntry]) -> None:
     """Write the file; it replaces ``path`` only once the check's own loader accepts it."""
     body = yaml.safe_dump({"schema_version": 1, "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries]},
                           sort_keys=False, allow_unicode=True, width=100)
-    write_atomic(path, HEADER + body, check=load_known_good)
+    write_text_atomic(path, HEADER + body, check=load_known_good)
 
 
 def export_known_good(paths: Sequence[Path], output: Path, prefix: str = "site") -> KnownGoodExport:

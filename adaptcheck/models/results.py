@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from adaptcheck.atomic import write_text_atomic
 from adaptcheck.errors import InvalidInputError
 from adaptcheck.integrity import DIGEST_FIELD, compute_digest
 from adaptcheck.models.environment import Environment
@@ -176,9 +177,7 @@ class RunResults(BaseModel):
         content = json.loads(self.model_dump_json())
         content.pop(DIGEST_FIELD, None)
         self.digest = compute_digest(content)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.model_dump_json(indent=2), encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, self.model_dump_json(indent=2))
         return self.digest
 
     @classmethod

@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
+from adaptcheck.atomic import write_text_atomic
 from adaptcheck.models.results import RunResults
 from adaptcheck.report.render import render
 from adaptcheck.report.view import build_view
@@ -31,16 +31,4 @@ def write_report(results: RunResults, path: Path, run_dir: Path | None = None) -
     base = ""
     if run_dir is not None and Path(run_dir).resolve() != path.parent.resolve():
         base = Path(os.path.relpath(Path(run_dir).resolve(), path.parent.resolve())).as_posix()
-    text = render(build_view(results, records_base=base))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        # mkstemp creates 0600; a report is meant to be shared like any other output file.
-        os.chmod(tmp, 0o644)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, render(build_view(results, records_base=base)))

@@ -10,11 +10,10 @@ collapsed table below.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from adaptcheck.atomic import write_text_atomic
 from adaptcheck.compare import SELF_KIND, Comparison
 from adaptcheck.compare.model import PerfFigure, RunRef
 from adaptcheck.compare.perf import describe_change, value_text
@@ -189,16 +188,4 @@ def write_compare_report(comparison: Comparison, path: Path) -> None:
     """The comparison as a self-contained HTML page (UTF-8, written atomically)."""
     from adaptcheck.report.render import render_template
 
-    text = render_template(PAGE_TEMPLATE, v=ComparePage(compare=build_compare_view(comparison)))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # shared like any other output file
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, render_template(PAGE_TEMPLATE, v=ComparePage(compare=build_compare_view(comparison))))

@@ -23,14 +23,13 @@ cannot carry; ElementTree does the escaping.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
 
+from adaptcheck.atomic import write_text_atomic
 from adaptcheck.errors import UsageError
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.view import STEP_NAMES
@@ -210,22 +209,8 @@ def write_junit(results: RunResults, path: Path, require: str | None = None) -> 
 
     A path that cannot be written (a folder, no permission) is a one-line UsageError.
     """
-    path = Path(path)
     text = junit_xml(results, require)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        write_text_atomic(Path(path), text)
     except OSError as exc:
         raise UsageError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from None
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; CI uploads the file like any other artifact
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
