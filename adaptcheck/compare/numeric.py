@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from adaptcheck.compare.model import (
     Better,
@@ -33,6 +33,7 @@ from adaptcheck.compare.model import (
     Regression,
     num,
 )
+from adaptcheck.jsonvalues import as_float
 from adaptcheck.models.results import CheckResult
 
 RuleKind = Literal["tolerance", "nats", "count", "fraction"]
@@ -54,20 +55,6 @@ RULES: dict[str, MetricRule] = {
     "sequences_failed": MetricRule("lower", "count"),
     "token_agreement": MetricRule("higher", "fraction"),
 }
-
-
-def _number(value: Any) -> float | None:
-    """A metric as a float; inf/nan may be stored as strings (JSON has neither)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
 
 
 def _grew(worse: float, better: float, policy: ComparePolicy, floor: float) -> bool:
@@ -113,7 +100,7 @@ def compare_numeric(pairs: list[tuple[CheckResult, CheckResult]],
     judged = 0
     for old, new in pairs:
         for name, rule in RULES.items():
-            before, after = _number(old.metrics.get(name)), _number(new.metrics.get(name))
+            before, after = as_float(old.metrics.get(name)), as_float(new.metrics.get(name))
             if before is None or after is None:
                 continue
             judged += 1

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from adaptcheck.jsonvalues import as_float  # noqa: F401 - re-exported: the report's readers import it from here
 from adaptcheck.models.results import CheckResult, RunResults, Status
 
 # Display label of each status key. 'na' (a skip the backend declared inapplicable) is kept
@@ -139,21 +140,6 @@ def format_details(details: dict[str, Any]) -> str:
 def as_dict(value: Any) -> dict[str, Any]:
     """``value`` when it is a mapping, else empty (crashed checks, older or hand-edited files)."""
     return value if isinstance(value, dict) else {}
-
-
-def as_float(value: Any) -> float | None:
-    """A number from results.json, where inf/nan are stored as strings (JSON has neither);
-    None for anything else."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
 
 
 def section_anchor(prefix: str, *parts: str) -> str:
