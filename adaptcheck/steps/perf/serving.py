@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -83,6 +84,9 @@ class ServerParams(FrameworkParams):
         from adaptcheck.frameworks.registry import validate_name
 
         return validate_name(v)
+
+
+P = TypeVar("P", bound=ServerParams)
 
 
 class ServingParams(ServerParams):
@@ -165,16 +169,25 @@ class ServingCheck(Check):
     params_model = ServingParams
 
     def run(self, ctx: CheckContext, params: ServingParams) -> Outcome:
-        from adaptcheck.frameworks.endpoint_fw import EndpointFramework
-        from adaptcheck.frameworks.registry import framework_class
+        return run_served(ctx, params, self.kind, _scenario, no_endpoint_applicable=False)
 
-        params = params.model_copy(update={"framework": resolve_framework(ctx, params.framework)})
-        # Asked before anything is loaded: acquiring an in-process framework would shut down
-        # the server that step 4 left running for these checks.
-        if not issubclass(framework_class(params.framework), EndpointFramework):
-            return Outcome.skipped(f"{params.framework} serves no HTTP endpoint: perf.serving drives vllm_serve, "
-                                   "transformers_serve or endpoint", applicable=False)
-        return run_with_framework(ctx, params, _scenario)
+
+def run_served(ctx: CheckContext, params: P, kind: str, body: Callable[[CheckContext, Active, P], Outcome], *,
+               no_endpoint_applicable: bool) -> Outcome:
+    """Run ``body`` against the server ``params.framework`` names (``auto`` resolved first).
+
+    A framework that serves no HTTP endpoint is a skip, decided before anything is loaded:
+    acquiring an in-process framework would shut down the server that step 4 left running
+    for the step-5 checks. ``no_endpoint_applicable``: whether that skip blocks a grade.
+    """
+    from adaptcheck.frameworks.endpoint_fw import EndpointFramework
+    from adaptcheck.frameworks.registry import framework_class
+
+    params = params.model_copy(update={"framework": resolve_framework(ctx, params.framework)})
+    if not issubclass(framework_class(params.framework), EndpointFramework):
+        return Outcome.skipped(f"{params.framework} serves no HTTP endpoint: {kind} drives vllm_serve, "
+                               "transformers_serve or endpoint", applicable=no_endpoint_applicable)
+    return run_with_framework(ctx, params, body)
 
 
 def resolve_framework(ctx: CheckContext, requested: str) -> str:

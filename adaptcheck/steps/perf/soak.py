@@ -40,12 +40,11 @@ from adaptcheck.perf.workload import PromptFactory, Shape, Workload
 from adaptcheck.steps.framework.session import (
     Active,
     framework_facts,
-    run_with_framework,
 )
 from adaptcheck.steps.perf.serving import (
     MixedShape,
     ServerParams,
-    resolve_framework,
+    run_served,
     served_tokenizer,
 )
 
@@ -102,15 +101,7 @@ class SoakCheck(Check):
     params_model = SoakParams
 
     def run(self, ctx: CheckContext, params: SoakParams) -> Outcome:
-        from adaptcheck.frameworks.endpoint_fw import EndpointFramework
-        from adaptcheck.frameworks.registry import framework_class
-
-        params = params.model_copy(update={"framework": resolve_framework(ctx, params.framework)})
-        # Asked before anything is loaded (acquiring an in-process framework would stop step 4's server).
-        if not issubclass(framework_class(params.framework), EndpointFramework):
-            return Outcome.skipped(f"{params.framework} serves no HTTP endpoint: perf.soak drives vllm_serve, "
-                                   "transformers_serve or endpoint")
-        outcome = run_with_framework(ctx, params, _soak)
+        outcome = run_served(ctx, params, self.kind, _soak, no_endpoint_applicable=True)
         if outcome.status == Status.SKIP:
             # No server is "the soak was not done", not "this backend cannot have one": L5 stays blocked.
             outcome = outcome.model_copy(update={"applicable": True})
