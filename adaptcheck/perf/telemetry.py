@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adaptcheck.perf.monitors import tree_rss_mib
-from adaptcheck.steps.matrix.telemetry import _cpu_times, cpu_frequency_mhz
+from adaptcheck.steps.matrix.telemetry import cpu_frequency_mhz, cpu_times
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -259,7 +259,7 @@ class TelemetrySampler:
 def _cpu_times_or_none() -> tuple[int, int] | None:
     """(busy, total) jiffies of all CPUs; None where /proc/stat is missing or unreadable."""
     try:
-        return _cpu_times(PROC_STAT)
+        return cpu_times(PROC_STAT)
     except ValueError:
         return None
 

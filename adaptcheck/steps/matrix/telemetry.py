@@ -24,7 +24,7 @@ def process_memory_kib(status: Path = Path("/proc/self/status")) -> dict[str, fl
     return out
 
 
-def _cpu_times(stat: Path) -> tuple[int, int] | None:
+def cpu_times(stat: Path) -> tuple[int, int] | None:
     """(busy, total) jiffies of all CPUs from the first line of /proc/stat."""
     try:
         first = stat.read_text().splitlines()[0].split()
@@ -43,11 +43,11 @@ def _cpu_times(stat: Path) -> tuple[int, int] | None:
 
 def cpu_utilisation_pct(interval_s: float = 0.25, stat: Path = Path("/proc/stat")) -> float | None:
     """Busy share of all CPUs over ``interval_s`` (two /proc/stat reads), in %."""
-    first = _cpu_times(stat)
+    first = cpu_times(stat)
     if first is None:
         return None
     time.sleep(interval_s)
-    second = _cpu_times(stat)
+    second = cpu_times(stat)
     if second is None:
         return None
     busy, total = second[0] - first[0], second[1] - first[1]
