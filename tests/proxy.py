@@ -37,6 +37,19 @@ class Relay(BaseHTTPRequestHandler):
         resp = httpx.get(self.root + self.path, timeout=30)
         self._reply(resp.status_code, resp.content)
 
+    def _start_stream(self, resp: httpx.Response) -> None:
+        """Answer with the upstream's status and content type, chunked: the body follows as
+        :meth:`_chunk` calls arrive, the way a streaming server sends it."""
+        self.send_response(resp.status_code)
+        self.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        """One chunk of the answer, sent at once (``b""`` ends the answer)."""
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
 
 def upstream_root(url: str) -> str:
     """``http://host:port/v1`` → ``http://host:port``."""

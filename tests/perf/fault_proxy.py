@@ -80,10 +80,7 @@ def _handler(state: ProxyState, server: ThreadingHTTPServer) -> type[BaseHTTPReq
         def _relay(self, body: bytes) -> None:
             with httpx.stream("POST", state.root + self.path, content=body, timeout=120,
                               headers={"Content-Type": "application/json"}) as resp:
-                self.send_response(resp.status_code)
-                self.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
+                self._start_stream(resp)
                 for chunk in resp.iter_raw():
                     if state.broken.is_set():
                         if state.mode == "hangs":
@@ -91,9 +88,8 @@ def _handler(state: ProxyState, server: ThreadingHTTPServer) -> type[BaseHTTPReq
                         self.close_connection = True
                         self.connection.close()  # dies: cut mid-answer
                         return
-                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
+                    self._chunk(chunk)
+                self._chunk(b"")
 
     return Handler
 

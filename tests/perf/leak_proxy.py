@@ -61,14 +61,10 @@ def make_handler(root: str, leak: Leak, client: httpx.Client) -> type[BaseHTTPRe
                 leak.take()
             with client.stream("POST", root + self.path, content=body,
                                headers={"Content-Type": "application/json"}) as resp:
-                self.send_response(resp.status_code)
-                self.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
+                self._start_stream(resp)
                 for chunk in resp.iter_raw():
-                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
+                    self._chunk(chunk)
+                self._chunk(b"")
 
     Handler.root = root
     return Handler
