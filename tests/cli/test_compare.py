@@ -120,3 +120,26 @@ def test_run_with_baseline_end_to_end(tmp_path: Path, write_ladder) -> None:
     assert done.returncode == 3
     assert "expected a JSON object" in _error_line(done.stderr) and len(done.stderr.strip().splitlines()) == 1
     assert not third.exists()
+
+    # An edited baseline could hide a regression: refused with the integrity exit code, and
+    # nothing runs. (The first run's file is intact: its digest was checked above by use.)
+    edited_data = json.loads((first / "results.json").read_text())
+    edited_data["checks"][0]["status"] = "pass" if edited_data["checks"][0]["status"] != "pass" else "fail"
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(edited_data, indent=2))
+    fourth = tmp_path / "fourth"
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(fourth), "--baseline", str(edited)])
+    assert done.returncode == 5, done.stderr
+    line = _error_line(done.stderr)
+    assert "--baseline" in line and "edited after the run" in line and "adaptcheck verify" in line, line
+    assert not fourth.exists()
+
+
+def test_a_baseline_from_before_digests_is_accepted() -> None:
+    """Schema 1.0 files carry no digest: nothing proves them intact, but nothing proves them
+    edited either; they stay usable as baselines (the comparison names the run it used)."""
+    from adaptcheck.integrity import Integrity, verify_file
+    from adaptcheck.session import _baseline_text
+
+    assert verify_file(BASELINE).status is Integrity.NO_DIGEST
+    assert _baseline_text(BASELINE) == BASELINE.read_text(encoding="utf-8")
