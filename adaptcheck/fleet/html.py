@@ -8,17 +8,12 @@ page forbids every script and network load through its Content-Security-Policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
-
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from adaptcheck.fleet.models import KNOWN_GOOD_MIN_LEVEL, Combination, FleetMatrix
 from adaptcheck.fleet.stack import version_label
 
-# Beside the run report's templates (shipped in the wheel); not imported from adaptcheck.report
-# so that merging never loads the whole report package.
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "report" / "templates"
+# In the run report's template folder (shipped in the wheel); imported only when HTML is written,
+# so merging to JSON/YAML never loads the report package.
 TEMPLATE = "fleet.html.j2"
 LEVEL_NAMES = {"L0": "none", "L1": "device usable", "L2": "model runs", "L3": "service usable",
                "L4": "performance optimizable", "L5": "production sustainable"}
@@ -120,12 +115,8 @@ def build_fleet_view(matrix: FleetMatrix) -> FleetView:
     )
 
 
-@lru_cache(maxsize=1)
-def _environment() -> Environment:
-    return Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True, undefined=StrictUndefined,
-                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-
-
 def render_fleet(matrix: FleetMatrix) -> str:
-    """The matrix page as one HTML string."""
-    return _environment().get_template(TEMPLATE).render(v=build_fleet_view(matrix))
+    """The matrix page as one HTML string, through the report's autoescaping template environment."""
+    from adaptcheck.report.render import render_template
+
+    return render_template(TEMPLATE, v=build_fleet_view(matrix))
