@@ -195,8 +195,7 @@ def resume_run(run_dir: Path, progress: Progress | None = None) -> tuple[RunResu
 
 def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, progress: Progress | None) -> RunResults:
     progress = progress or Progress()
-    if meta.model is not None:
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": meta.model})})
+    spec = with_run_model(spec, meta)
     journal = JournalWriter(run_dir / JOURNAL)
     done = journal.read()
     selected = [c for c in spec.checks if c.step in meta.steps]
@@ -221,6 +220,13 @@ def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, 
     results = assemble(meta, spec, journal.read(), complete=True)
     write_outputs(results, run_dir)
     return results
+
+
+def with_run_model(spec: LadderSpec, meta: RunMeta) -> LadderSpec:
+    """The ladder as this run executes it: ``--model`` replaces the ladder's model."""
+    if meta.model is None:
+        return spec
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"name": meta.model})})
 
 
 def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]], complete: bool) -> RunResults:

@@ -44,13 +44,18 @@ def current_results(run_dir: Path) -> RunResults:
     environment lifted out of the capture check, in ladder order."""
     from adaptcheck.ladder.loader import parse_ladder
     from adaptcheck.ladder.runner import JournalWriter
-    from adaptcheck.session import JOURNAL, LADDER_SNAPSHOT, RUN_META, RunMeta, assemble
+    from adaptcheck.session import (
+        JOURNAL,
+        LADDER_SNAPSHOT,
+        RUN_META,
+        RunMeta,
+        assemble,
+        with_run_model,
+    )
 
     meta = RunMeta.model_validate_json((run_dir / RUN_META).read_text(encoding="utf-8"))
     spec = parse_ladder((run_dir / LADDER_SNAPSHOT).read_text(encoding="utf-8"), str(run_dir / LADDER_SNAPSHOT))
-    if meta.model is not None:  # --model replaced the ladder's, as the session does
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": meta.model})})
-    return assemble(meta, spec, JournalWriter(run_dir / JOURNAL).read(), complete=False)
+    return assemble(meta, with_run_model(spec, meta), JournalWriter(run_dir / JOURNAL).read(), complete=False)
 
 
 def verdict(comparison: Comparison, require_perf: bool) -> Outcome:
