@@ -1,8 +1,10 @@
 """The one exception hierarchy of adaptcheck and its mapping to exit codes.
 
 Every error a user can cause or meet derives from :class:`AdaptcheckError`; the CLI turns
-it into a single line on stderr and the exit code below. Anything else escaping is a bug
-and is reported as such (exit code 70).
+it into a single line on stderr and the exit code below (``adaptcheck.cli.app.main``, the
+one error path; a command-line parsing error of click/typer is a usage error, 2). Anything
+else escaping is a bug and is reported as such (exit code 70); docs/bad-inputs.md lists the
+mistakes tried and the code each gets.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck import safejson
+
 DIGEST_FIELD = "digest"
 """Top-level key of results.json that carries the digest."""
 
@@ -61,6 +63,20 @@ class VerifyResult(BaseModel):
     def intact(self) -> bool:
         """True only when the file carries a digest and its content matches it."""
         return self.status is Integrity.INTACT
+
+    @property
+    def unverified_reason(self) -> str:
+        """Why nothing vouches for the file, in the words every unverified mark uses
+        ('edited after the run', 'no digest'); '' when it is intact."""
+        return UNVERIFIED_REASONS.get(self.status, "")
+
+
+UNVERIFIED_REASONS: dict[Integrity, str] = {
+    Integrity.EDITED: "edited after the run",
+    Integrity.NO_DIGEST: "no digest",
+    Integrity.UNREADABLE: "unreadable",
+}
+"""The short reason an output marked unverified gives (HTML banner, JSON, JUnit, matrix)."""
 
 
 def canonical_bytes(content: dict[str, Any]) -> bytes:
@@ -101,13 +117,22 @@ def _reject_constant(name: str) -> Any:
 def verify_text(text: str, source: str = "results.json") -> VerifyResult:
     """Verify the JSON text of a results file (``source`` names it in the verdict)."""
     try:
-        content = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        # Bounded (size, depth, integer length): a hostile file is "unreadable", not a crash.
+        content = safejson.loads(text, source, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except _DuplicateKey as exc:
         return VerifyResult(path=source, status=Integrity.EDITED,
                             message=f"{source}: was edited after the run: key {str(exc)!r} appears twice in one object")
+    except safejson.JsonFormatError as exc:
+        return VerifyResult(path=source, status=Integrity.UNREADABLE, message=exc.message)
+    except safejson.JsonLimitError as exc:
+        return VerifyResult(path=source, status=Integrity.UNREADABLE, message=exc.message)
     except ValueError as exc:
         return VerifyResult(path=source, status=Integrity.UNREADABLE,
                             message=f"{source}: not a readable JSON file: {str(exc).splitlines()[0]}")
+    except RecursionError:
+        # json's C parser gives up on very deep nesting with RecursionError, not ValueError.
+        return VerifyResult(path=source, status=Integrity.UNREADABLE,
+                            message=f"{source}: not a readable JSON file: nested too deeply")
     if not isinstance(content, dict):
         return VerifyResult(path=source, status=Integrity.UNREADABLE,
                             message=f"{source}: expected a JSON object at the top level")
@@ -129,9 +154,11 @@ def verify_text(text: str, source: str = "results.json") -> VerifyResult:
 def verify_file(path: Path) -> VerifyResult:
     """Verify a results file on disk: intact, edited, no digest, or unreadable."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = safejson.read_text(Path(path), what="results file")
     except FileNotFoundError:
         return VerifyResult(path=str(path), status=Integrity.UNREADABLE, message=f"{path}: no such results file")
+    except safejson.JsonLimitError as exc:
+        return VerifyResult(path=str(path), status=Integrity.UNREADABLE, message=exc.message)
     except (OSError, UnicodeDecodeError) as exc:
         return VerifyResult(path=str(path), status=Integrity.UNREADABLE,
                             message=f"{path}: not a readable file: {exc}")

@@ -4,7 +4,8 @@ Lays out the run folder (``run.json`` with what is needed to reproduce or resume
 ``ladder.yaml`` snapshot, ``checks.jsonl`` journal, ``worker.log``, and ``baseline.json``
 with ``--baseline``), executes the selected checks through the isolated runner, and writes
 ``results.json`` and ``report.html``. A run that was killed is finished by
-:func:`resume_run` from the same folder.
+:func:`resume_run` from the same folder. Either holds the folder's lock (``run.lock``, see
+:mod:`adaptcheck.runlock`) from before anything runs in it until it ends.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +35,7 @@ from adaptcheck.models.results import (
     utcnow,
 )
 from adaptcheck.paths import default_reports_dir
+from adaptcheck.runlock import LOCK_FILE, RunLock, acquire as acquire_lock
 from adaptcheck.steps.grade import compute_grade
 
 RUN_META = "run.json"
@@ -61,7 +64,8 @@ class RunMeta(BaseModel):
     device_index: int = Field(default=0, description="Device index used.")
     op_provider: str | None = Field(default=None, description="--ops: provider for every step-3 op check.")
     model: str | None = Field(default=None, description="--model: model used instead of the ladder's ('embedded:NAME' or a local path).")
-    endpoint: str | None = Field(default=None, description="--endpoint: base URL of an OpenAI-compatible server under test.")
+    endpoint: str | None = Field(default=None, description="--endpoint: base URL of an OpenAI-compatible server under test "
+                                 "(credentials redacted: a resume is given --endpoint again).")
     endpoint_model: str | None = Field(default=None, description="--endpoint-model: served model name to request.")
     baseline: str | None = Field(default=None, description="--baseline: the results file given (copied to baseline.json "
                                  "beside this file).")
@@ -81,6 +85,7 @@ class RunOptions:
     endpoint: str | None = None
     endpoint_model: str | None = None
     baseline: Path | None = None
+    allow_unverified: bool = False  # use a --baseline edited after its run or without digest (marked)
     command: list[str] = field(default_factory=list)
 
 
@@ -93,22 +98,71 @@ class Progress:
 
     def finished(self, spec: CheckSpec, results: list[CheckResult]) -> None: ...
 
+    def note(self, text: str) -> None:
+        """Something the user should know about the run folder (e.g. a repaired journal)."""
+
+    def header(self, header: RunHeader) -> None:
+        """What is about to run, on what, where it goes and how long it should take: once, first."""
+
+    def progress(self, spec: CheckSpec, report: dict[str, Any]) -> None:
+        """A running check's progress: {'done', 'total', 'unit', 'note'} (CheckContext.progress)."""
+
+
+@dataclass(frozen=True)
+class RunHeader:
+    """What ``adaptcheck run`` says before its first check."""
+
+    device: str
+    ladder: str
+    model: str
+    run_dir: Path
+    steps: list[int]
+    checks: int
+    already_done: int
+    """Checks a resumed run finds in its journal (they do not run again)."""
+    expected: str
+    """Expected duration of the checks still to run, e.g. 'about 21 min' (adaptcheck.ladder.estimate)."""
+    endpoint: str | None = None
+
+
+def run_header(run_dir: Path, meta: RunMeta, spec: LadderSpec, selected: list[CheckSpec],
+               done: dict[str, list[CheckResult]]) -> RunHeader:
+    """The header of a run (or of a resumed run: only what is left is estimated)."""
+    from adaptcheck.ladder.estimate import estimate
+
+    d = meta.device
+    todo = [c for c in selected if c.id not in done]
+    return RunHeader(
+        device=f"{d.device_name} ({d.display_name}, {d.torch_device}, {d.device_count} visible)",
+        ladder=f"{meta.ladder.id} {meta.ladder.version} ({meta.ladder.source})", model=f"{spec.model.name} "
+        f"({spec.model.precision})", run_dir=run_dir, steps=list(meta.steps), checks=len(selected),
+        already_done=len(selected) - len(todo), expected=estimate(todo).text(), endpoint=meta.endpoint)
+
 
 def parse_steps(text: str | None, available: list[int]) -> list[int]:
-    """'2,3' or '1-3' → [2, 3]; None → every step of the ladder."""
-    if not text:
+    """'2,3' or '1-3' → [2, 3]; None → every step of the ladder.
+
+    A value that selects nothing ('', ',,,', '3-1') is a usage error: running every step
+    instead would silently do something else than was asked (and take far longer).
+    """
+    if text is None:
         return sorted(available)
+    example = "e.g. --steps 1,2 or --steps 2-3, or leave --steps out to run every step"
     steps: set[int] = set()
     try:
         for part in text.split(","):
             part = part.strip()
             if "-" in part:
                 lo, hi = (int(x) for x in part.split("-", 1))
+                if lo > hi:
+                    raise UsageError(f"--steps {text!r}: range {part} runs backwards", hint=f"write {hi}-{lo}")
                 steps.update(range(lo, hi + 1))
             elif part:
                 steps.add(int(part))
     except ValueError:
-        raise UsageError(f"--steps {text!r} is not a list of step numbers", hint="e.g. --steps 1,2 or --steps 2-3") from None
+        raise UsageError(f"--steps {text!r} is not a list of step numbers", hint=example) from None
+    if not steps:
+        raise UsageError(f"--steps {text!r} selects no step", hint=example)
     bad = sorted(s for s in steps if s not in range(1, 6))
     if bad:
         raise UsageError(f"--steps: no step {bad[0]}", hint="steps are 1-5 (6, the grade, always runs)")
@@ -129,25 +183,55 @@ def _planned(spec: LadderSpec) -> list[PlannedCheck]:
                          timeout_s=spec.timeout_for(c)) for c in spec.checks]
 
 
-def new_run_dir(out: Path | None, run_id: str) -> Path:
-    """``--out DIR`` as given (must be empty or new), else reports/<run_id>/."""
+def new_run_dir(out: Path | None, run_id: str) -> tuple[Path, RunLock]:
+    """``--out DIR`` as given (must be empty or new), else reports/<run_id>/, and its lock, held."""
     target = out if out is not None else default_reports_dir() / run_id
-    if target.exists() and any(target.iterdir()):
+    _make_writable_dir(target, given=out is not None)
+    if target.exists() and _holds_files(target):
+        if (target / LOCK_FILE).exists():
+            acquire_lock(target, "adaptcheck run").release()  # a live run there: refused, naming it
         raise UsageError(f"--out {target} already holds files", hint="choose a new folder, or use --resume to finish that run")
     target.mkdir(parents=True, exist_ok=True)
-    return target
+    lock = acquire_lock(target, "adaptcheck run")
+    if _holds_files(target):  # checked again under the lock: another run may have begun in between
+        lock.release()
+        raise UsageError(f"--out {target} already holds files", hint="choose a new folder, or use --resume to finish that run")
+    return target, lock
+
+
+def _make_writable_dir(target: Path, given: bool) -> None:
+    """Create the run folder, or refuse (usage error, exit 2) one that cannot hold a run:
+    a path that is a file, under a file, or in a folder this user cannot write."""
+    import os
+
+    what = f"--out {target}" if given else f"the default run folder {target}"
+    hint = ("choose a folder you can write with --out DIR" if given
+            else "run from a folder you can write, or choose one with --out DIR")
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{what} is a file, not a folder", hint=hint)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # NotADirectoryError (a parent is a file), PermissionError, read-only file system …
+        raise UsageError(f"cannot create {what}: {exc.strerror or exc}", hint=hint) from None
+    if not os.access(target, os.R_OK | os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {what}: permission denied", hint=hint)
+
+
+def _holds_files(folder: Path) -> bool:
+    """Anything in the folder but a lock file (one left by a run killed before it wrote anything)."""
+    return any(p.name != LOCK_FILE for p in folder.iterdir())
 
 
 def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunResults, Path]:
     """Run a ladder from the start. Returns the results and the run folder."""
     # A bad baseline is a one-line error before anything runs or any folder is made.
-    baseline_text = _baseline_text(opts.baseline) if opts.baseline is not None else None
+    baseline_text = _baseline_text(opts.baseline, opts.allow_unverified) if opts.baseline is not None else None
     ladder = load_ladder(opts.ladder)
     steps = parse_steps(",".join(map(str, opts.steps)) if opts.steps else None, sorted({c.step for c in ladder.spec.checks}))
     backend, probe = select_backend(opts.device)
     started = utcnow()
     run_id = f"{started.strftime('%Y%m%d-%H%M%S')}-{backend.name}-{secrets.token_hex(3)}"
-    run_dir = new_run_dir(opts.out, run_id)
+    run_dir, lock = new_run_dir(opts.out, run_id)  # held until _continue ends (or this process does)
     meta = RunMeta(
         run_id=run_id, started_at=started, command=opts.command,
         ladder=LadderRef(id=ladder.spec.id, version=ladder.spec.version, source=ladder.source, sha256=ladder.sha256),
@@ -158,47 +242,103 @@ def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunRe
     if baseline_text is not None:
         (run_dir / BASELINE).write_text(baseline_text, encoding="utf-8")
     (run_dir / LADDER_SNAPSHOT).write_text(ladder.text, encoding="utf-8")
-    (run_dir / RUN_META).write_text(meta.model_dump_json(indent=2), encoding="utf-8")
-    return _continue(run_dir, meta, ladder.spec, backend, progress), run_dir
+    # run.json keeps no secret (URL credentials in --endpoint or the command line); the worker
+    # gets the real endpoint through its init message, and a resume asks for it again.
+    (run_dir / RUN_META).write_text(stored_meta(meta).model_dump_json(indent=2), encoding="utf-8")
+    return _continue(run_dir, meta, ladder.spec, backend, progress, lock), run_dir
 
 
-def _baseline_text(path: Path) -> str:
-    """The text of a ``--baseline`` file, once it is known to load as results and not to have
-    been edited since its run (an edited baseline could hide a regression). A file from before
-    digests existed (schema 1.0) is accepted: the comparison says which baseline it used."""
-    from adaptcheck.integrity import Integrity, verify_file
+def _baseline_text(path: Path, allow_unverified: bool = False) -> str:
+    """The text of a ``--baseline`` file, once it is known to load as results and to be intact
+    (an edited baseline could hide a regression): an edited or undigested file (schema 1.0
+    has no digest) is refused with exit 5 unless ``allow_unverified``. The copy keeps the
+    file's text byte for byte, so the perf.regression check verifies it again and its
+    evidence says when the baseline was unverified."""
+    from adaptcheck.trusted import load_verified
 
-    RunResults.load(path)
-    check = verify_file(path)
-    if check.status is Integrity.EDITED:
-        raise IntegrityError(f"--baseline: {check.message}",
-                             hint="use the results.json exactly as its run wrote it ('adaptcheck verify' checks it)")
+    load_verified(path, allow_unverified, role="--baseline: ")
     return path.read_text(encoding="utf-8")
 
 
-def resume_run(run_dir: Path, progress: Progress | None = None) -> tuple[RunResults, Path]:
-    """Finish a run whose process was killed: skip checks already in the journal."""
+def resume_run(run_dir: Path, progress: Progress | None = None,
+               endpoint: str | None = None) -> tuple[RunResults, Path]:
+    """Finish a run whose process was killed: skip checks already in the journal.
+
+    Guarantees: the folder is locked before anything in it is read or run (a live run or a
+    second resume is refused, exit 2); the stored ladder is the one the run started with
+    (sha256 in run.json, else exit 5); a journal line torn by the kill is set aside and its
+    check runs again, so every check is in the results exactly once.
+    """
     meta_path = run_dir / RUN_META
     if not meta_path.is_file():
         raise InvalidInputError(f"{run_dir}: not a run folder (no {RUN_META})", hint="pass the folder a run wrote")
+    lock = acquire_lock(run_dir, "adaptcheck run --resume")
     try:
-        meta = RunMeta.model_validate_json(meta_path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise InvalidInputError(f"{meta_path}: unreadable run metadata: {str(exc).splitlines()[0]}") from None
-    spec = parse_ladder((run_dir / LADDER_SNAPSHOT).read_text(encoding="utf-8"), str(run_dir / LADDER_SNAPSHOT))
-    backend = get_backend(meta.device.backend)
-    probe = backend.probe()
-    if not probe.available:
-        raise DeviceError(f"device {meta.device.backend!r} of this run is not available now: {probe.reason}")
-    return _continue(run_dir, meta, spec, backend, progress), run_dir
+        try:
+            meta = RunMeta.model_validate_json(meta_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise InvalidInputError(f"{meta_path}: unreadable run metadata: {str(exc).splitlines()[0]}") from None
+        # ``endpoint``: --endpoint given again (run.json keeps it without credentials).
+        meta = meta.model_copy(update={"endpoint": resume_endpoint(meta.endpoint, endpoint)})
+        spec = _stored_ladder(run_dir, meta)
+        backend = get_backend(meta.device.backend)
+        probe = backend.probe()
+        if not probe.available:
+            raise DeviceError(f"device {meta.device.backend!r} of this run is not available now: {probe.reason}")
+    except BaseException:
+        lock.release()
+        raise
+    return _continue(run_dir, meta, spec, backend, progress, lock), run_dir
 
 
-def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, progress: Progress | None) -> RunResults:
+def _stored_ladder(run_dir: Path, meta: RunMeta) -> LadderSpec:
+    """The run folder's ladder.yaml, once it is known to be the ladder the run started with.
+
+    results.json claims run.json's ladder sha256; a resume from an edited copy would certify
+    checks (or grade rules) that the claimed ladder does not have.
+    """
+    import hashlib
+
+    path = run_dir / LADDER_SNAPSHOT
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InvalidInputError(f"{run_dir}: no {LADDER_SNAPSHOT} (the ladder the run started with)",
+                                hint="restore it from the run's ladder, or start a new run") from None
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != meta.ladder.sha256:
+        raise IntegrityError(f"{LADDER_SNAPSHOT} in {run_dir} was edited after the run started "
+                             f"(sha256 {actual[:12]}… ≠ {meta.ladder.sha256[:12]}… in {RUN_META})",
+                             hint="restore the original ladder.yaml, or start a new run with the edited ladder")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:  # cannot happen for a file whose digest matched what the run wrote
+        raise InvalidInputError(f"{path}: not UTF-8 text") from None
+    return parse_ladder(text, str(path))
+
+
+def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, progress: Progress | None,
+              lock: RunLock) -> RunResults:
+    """Run what the journal does not hold yet and write the outputs, with the folder's lock held
+    (released on return or error; the kernel releases it if this process is killed)."""
+    with lock:
+        return _run_locked(run_dir, meta, spec, backend, progress)
+
+
+def _run_locked(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend,
+                progress: Progress | None) -> RunResults:
     progress = progress or Progress()
     spec = with_run_model(spec, meta)
     journal = JournalWriter(run_dir / JOURNAL)
+    repaired = journal.repair()  # a line torn by a kill must not swallow the next record
+    if repaired is not None:
+        progress.note(f"{JOURNAL}: {repaired.fragments} torn or unreadable line(s) set aside in "
+                      f"{repaired.torn_path.name}; their checks run again")
     done = journal.read()
     selected = [c for c in spec.checks if c.step in meta.steps]
+    progress.header(run_header(run_dir, meta, spec, selected, done))
     progress.planned(selected)
     todo = []
     for c in selected:
@@ -212,7 +352,8 @@ def _continue(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend, 
             "endpoint": {"url": meta.endpoint, "model": meta.endpoint_model, "reference": meta.model is not None}
             if meta.endpoint else None}
     try:
-        execute(todo, init, journal, run_dir / WORKER_LOG, on_start=progress.started, on_done=progress.finished)
+        execute(todo, init, journal, run_dir / WORKER_LOG, on_start=progress.started, on_done=progress.finished,
+                on_progress=progress.progress)
     except KeyboardInterrupt:
         # Ctrl-C: still leave a readable (incomplete) results.json and report of what finished.
         write_outputs(assemble(meta, spec, journal.read(), complete=False), run_dir)
@@ -258,11 +399,46 @@ def regrade(results: RunResults) -> RunResults:
 
 
 def write_outputs(results: RunResults, run_dir: Path) -> None:
-    """results.json, then the HTML report rendered from it."""
+    """Scrub the run folder, then write results.json and the HTML report rendered from it."""
     from adaptcheck.report import write_report
-    from adaptcheck.steps.matrix.redact import scrub_text
+    from adaptcheck.steps.matrix.redact import scrub_text, scrub_tree
 
+    # One redaction for every file of the run: what the worker and its servers wrote directly
+    # (worker.log, server logs, perf/*/*.jsonl) is scrubbed in place, before results.json is
+    # sealed with its digest and the report is rendered (neither then holds a secret).
+    scrub_tree(run_dir)
     # Last line of defence: a secret's value must not leave the machine through a message.
     results = RunResults.model_validate_json(scrub_text(results.model_dump_json()))
     results.save(run_dir / RESULTS)
     write_report(results, run_dir / REPORT)
+
+
+def stored_meta(meta: RunMeta) -> RunMeta:
+    """``meta`` as run.json keeps it: every string scrubbed (``--endpoint http://user:token@host``
+    → ``http://***REDACTED***@host``, and the same in the command line)."""
+    from adaptcheck.steps.matrix.redact import scrub_text
+
+    return RunMeta.model_validate_json(scrub_text(meta.model_dump_json()))
+
+
+def resume_endpoint(stored: str | None, given: str | None) -> str | None:
+    """The endpoint a resumed run talks to: run.json's, or ``--endpoint`` given again.
+
+    run.json keeps the endpoint redacted, so a run whose endpoint had credentials can be
+    resumed only with ``--resume DIR --endpoint URL``; the URL must redact to the stored
+    value (the same server), and the API key comes from ``$ADAPTCHECK_API_KEY`` as always.
+    """
+    from adaptcheck.steps.matrix.redact import REDACTED, scrub_text, scrub_url_credentials
+
+    if given is None:
+        if stored is not None and REDACTED in stored:
+            raise UsageError("this run's --endpoint had credentials, which run.json does not keep",
+                             hint=f"give it again: adaptcheck run --resume DIR --endpoint URL (stored as {stored})")
+        return stored
+    if stored is None:
+        raise UsageError("--endpoint: this run was started without an endpoint",
+                         hint="resume without --endpoint, or start a new run")
+    if given != stored and stored not in (scrub_text(given), scrub_url_credentials(given)):
+        raise UsageError(f"--endpoint {scrub_text(given)} is not this run's endpoint ({stored})",
+                         hint="give the URL the run was started with")
+    return given

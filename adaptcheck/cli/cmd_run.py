@@ -1,61 +1,20 @@
-"""``adaptcheck run``: run the ladder on this machine, show progress, print the grade."""
+"""``adaptcheck run``: run the ladder on this machine, show progress (:mod:`adaptcheck.cli.progress`), print the grade."""
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from adaptcheck.cli.output import STATUS_STYLE, Format, Output
+from adaptcheck.cli.output import Format, Output
+from adaptcheck.cli.progress import RichProgress
 from adaptcheck.cli.render import print_grade, print_summary
 from adaptcheck.errors import GradeBelowRequired
-from adaptcheck.models.ladder import CheckSpec
-from adaptcheck.models.results import CheckResult, RunResults, Status
-from adaptcheck.session import RESULTS, REPORT, Progress as RunProgress, RunOptions, parse_steps, resume_run, start_run
+from adaptcheck.models.results import RunResults
+from adaptcheck.session import RESULTS, REPORT, RunOptions, parse_steps, resume_run, start_run
 from adaptcheck.steps.grade import level_at_least
-
-
-class RichProgress(RunProgress):
-    """A progress bar plus one line per finished check, on stderr."""
-
-    def __init__(self, out: Output) -> None:
-        self.out = out
-        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=out.err, transient=True, disable=out.quiet)
-        self.task = self.bar.add_task("starting", total=0)
-        self.started_at = 0.0
-
-    def planned(self, checks: list[CheckSpec]) -> None:
-        self.bar.update(self.task, total=len(checks))
-        self.bar.start()
-
-    def started(self, spec: CheckSpec) -> None:
-        self.started_at = time.perf_counter()
-        self.bar.update(self.task, description=f"step {spec.step}: {spec.id}")
-
-    def finished(self, spec: CheckSpec, results: list[CheckResult]) -> None:
-        for r in results:
-            label = "n/a" if (r.status is Status.SKIP and not r.applicable) else r.status.value
-            style = STATUS_STYLE.get(label, "")
-            msg = f" — {r.message}" if r.message and r.status is not Status.PASS else ""
-            if not self.out.quiet:
-                self.bar.console.print(f"[{style}]{label:>5}[/] {r.id} ({r.duration_s:.2f}s){_esc(msg)}", soft_wrap=True)
-        self.bar.advance(self.task)
-
-    def stop(self) -> None:
-        self.bar.stop()
-
-
-def _esc(text: str) -> str:
-    from rich.markup import escape
-
-    from adaptcheck.steps.matrix.redact import scrub_text
-
-    return escape(scrub_text(text))
 
 
 def run(
@@ -68,8 +27,9 @@ def run(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: a local Hugging Face folder or 'embedded:NAME' (never downloaded)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Also test this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1); API key from $ADAPTCHECK_API_KEY or $OPENAI_API_KEY."),
     endpoint_model: Optional[str] = typer.Option(None, "--endpoint-model", help="Served model name to request from --endpoint (default: the first it lists)."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="results.json of an earlier run of this machine: the ladder's perf.regression check compares this run against it (copied into the run folder)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in this folder (other options are taken from it)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="results.json of an earlier run of this machine: the ladder's perf.regression check compares this run against it (copied into the run folder). Refused (exit 5) when edited after its run or without digest, unless --allow-unverified."),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Use a --baseline edited after its run or without digest; the perf.regression evidence then says the baseline was unverified."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in this folder (other options are taken from it; give --endpoint again when its URL had credentials)."),
     require: Optional[str] = typer.Option(None, "--require", help="Exit 1 unless the grade is at least this level (L1-L5)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path, for CI."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table (human, stderr) or json/yaml (results on stdout)."),
@@ -88,11 +48,13 @@ def run(
     progress = RichProgress(output)
     try:
         if resume is not None:
-            results, run_dir = resume_run(resume, progress)
+            # --endpoint with --resume: the URL again, credentials included (run.json keeps none).
+            results, run_dir = resume_run(resume, progress, endpoint=endpoint)
         else:
-            opts = RunOptions(ladder=ladder, device=device, steps=parse_steps(steps, [1, 2, 3, 4, 5]) if steps else None,
+            opts = RunOptions(ladder=ladder, device=device, steps=parse_steps(steps, [1, 2, 3, 4, 5]) if steps is not None else None,
                               out=out, seed=seed, ops=ops, model=model, endpoint=endpoint, endpoint_model=endpoint_model,
-                              baseline=baseline, command=["adaptcheck", *sys.argv[1:]])
+                              baseline=baseline, allow_unverified=allow_unverified,
+                              command=["adaptcheck", *sys.argv[1:]])
             results, run_dir = start_run(opts, progress)
     finally:
         progress.stop()

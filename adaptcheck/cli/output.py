@@ -1,13 +1,23 @@
-"""The one output object every command writes through.
+r"""The one output object every command writes through.
 
 Humans read stderr (rich tables, progress, the grade); machines read stdout, which carries
 only the ``--format json|yaml`` document. Every string leaving the process goes through the
 secret scrubber first, so a token in the environment cannot leak through a message.
+
+Every string shown on the terminal also goes through :func:`terminal_safe`: a results file,
+a plugin or a device can carry text with escape sequences (``EPYC\x1b]0;…\x07\x1b[2J``
+retitles the window and clears the screen) or carriage returns that overwrite what the user
+reads. Each C0 control except newline and tab, DEL, each C1 control and the Unicode bidi
+overrides is replaced by its escaped text (``\x1b``, ``\x07``, ``\u202e``): the sequence is
+inert, and the reader still sees that the text held one. Nothing is dropped silently. The
+stdout document needs no such pass: JSON escapes every control (``\u001b``) and YAML's
+safe dumper double-quotes and escapes them (``\e``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from enum import Enum
 from typing import Any
@@ -15,6 +25,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from adaptcheck.steps.matrix.redact import scrub_text
 
@@ -28,6 +39,31 @@ class Format(str, Enum):
 
 
 STATUS_STYLE = {"pass": "green", "fail": "red", "error": "bold red", "skip": "yellow", "n/a": "dim"}
+
+# C0 controls but \t and \n, DEL, C1 controls, and the bidi embeddings/overrides/isolates that
+# reorder what the terminal shows (U+200E/F marks are harmless and kept).
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_KEEP_NEWLINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str, newlines: bool = True) -> str:
+    """``text`` with every control a terminal would act on replaced by its escaped text.
+
+    Newlines stay when ``newlines`` (a multi-line message), else they are escaped too (a
+    one-line error, a table cell); tabs always stay. See the module doc for why escaped
+    text rather than removal.
+    """
+    return (_UNSAFE_KEEP_NEWLINE if newlines else _UNSAFE).sub(_escaped, text)
+
+
+def shown(text: str, newlines: bool = True) -> str:
+    """What any string printed to the terminal becomes: secrets scrubbed, controls made inert."""
+    return terminal_safe(scrub_text(text), newlines)
 
 
 class Output:
@@ -44,19 +80,26 @@ class Output:
 
     def info(self, text: str, style: str | None = None) -> None:
         if not self.quiet:
-            self.err.print(scrub_text(text), style=style, markup=False, soft_wrap=True)
+            self.err.print(shown(text), style=style, markup=False, soft_wrap=True)
+
+    def styled(self, *parts: tuple[str, str | None]) -> None:
+        """One line of (text, style) parts — e.g. a coloured status and a plain message —
+        without markup parsing, every part made safe. Printing through this console also
+        keeps a live progress bar below the line."""
+        if not self.quiet:
+            self.err.print(Text.assemble(*[(shown(t), s or "") for t, s in parts]), soft_wrap=True)
 
     def table(self, title: str, columns: list[str], rows: list[list[Any]], styles: dict[int, dict[str, str]] | None = None) -> None:
         """A rich table on stderr. ``styles`` maps column index → {cell value: style}."""
         if self.quiet:
             return
-        tbl = Table(title=title, title_justify="left", expand=False)
+        tbl = Table(title=_escape(shown(title, newlines=False)), title_justify="left", expand=False)
         for col in columns:
-            tbl.add_column(col, overflow="fold")
+            tbl.add_column(_escape(shown(col, newlines=False)), overflow="fold")
         for row in rows:
             cells = []
             for i, cell in enumerate(row):
-                text = scrub_text("" if cell is None else str(cell))
+                text = shown("" if cell is None else str(cell))
                 style = (styles or {}).get(i, {}).get(text)
                 cells.append(f"[{style}]{_escape(text)}[/]" if style else _escape(text))
             tbl.add_row(*cells)
@@ -75,7 +118,7 @@ class Output:
 
     def error(self, text: str) -> None:
         """A one-line error (always shown, even with --quiet); plain text so it is never wrapped."""
-        line = scrub_text(text).replace("\n", " ")
+        line = shown(text.replace("\n", " "), newlines=False)
         sys.stderr.write(f"adaptcheck: error: {line}\n")
         sys.stderr.flush()
 

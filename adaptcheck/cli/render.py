@@ -1,11 +1,16 @@
-"""Shared human renderings for the CLI: the per-step summary and the grade with blockers."""
+"""Shared human renderings for the CLI: the per-step summary and the grade with blockers.
+
+Everything is printed through :class:`~adaptcheck.cli.output.Output`, whose every line is
+scrubbed of secrets and of terminal controls (a device name or a check message from a results
+file is untrusted text).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from adaptcheck.cli.output import Output
-from adaptcheck.models.results import RunResults, Status
+from adaptcheck.models.results import RunResults
 
 STEP_NAMES = {1: "compatibility matrix", 2: "tensor smoke", 3: "operator numerics", 4: "framework bring-up",
               5: "performance baseline"}
@@ -19,7 +24,7 @@ def print_summary(out: Output, results: RunResults) -> None:
         if step not in results.steps:
             rows.append([step, STEP_NAMES.get(step, ""), "-", "-", "-", "-", "-", "not run"])
             continue
-        counts = Counter("n/a" if c.status is Status.SKIP and not c.applicable else c.status.value for c in checks)
+        counts = Counter(c.label for c in checks)
         rows.append([step, STEP_NAMES.get(step, ""), counts["pass"], counts["fail"], counts["error"], counts["skip"],
                      counts["n/a"], f"{sum(c.duration_s for c in checks):.1f}s"])
     out.table("Summary", ["step", "name", "pass", "fail", "error", "skip", "n/a", "time"], rows)

@@ -14,6 +14,7 @@ from typing import Literal
 
 from adaptcheck.compare import numeric, perf
 from adaptcheck.compare.environment import compare_environment
+from adaptcheck.compare.grade import grade_change
 from adaptcheck.compare.model import (
     ComparePolicy,
     Comparison,
@@ -23,6 +24,7 @@ from adaptcheck.compare.model import (
     RunRef,
     StatusChange,
 )
+from adaptcheck.integrity import VerifyResult
 from adaptcheck.models.results import CheckResult, RunResults, Status
 
 __all__ = ["SELF_KIND", "ComparePolicy", "Comparison", "RegressionsFound", "compare_results"]
@@ -36,19 +38,19 @@ def _by_id(results: RunResults, excluded: set[str]) -> dict[str, CheckResult]:
 
 
 def _status_change(old: CheckResult, new: CheckResult) -> StatusChange | None:
-    if old.status is new.status:
+    # Compared by label, as the report shows them: a skip that became n/a (or back) changed too.
+    if old.label == new.label:
         return None
     verdict: Literal["regression", "improvement", "changed"] = (
         "regression" if old.status is Status.PASS else "improvement" if new.status is Status.PASS else "changed")
-    return StatusChange(check_id=new.id, kind=new.kind, before=old.status, after=new.status,
-                        verdict=verdict, message=new.message)
+    return StatusChange(check_id=new.id, kind=new.kind, before=old.status, after=new.status, before_label=old.label,
+                        after_label=new.label, verdict=verdict, message=new.message)
 
 
 def _status_regression(s: StatusChange) -> Regression:
     why = f": {s.message}" if s.message else ""
-    return Regression(category="status", check_id=s.check_id, figure="status", before=s.before.value,
-                      after=s.after.value, bound="must stay pass",
-                      line=f"{s.check_id}: {s.before.value} → {s.after.value}{why}")
+    return Regression(category="status", check_id=s.check_id, figure="status", before=s.before_label,
+                      after=s.after_label, bound="must stay pass", line=f"{s.text}{why}")
 
 
 def _comparable(baseline: RunResults, new: RunResults) -> str:
@@ -72,8 +74,16 @@ def _verdict(why_not: str, regressions: list[Regression], counts: Counts) -> str
             f"{counts.environment_changes} environment change(s)")
 
 
-def compare_results(baseline: RunResults, new: RunResults, policy: ComparePolicy) -> Comparison:
-    """Compare ``new`` against ``baseline`` under ``policy``."""
+def compare_results(baseline: RunResults, new: RunResults, policy: ComparePolicy, *,
+                    grade: bool = False, baseline_check: VerifyResult | None = None,
+                    new_check: VerifyResult | None = None) -> Comparison:
+    """Compare ``new`` against ``baseline`` under ``policy``.
+
+    ``grade``: also say how the grade moved and why (both results must be graded from their
+    own checks: ``adaptcheck compare`` regrades each file; a perf.regression check leaves it
+    off, its own run is not graded yet). ``baseline_check``/``new_check``: what the files'
+    digests said, when the sides were read from files (an unverified side is marked).
+    """
     excluded = {c.id for c in [*baseline.checks, *new.checks] if c.kind == SELF_KIND}
     old_checks, new_checks = _by_id(baseline, excluded), _by_id(new, excluded)
     pairs = [(old_checks[cid], new_checks[cid]) for cid in new_checks if cid in old_checks]
@@ -89,8 +99,7 @@ def compare_results(baseline: RunResults, new: RunResults, policy: ComparePolicy
     regressions = ([_status_regression(s) for s in statuses if s.verdict == "regression"]
                    + [numeric.as_regression(n) for n in numbers if n.verdict == "regression"]
                    + [perf.as_regression(f) for f in figures if f.verdict == "regression"])
-    improvements = ([f"{s.check_id}: {s.before.value} → {s.after.value}" for s in statuses
-                     if s.verdict == "improvement"]
+    improvements = ([s.text for s in statuses if s.verdict == "improvement"]
                     + [numeric.improvement_line(n) for n in numbers if n.verdict == "improvement"]
                     + [perf.improvement_line(f) for f in figures if f.verdict == "improvement"])
     counts = Counts(checks_matched=len(pairs), checks_added=len(added), checks_removed=len(removed),
@@ -99,8 +108,15 @@ def compare_results(baseline: RunResults, new: RunResults, policy: ComparePolicy
                     perf_improvements=sum(1 for f in figures if f.verdict == "improvement"),
                     environment_changes=len(env), regressions=len(regressions))
     why_not = _comparable(baseline, new)
-    return Comparison(policy=policy, baseline=RunRef.of(baseline), new=RunRef.of(new), comparable=not why_not,
-                      not_comparable_reason=why_not, verdict=_verdict(why_not, regressions, counts),
-                      regressions=regressions, improvements=improvements, added_checks=added,
-                      removed_checks=removed, status_changes=statuses, numeric=numbers, perf=figures,
-                      not_compared=not_compared, environment=env, counts=counts)
+    comparison = Comparison(
+        policy=policy, baseline=RunRef.of(baseline, baseline_check), new=RunRef.of(new, new_check),
+        comparable=not why_not, not_comparable_reason=why_not, verdict=_verdict(why_not, regressions, counts),
+        grade=grade_change(baseline, new) if grade else None,
+        regressions=regressions, improvements=improvements, added_checks=added, removed_checks=removed,
+        status_changes=statuses, numeric=numbers, perf=figures, not_compared=not_compared, environment=env,
+        counts=counts)
+    unverified = comparison.unverified_sides()
+    if unverified:
+        # Whoever reads only the verdict line (a CI log, a check message) must see it too.
+        comparison.verdict = f"UNVERIFIED {' and '.join(unverified)}: {comparison.verdict}"
+    return comparison

@@ -16,8 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from adaptcheck import safejson
 from adaptcheck.atomic import write_text_atomic
 from adaptcheck.errors import AdaptcheckError, ExitCode, InvalidInputError
+from adaptcheck.integrity import VerifyResult
 from adaptcheck.models.results import RunResults, Status
 
 SCHEMA_VERSION = "1.0"
@@ -67,13 +69,22 @@ class RunRef(BaseModel):
     device_name: str = Field(description="Device product name.")
     device_count: int = Field(description="Devices of the backend visible to the run.")
     complete: bool = Field(description="False when the run did not finish every selected check.")
+    integrity: str | None = Field(default=None, description="What its digest said of the file it was read from: "
+                                  "intact | edited | no_digest; None when this side was not read from a file "
+                                  "(the run a perf.regression check belongs to).")
+    verified: bool = Field(default=True, description="False when the file was used although edited after its run or "
+                           "undigested (--allow-unverified): nothing vouches for its figures.")
+    unverified_reason: str = Field(default="", description="'edited after the run' | 'no digest' when not verified.")
 
     @classmethod
-    def of(cls, results: RunResults) -> RunRef:
+    def of(cls, results: RunResults, check: VerifyResult | None = None) -> RunRef:
+        """The reference of one side; ``check``: its file's verification, when read from a file."""
         d = results.device
         return cls(run_id=results.run_id, started_at=results.started_at, adaptcheck_version=results.adaptcheck_version,
                    ladder=f"{results.ladder.id} {results.ladder.version}", backend=d.backend,
-                   device_name=d.device_name, device_count=d.device_count, complete=results.complete)
+                   device_name=d.device_name, device_count=d.device_count, complete=results.complete,
+                   integrity=check.status.value if check else None, verified=check is None or check.intact,
+                   unverified_reason=check.unverified_reason if check else "")
 
 
 class StatusChange(BaseModel):
@@ -85,9 +96,55 @@ class StatusChange(BaseModel):
     kind: str = Field(description="Check kind (of the new run).")
     before: Status = Field(description="Status in the baseline.")
     after: Status = Field(description="Status in the new run.")
+    before_label: str = Field(default="", description="The baseline's status as the report names it: pass | fail | "
+                              "error | skip | n/a (a skip the backend declared inapplicable).")
+    after_label: str = Field(default="", description="The new run's status as the report names it.")
     verdict: Literal["regression", "improvement", "changed"] = Field(
-        description="regression: pass → anything else; improvement: anything else → pass; changed: the rest.")
+        description="regression: pass → anything else; improvement: anything else → pass; changed: the rest "
+                    "(including skip ↔ n/a).")
     message: str = Field(default="", description="The new run's message for the check.")
+
+    @property
+    def text(self) -> str:
+        """'id: before → after' in the report's words (labels are absent from comparisons of older versions)."""
+        return f"{self.check_id}: {self.before_label or self.before.value} → {self.after_label or self.after.value}"
+
+
+class GradeCause(BaseModel):
+    """A check whose status change made a level of the grade lost (or gained)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: str = Field(description="The level lost (or gained), e.g. 'L3'.")
+    condition: str = Field(description="Id of that level's condition that selects the check.")
+    check_id: str = Field(description="Check id.")
+    before: str = Field(description="Its status in the baseline (pass | fail | error | skip | n/a | not run).")
+    after: str = Field(description="Its status in the new run (pass | fail | error | skip | n/a | not run).")
+    message: str = Field(default="", description="The new run's message for the check.")
+
+    @property
+    def text(self) -> str:
+        why = f": {self.message}" if self.message and self.after != "pass" else ""
+        return f"{self.level} {self.condition}: {self.check_id}: {self.before} → {self.after}{why}"
+
+
+class GradeChange(BaseModel):
+    """The grade of each run (recomputed from its own checks) and what changed it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    before: str = Field(description="Grade of the baseline, 'L0' … 'L5'.")
+    before_name: str = Field(description="Its level name.")
+    after: str = Field(description="Grade of the new run.")
+    after_name: str = Field(description="Its level name.")
+    change: Literal["lowered", "raised", "unchanged"] = Field(description="Which way the grade moved.")
+    causes: list[GradeCause] = Field(default_factory=list, description="Lowered: checks selected by the unmet "
+                                     "conditions of the lost levels that did not block the grade in the baseline "
+                                     "(pass or n/a) and block it now; raised: checks of the gained levels' "
+                                     "conditions that block no more.")
+    other_reasons: list[str] = Field(default_factory=list, description="Unmet conditions of the lost levels that no "
+                                     "status change explains (a step not run, a check missing), with their reason.")
+    line: str = Field(description="The change on one line, e.g. 'grade lowered: L3 (service usable) → L2 (model runs)'.")
 
 
 class NumericChange(BaseModel):
@@ -192,6 +249,9 @@ class Comparison(BaseModel):
                              "name): the figures are listed, but they do not describe one machine over time.")
     not_comparable_reason: str = Field(default="", description="Why comparable is False.")
     verdict: str = Field(description="One line: the outcome.")
+    grade: GradeChange | None = Field(default=None, description="The grade change between the runs ('adaptcheck "
+                                      "compare'); None inside a perf.regression check, whose own run is not "
+                                      "graded yet.")
     regressions: list[Regression] = Field(default_factory=list, description="Every regression, worst category first.")
     improvements: list[str] = Field(default_factory=list, description="Every improvement, one line each.")
     added_checks: list[str] = Field(default_factory=list, description="Check ids only in the new run.")
@@ -203,6 +263,11 @@ class Comparison(BaseModel):
     not_compared: list[NotCompared] = Field(default_factory=list, description="Performance figures not compared, why.")
     environment: list[EnvChange] = Field(default_factory=list, description="Stack differences between the runs.")
     counts: Counts = Field(description="Totals.")
+
+    def unverified_sides(self) -> list[str]:
+        """'baseline (edited after the run)', 'new (no digest)': each side used without a valid digest."""
+        return [f"{name} ({ref.unverified_reason or 'unverified'})"
+                for name, ref in (("baseline", self.baseline), ("new", self.new)) if not ref.verified]
 
     def to_data(self) -> dict[str, Any]:
         """Plain JSON data (for check details and ``--format json``): inf/NaN as strings, which
@@ -217,10 +282,8 @@ class Comparison(BaseModel):
     @classmethod
     def load(cls, path: Path) -> Comparison:
         """Read a saved comparison; any problem is a one-line InvalidInputError."""
-        try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidInputError(f"{path}: not a readable comparison file: {exc}") from None
+        # Bounded (size, depth, integer length): every problem is one InvalidInputError line.
+        raw = safejson.load_file(Path(path), what="comparison file")
         return cls.from_data(raw, str(path))
 
     @classmethod

@@ -71,10 +71,14 @@ def build_entry(row: Combination, latest: RunResults, prefix: str) -> KnownGoodE
     assert env is not None  # merge only keeps runs with an environment
     hosts = ", ".join(row.hosts)
     runs = ", ".join(r.run_id for r in row.runs)
+    # An entry measured from files nothing vouches for says so where its readers look: its source.
+    unverified = [f"{r.run_id} ({'edited after the run' if r.integrity == 'edited' else 'no digest'})"
+                  for r in row.runs if not r.verified]
+    caveat = f"; UNVERIFIED results files: {', '.join(unverified)}" if unverified else ""
     source = (f"measured with adaptcheck {latest.adaptcheck_version}: latest run {row.latest_run_id} "
               f"({row.last_started.date().isoformat()}, ladder {latest.ladder.id} {latest.ladder.version}) graded "
               f"{row.latest_grade}; runs {runs} on hosts {hosts} "
-              f"({row.first_started.date().isoformat()} to {row.last_started.date().isoformat()})")
+              f"({row.first_started.date().isoformat()} to {row.last_started.date().isoformat()}){caveat}")
     return KnownGoodEntry(
         id=entry_id(prefix, row),
         description=f"{summary(row.key)}; measured {row.latest_grade} (adaptcheck matrix export-known-good)",
@@ -93,14 +97,16 @@ def _write(path: Path, entries: list[KnownGoodEntry]) -> None:
     write_text_atomic(path, HEADER + body, check=load_known_good)
 
 
-def export_known_good(paths: Sequence[Path], output: Path, prefix: str = "site") -> KnownGoodExport:
+def export_known_good(paths: Sequence[Path], output: Path, prefix: str = "site",
+                      allow_unverified: bool = False) -> KnownGoodExport:
     """Merge ``paths`` and write every combination whose latest run reached L4+ into ``output``.
 
     An existing ``output`` must be a valid known-good file: its entries are kept and those
     with the same id are replaced (re-exporting refreshes the runs named in ``source``).
-    Nothing is written when no combination qualifies.
+    Nothing is written when no combination qualifies. Edited or undigested inputs are skipped
+    unless ``allow_unverified`` (an entry built from one then says so in its ``source``).
     """
-    merged = merge(paths)
+    merged = merge(paths, allow_unverified)
     entries: list[KnownGoodEntry] = []
     refused: list[Refusal] = []
     for row in merged.matrix.rows:

@@ -32,7 +32,8 @@ class RunCell:
     started: str
     grade: str
     ladder: str
-    # Set when the stored grade or the file's digest says the file was edited after the run.
+    # Set when the stored grade or the file's digest says the file was edited after the run
+    # (or it has no digest): such a run was merged only with --allow-unverified.
     warning: str
 
 
@@ -55,6 +56,7 @@ class RowView:
     blockers: list[str]
     known_good: bool
     known_good_reason: str
+    verified: bool  # False when any of its runs was merged unverified
 
 
 @dataclass
@@ -84,7 +86,9 @@ def _warning(grade: str, stored: str, integrity: str) -> str:
     if stored != grade:
         notes.append(f"file claims {stored}, its checks give {grade}")
     if integrity == "edited":
-        notes.append("file edited after the run (digest mismatch)")
+        notes.append("UNVERIFIED: file edited after the run (digest mismatch)")
+    elif integrity == "no_digest":
+        notes.append("UNVERIFIED: file carries no digest")
     return "; ".join(notes)
 
 
@@ -99,7 +103,7 @@ def build_row(row: Combination) -> RowView:
         runs=[RunCell(r.run_id, r.host, r.started_at.strftime("%Y-%m-%d %H:%M UTC"), r.grade, r.ladder,
                       _warning(r.grade, r.stored_grade, r.integrity)) for r in reversed(row.runs)],
         ladders=", ".join(row.ladders), dates=_date(row), blockers=row.latest_blockers,
-        known_good=row.known_good, known_good_reason=row.known_good_reason,
+        known_good=row.known_good, known_good_reason=row.known_good_reason, verified=row.verified,
     )
 
 
@@ -108,6 +112,9 @@ def build_fleet_view(matrix: FleetMatrix) -> FleetView:
     hosts = {h for r in matrix.rows for h in r.hosts}
     summary = (f"{matrix.merged_runs} run(s) from {len(hosts)} host(s) in {len(matrix.rows)} combination(s); "
                f"{len(matrix.skipped)} of {matrix.inputs} input(s) skipped")
+    unverified = sum(1 for r in matrix.rows for run in r.runs if not run.verified)
+    if unverified:
+        summary += f"; {unverified} run(s) UNVERIFIED (edited after the run or no digest, merged with --allow-unverified)"
     return FleetView(
         title="adaptcheck fleet compatibility matrix", generated=matrix.generated_at.strftime("%Y-%m-%d %H:%M UTC"),
         adaptcheck_version=matrix.adaptcheck_version, summary=summary, min_level=KNOWN_GOOD_MIN_LEVEL,

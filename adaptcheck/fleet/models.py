@@ -51,6 +51,8 @@ class RunRef(BaseModel):
     ladder: str = Field(description="Ladder id and version, 'id version'.")
     adaptcheck_version: str = Field(description="adaptcheck version that wrote the file.")
     integrity: str = Field(description="Digest check of the file: intact | edited | no_digest | unreadable.")
+    verified: bool = Field(default=True, description="False when the file was merged although edited after its run "
+                           "or undigested (--allow-unverified): nothing vouches for its grade.")
 
 
 class Combination(BaseModel):
@@ -73,6 +75,8 @@ class Combination(BaseModel):
     known_good: bool = Field(description=f"True when the most recent run reached {KNOWN_GOOD_MIN_LEVEL} or above: "
                                          "it may be exported as a known-good entry.")
     known_good_reason: str = Field(description="Why it does or does not qualify, in one line.")
+    verified: bool = Field(default=True, description="False when any of its runs was merged unverified "
+                           "(--allow-unverified); each such run says why.")
 
 
 class SkippedInput(BaseModel):
@@ -82,6 +86,8 @@ class SkippedInput(BaseModel):
 
     path: str = Field(description="The path as given.")
     reason: str = Field(description="Why it was skipped, one line.")
+    unverified: bool = Field(default=False, description="True when skipped because it was edited after its run or "
+                             "carries no digest: --allow-unverified would merge it (marked).")
 
 
 class FleetMatrix(BaseModel):
@@ -96,7 +102,9 @@ class FleetMatrix(BaseModel):
     merged_runs: int = Field(ge=0, description="Distinct runs merged into rows.")
     rows: list[Combination] = Field(description="One row per combination, sorted by backend, devices, arch.")
     skipped: list[SkippedInput] = Field(description="Inputs not merged (unreadable, not a results file, "
-                                                    "incomplete run, no captured stack, duplicate run id).")
+                                                    "edited after the run or undigested without "
+                                                    "--allow-unverified, incomplete run, no captured stack, "
+                                                    "duplicate run id).")
 
 
 class Refusal(BaseModel):

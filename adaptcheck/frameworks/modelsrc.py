@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adaptcheck import safejson
 from adaptcheck.errors import InvalidInputError
 
 EMBEDDED_PREFIX = "embedded:"
@@ -139,10 +140,13 @@ def _read_config(path: Path) -> dict[str, Any]:
     if not config_file.is_file():
         raise ModelError(f"{path} is not a Hugging Face model directory: config.json is missing", hint=_FIX)
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"{config_file} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                         hint="restore the file from the model's source") from None
+        # Bounded (size, nesting, integer length): a hostile config.json is one line, not a crash.
+        config = safejson.loads(safejson.read_text(config_file, what="config.json"), str(config_file))
+    except safejson.JsonFormatError as exc:
+        detail = exc.message.split("not a readable JSON file: ", 1)[-1]
+        raise ModelError(f"{config_file} is not valid JSON: {detail}", hint="restore the file from the model's source") from None
+    except safejson.JsonLimitError as exc:
+        raise ModelError(exc.message, hint="restore the file from the model's source") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelError(f"{config_file} cannot be read: {exc}", hint="check the file's permissions") from None
     if not isinstance(config, dict):
@@ -163,7 +167,7 @@ def _weights_files(path: Path) -> list[Path]:
             # Sharded: every shard the index names must be there, or loading fails late.
             try:
                 shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 raise ModelError(f"{index} is not a valid weights index",
                                  hint="restore the file from the model's source") from None
             missing = [s for s in shards if not (path / s).is_file()]

@@ -10,7 +10,11 @@ isolated worker process; they never return ``pass`` for something they could not
 from __future__ import annotations
 
 import random
+import threading
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -24,6 +28,12 @@ if TYPE_CHECKING:
 
     from adaptcheck.backends.base import Backend
     from adaptcheck.models.ladder import ModelSpec
+
+PROGRESS_MIN_INTERVAL_S = 0.5
+"""Progress messages of one check are at least this far apart: a check may call
+:meth:`CheckContext.progress` in a tight loop without flooding the result pipe."""
+TICK_INTERVAL_S = 1.0
+"""How often :meth:`CheckContext.timed_progress` reports the elapsed time."""
 
 
 class NoParams(BaseModel):
@@ -79,6 +89,53 @@ class CheckContext:
     check_id: str = ""
     """Id of the check being run (set by the worker before each check)."""
     scratch: dict[str, Any] = field(default_factory=dict)
+    progress_sink: Callable[[dict[str, Any]], None] | None = None
+    """Where :meth:`progress` sends its messages: set by the worker (the result pipe); None
+    outside a worker (tests, the in-process report), where progress is a no-op."""
+    _last_progress: float = field(default=-1e9, init=False, repr=False)
+    _progress_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def progress(self, done: float, total: float | None = None, unit: str = "", note: str = "") -> None:
+        """Tell the runner how far this check is (e.g. 120 of 300 s, 3 of 6 runs).
+
+        Shown live next to the progress bar; it never changes the check's result or its time
+        limit. Messages closer than :data:`PROGRESS_MIN_INTERVAL_S` to the previous one are
+        dropped (a later one carries the news), so calling it often is cheap. Thread-safe.
+        """
+        sink = self.progress_sink
+        if sink is None:
+            return
+        with self._progress_lock:
+            now = time.monotonic()
+            if now - self._last_progress < PROGRESS_MIN_INTERVAL_S:
+                return
+            self._last_progress = now
+            try:
+                sink({"id": self.check_id, "progress": {"done": done, "total": total, "unit": unit, "note": note}})
+            except Exception:  # noqa: BLE001 - progress is informative; a broken pipe surfaces with the result
+                self.progress_sink = None
+
+    @contextmanager
+    def timed_progress(self, planned_s: float, note: str = "") -> Iterator[None]:
+        """Report the elapsed seconds against ``planned_s`` about every second while the body
+        runs (for a blocking call such as a soak's load run). No thread outside a worker."""
+        if self.progress_sink is None:
+            yield
+            return
+        stop = threading.Event()
+        start = time.monotonic()
+
+        def tick() -> None:
+            while not stop.wait(TICK_INTERVAL_S):
+                self.progress(round(time.monotonic() - start, 1), planned_s, "s", note)
+
+        thread = threading.Thread(target=tick, name="adaptcheck-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=5)  # no message of this check may follow its result
 
     @property
     def device(self) -> "torch.device":

@@ -18,7 +18,7 @@ from adaptcheck.errors import LadderError, UnknownNameError, did_you_mean
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.models.ladder import LadderSpec
 from adaptcheck.paths import data_dir
-from adaptcheck.yamldata import describe, line_of, parse_yaml
+from adaptcheck.yamldata import describe, line_of, parse_yaml, read_text
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,7 @@ def resolve(name_or_path: str) -> tuple[Path, str]:
 def load_ladder(name_or_path: str) -> LoadedLadder:
     """Load, parse and validate a ladder; every problem is a one-line LadderError."""
     path, source = resolve(name_or_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LadderError(f"{path}: cannot read ladder: {exc}") from None
+    text = read_text(path, LadderError, "ladder")  # size-bounded; a problem is one LadderError line
     return LoadedLadder(parse_ladder(text, str(path)), source, text)
 
 

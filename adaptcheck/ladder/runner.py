@@ -9,6 +9,7 @@ one starts, so a runner killed with SIGKILL loses only the check in flight.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -26,6 +27,9 @@ from adaptcheck.models.results import CheckResult, Status
 
 WORKER_STARTUP_TIMEOUT_S = 180.0
 """Importing torch and a vendor extension can be slow on first use; a broken driver can hang it."""
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+"""Receives a check's progress message: {'done', 'total', 'unit', 'note'} (see CheckContext.progress)."""
 
 
 class WorkerDied(Exception):
@@ -84,22 +88,35 @@ class Worker:
         except (BrokenPipeError, OSError):
             raise WorkerDied(self._death_reason()) from None
 
-    def _receive(self, timeout_s: float, what: str) -> dict[str, Any]:
+    def _receive(self, timeout_s: float, what: str, on_progress: ProgressCallback | None = None,
+                 check_id: str | None = None) -> dict[str, Any]:
+        """The next reply line. Progress lines of ``check_id`` on the way are handed to
+        ``on_progress`` (those of another check, late from an earlier one, are dropped) and the
+        wait goes on: the time limit covers the whole check, not the gap between messages."""
         deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise WorkerDied(f"{what} exceeded its time limit of {timeout_s:g} s and was killed")
-            ready, _, _ = select.select([self._res_fd], [], [], min(remaining, 1.0))
-            if not ready:
+        while True:
+            while b"\n" not in self._buf:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.kill()
+                    raise WorkerDied(f"{what} exceeded its time limit of {timeout_s:g} s and was killed")
+                ready, _, _ = select.select([self._res_fd], [], [], min(remaining, 1.0))
+                if not ready:
+                    continue
+                chunk = os.read(self._res_fd, 65536)
+                if not chunk:
+                    raise WorkerDied(self._death_reason())
+                self._buf += chunk
+            line, _, self._buf = self._buf.partition(b"\n")
+            msg = json.loads(line)
+            if isinstance(msg, dict) and "progress" in msg and "outcomes" not in msg and "exception" not in msg:
+                if on_progress is not None and msg.get("id") == check_id and isinstance(msg["progress"], dict):
+                    try:
+                        on_progress(msg["progress"])
+                    except Exception:  # noqa: BLE001 - a display problem must not cost the check its result
+                        pass
                 continue
-            chunk = os.read(self._res_fd, 65536)
-            if not chunk:
-                raise WorkerDied(self._death_reason())
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return json.loads(line)
+            return msg
 
     def _death_reason(self) -> str:
         try:
@@ -116,9 +133,9 @@ class Worker:
             return ""
         return f"; last output: {lines[-1][:300]}" if lines else ""
 
-    def run(self, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def run(self, msg: dict[str, Any], timeout_s: float, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
         self._send(msg)
-        return self._receive(timeout_s, what=f"check {msg['id']!r}")
+        return self._receive(timeout_s, what=f"check {msg['id']!r}", on_progress=on_progress, check_id=msg["id"])
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -185,6 +202,18 @@ def error_results(spec: CheckSpec, message: str, duration_s: float = 0.0) -> lis
                         message=message, duration_s=duration_s)]
 
 
+TORN_SUFFIX = ".torn"
+"""Where :meth:`JournalWriter.repair` keeps the bytes of journal lines it sets aside."""
+
+
+@dataclass
+class JournalRepair:
+    """What :meth:`JournalWriter.repair` set aside: the number of bad fragments and where they went."""
+
+    fragments: int
+    torn_path: Path
+
+
 class JournalWriter:
     """Append-only ``checks.jsonl``: one record per finished check, durable before the next starts."""
 
@@ -201,17 +230,66 @@ class JournalWriter:
             os.fsync(fh.fileno())
 
     def read(self) -> dict[str, list[CheckResult]]:
-        """Finished checks by spec id. A torn last line (killed mid-write) is ignored."""
+        """Finished checks by spec id. A torn or unreadable line (killed mid-write) is ignored."""
         done: dict[str, list[CheckResult]] = {}
-        if not self.path.exists():
-            return done
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-                done[rec["spec_id"]] = [CheckResult.model_validate(r) for r in rec["results"]]
-            except (json.JSONDecodeError, KeyError, ValueError):
-                continue
+        for _raw, parsed in self._lines():
+            if parsed is not None:
+                done[parsed[0]] = parsed[1]
         return done
+
+    def repair(self) -> JournalRepair | None:
+        """Make the journal safe to append to; None when it already was.
+
+        A runner killed mid-write leaves a last line without its newline: the next record
+        would be glued onto it and both lost. Every line that is torn (no newline) or does not
+        parse as a record is appended, byte for byte, to ``checks.jsonl.torn`` for a post-mortem,
+        and the journal is replaced atomically by its good lines only. The checks whose records
+        were set aside are simply not done, so the resume runs them again.
+        """
+        good: list[bytes] = []
+        bad: list[bytes] = []
+        for raw, parsed in self._lines():
+            (good if parsed is not None else bad).append(raw)
+        if not bad:
+            return None
+        from adaptcheck.atomic import write_text_atomic
+
+        torn = self.path.with_name(self.path.name + TORN_SUFFIX)
+        # Append, so fragments from several interrupted resumes are all kept; each on its own
+        # line even when it had no newline of its own.
+        with open(torn, "ab") as fh:
+            for raw in bad:
+                fh.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        # Good lines are whole JSON records, hence ASCII/UTF-8 text that decodes unchanged.
+        write_text_atomic(self.path, b"".join(good).decode("utf-8"))
+        return JournalRepair(fragments=len(bad), torn_path=torn)
+
+    def _lines(self) -> list[tuple[bytes, tuple[str, list[CheckResult]] | None]]:
+        """Each raw line (with its newline, if it has one) and its record, or None when it is bad."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        # Split on "\n" only: that is the record separator append() writes.
+        pieces = [p + b"\n" for p in data.split(b"\n")]
+        pieces[-1] = pieces[-1][:-1]  # what follows the last newline: b"" or a torn line
+        return [(raw, _parse_record(raw) if raw.endswith(b"\n") else None) for raw in pieces if raw]
+
+
+def _parse_record(raw: bytes) -> tuple[str, list[CheckResult]] | None:
+    """A journal line's (spec id, results), or None when it is not a whole, valid record."""
+    if not raw.strip():
+        return None
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+        spec_id = rec["spec_id"]
+        if not isinstance(spec_id, str):
+            return None
+        return spec_id, [CheckResult.model_validate(r) for r in rec["results"]]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
+        return None
 
 
 def execute(
@@ -221,6 +299,7 @@ def execute(
     log_path: Path,
     on_start: Callable[[CheckSpec], None] | None = None,
     on_done: Callable[[CheckSpec, list[CheckResult]], None] | None = None,
+    on_progress: Callable[[CheckSpec, dict[str, Any]], None] | None = None,
 ) -> dict[str, list[CheckResult]]:
     """Run each planned check in the worker, replacing the worker after any death."""
     worker: Worker | None = None
@@ -234,7 +313,8 @@ def execute(
             try:
                 if worker is None or not worker.alive():
                     worker = Worker(init, log_path)
-                reply = worker.run({"id": spec.id, "kind": spec.kind, "params": spec.params}, item.timeout_s)
+                report = functools.partial(on_progress, spec) if on_progress else None
+                reply = worker.run({"id": spec.id, "kind": spec.kind, "params": spec.params}, item.timeout_s, report)
                 results = _to_results(spec, reply)
             except WorkerDied as died:
                 if worker is not None:

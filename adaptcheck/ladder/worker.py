@@ -4,6 +4,9 @@ The runner starts ``python -m adaptcheck.ladder.worker CMD_FD RES_FD`` in its ow
 session, sends one JSON line to set up the context, then one JSON line per check, and
 reads one JSON line back per check on a dedicated pipe (so whatever a check or a vendor
 library prints to stdout cannot corrupt the protocol; stdout/stderr go to worker.log).
+Before its reply a long check may send progress lines, ``{"id": ..., "progress": {"done",
+"total", "unit", "note"}}`` (:meth:`CheckContext.progress`); the runner shows them and keeps
+waiting for the reply.
 If a check segfaults, aborts or hangs, only this process dies; the runner records the
 check as ``error`` and starts a fresh worker for the next one.
 """
@@ -52,6 +55,7 @@ def _run_one(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         ctx.check_id = msg["id"]
+        ctx._last_progress = -1e9  # a new check's first progress message is never held back
         cls = get_check_class(msg["kind"])
         params = cls.params_model.model_validate(msg.get("params") or {})
         got = cls().run(ctx, params)
@@ -76,10 +80,13 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     cmd = os.fdopen(cmd_fd, "r", encoding="utf-8")
     res = os.fdopen(res_fd, "w", encoding="utf-8")
+    lock = threading.Lock()  # a check's progress thread and the main thread share the pipe
 
     def send(obj: dict[str, Any]) -> None:
-        res.write(json.dumps(obj, default=str) + "\n")
-        res.flush()
+        line = json.dumps(obj, default=str) + "\n"
+        with lock:
+            res.write(line)
+            res.flush()
 
     init = json.loads(cmd.readline() or "null")
     if init is None:
@@ -89,6 +96,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001
         send({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
+    ctx.progress_sink = send
     send({"ready": True, "pid": os.getpid()})
     for line in cmd:
         if not line.strip():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 LADDER_SCHEMA_VERSION = 1
 LEVELS = ("L1", "L2", "L3", "L4", "L5")
@@ -123,9 +124,12 @@ class LadderSpec(Strict):
     @model_validator(mode="after")
     def _unique_ids(self) -> "LadderSpec":
         seen: set[str] = set()
-        for c in self.checks:
+        for i, c in enumerate(self.checks):
             if c.id in seen:
-                raise ValueError(f"duplicate check id {c.id!r}")
+                # ``at`` (in the error's context) is where, below this model, the problem is:
+                # yamldata.describe() maps it to the duplicate's line, not the file's first.
+                raise PydanticCustomError("duplicate_check_id", "duplicate check id '{id}'",
+                                          {"id": c.id, "at": ("checks", i, "id")})
             seen.add(c.id)
         return self
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from adaptcheck import safejson
 from adaptcheck.atomic import write_text_atomic
 from adaptcheck.errors import InvalidInputError
 from adaptcheck.integrity import DIGEST_FIELD, compute_digest
@@ -41,6 +42,10 @@ class Status(str, Enum):
     SKIP = "skip"
 
 
+NOT_APPLICABLE = "n/a"
+"""The one word for a check the backend declared inapplicable: terminal, report, JUnit, compare."""
+
+
 class CheckResult(BaseModel):
     """One executed (or deliberately not executed) check."""
 
@@ -62,6 +67,12 @@ class CheckResult(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict, description="Structured evidence (worst elements, verdict inputs).")
     duration_s: float = Field(default=0.0, ge=0, description="Wall time of the check in seconds.")
     tags: list[str] = Field(default_factory=list, description="Tags from the ladder (used by grade rules).")
+
+    @property
+    def label(self) -> str:
+        """The status as every output names it: :data:`NOT_APPLICABLE` for a skip the backend
+        declared inapplicable (it blocks no grade), else the status value."""
+        return NOT_APPLICABLE if self.status is Status.SKIP and not self.applicable else self.status.value
 
 
 class ConditionResult(BaseModel):
@@ -183,12 +194,8 @@ class RunResults(BaseModel):
     @classmethod
     def load(cls, path: Path) -> "RunResults":
         """Read and validate a results file; any problem is a one-line InvalidInputError."""
-        try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InvalidInputError(f"{path}: no such results file", hint="pass the results.json of a run") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidInputError(f"{path}: not a readable JSON file: {exc}") from None
+        # Bounded: size, nesting and integer length are limited (adaptcheck.safejson).
+        raw = safejson.load_file(Path(path), what="results file", missing_hint="pass the results.json of a run")
         if not isinstance(raw, dict):
             raise InvalidInputError(f"{path}: expected a JSON object at the top level")
         version = str(raw.get("schema_version", ""))

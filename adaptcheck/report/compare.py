@@ -2,7 +2,9 @@
 
 Built from a :class:`~adaptcheck.compare.Comparison`: inside the run report when a
 ``perf.regression`` result carries one in its details, and as a page of its own for
-``adaptcheck compare --html``. Shows the verdict (and, prominently, when the two runs are
+``adaptcheck compare --html``. Leads with the grade change and the checks that caused it
+(when the comparison carries one), and marks a side that was used unverified (edited after its
+run or without digest). Then the verdict (and, prominently, when the two runs are
 from different devices), the regressions, the environment changes, the improvements, and
 how much could not be compared and why; every performance figure with its bound is in a
 collapsed table below.
@@ -82,6 +84,28 @@ class Fact:
 
 
 @dataclass
+class CauseRow:
+    """A check whose status change lost (or gained) a level."""
+
+    level: str
+    condition: str
+    check: CheckRef
+    before: str
+    after: str
+    message: str
+
+
+@dataclass
+class GradeView:
+    line: str
+    change: str  # lowered | raised | unchanged
+    before: str
+    after: str
+    causes: list[CauseRow]
+    other_reasons: list[str]
+
+
+@dataclass
 class CompareView:
     title: str
     verdict: str
@@ -89,6 +113,8 @@ class CompareView:
     comparable: bool
     not_comparable_reason: str
     check: Label | None  # the perf.regression check's status, inside a run report
+    grade: GradeView | None  # None inside a run report (its own grade is the report's)
+    unverified: list[str]  # 'baseline (edited after the run)' … for each side nothing vouches for
     runs: list[Fact]
     regressions: list[RegressionRow]
     environment: list[EnvRow]
@@ -112,8 +138,9 @@ class ComparePage:
 
 def _run_text(r: RunRef) -> str:
     partial = "" if r.complete else ", incomplete"
+    mark = "" if r.verified else f" — UNVERIFIED: {r.unverified_reason}"
     return (f"{r.run_id} — {r.device_name} ({r.backend}, {r.device_count} visible), ladder {r.ladder}, "
-            f"adaptcheck {r.adaptcheck_version}, started {r.started_at.isoformat(timespec='seconds')}{partial}")
+            f"adaptcheck {r.adaptcheck_version}, started {r.started_at.isoformat(timespec='seconds')}{partial}{mark}")
 
 
 def _figure_row(f: PerfFigure, ref: CheckRef) -> FigureRow:
@@ -150,10 +177,18 @@ def build_compare_view(comparison: Comparison, anchors: dict[str, str] | None = 
                    f"> +{p.min_logprob_delta:g} nats"),
               Fact("token_agreement", f"regression when it drops by > {p.max_agreement_drop:g}"),
               Fact("cases_failed, sequences_failed", "regression on any increase")]
+    grade = None
+    if c.grade is not None:
+        g = c.grade
+        grade = GradeView(line=g.line, change=g.change, before=g.before, after=g.after,
+                          causes=[CauseRow(level=x.level, condition=x.condition, check=ref(x.check_id),
+                                           before=x.before, after=x.after, message=x.message) for x in g.causes],
+                          other_reasons=list(g.other_reasons))
+    lowered = grade is not None and grade.change == "lowered"
     return CompareView(
         title=f"adaptcheck comparison — {c.new.device_name}",
-        verdict=c.verdict, ok=c.comparable and not c.regressions, comparable=c.comparable,
-        not_comparable_reason=c.not_comparable_reason, check=check,
+        verdict=c.verdict, ok=c.comparable and not c.regressions and not lowered, comparable=c.comparable,
+        not_comparable_reason=c.not_comparable_reason, check=check, grade=grade, unverified=c.unverified_sides(),
         runs=[Fact("baseline", _run_text(c.baseline)), Fact("new", _run_text(c.new))],
         regressions=[RegressionRow(category=_CATEGORY[r.category], check=ref(r.check_id), figure=r.figure,
                                    before=r.before, after=r.after, bound=r.bound) for r in c.regressions],
@@ -161,8 +196,7 @@ def build_compare_view(comparison: Comparison, anchors: dict[str, str] | None = 
                             after=e.after if e.after is not None else "absent", change=e.change)
                      for e in c.environment],
         improvements=list(c.improvements),
-        other_status_changes=[f"{s.check_id}: {s.before.value} → {s.after.value}" for s in c.status_changes
-                              if s.verdict == "changed"],
+        other_status_changes=[s.text for s in c.status_changes if s.verdict == "changed"],
         added=list(c.added_checks), removed=list(c.removed_checks),
         figures=[_figure_row(f, ref(f.check_id)) for f in c.perf],
         not_compared=[NotComparedRow(check=ref(x.check_id), figure=x.figure, reason=x.reason) for x in c.not_compared],

@@ -14,7 +14,9 @@ validates against (``junit-10.xsd``; tests/report/data/junit.xsd reflects it):
   interrupted, result lost) it is an ``<error>`` — something meant to run did not.
 * The ``grade`` testcase carries the grade and its blockers in ``<system-out>``; it fails
   only when ``require`` was given and the grade is below it, so the JUnit verdict and the
-  exit code agree. Every suite has properties: run id, grade, adaptcheck version, digest.
+  exit code agree. Every suite has properties: run id, grade, adaptcheck version, digest, and
+  ``adaptcheck.verified`` (``false`` when ``adaptcheck grade --allow-unverified`` graded a file
+  edited after its run or without digest; ``adaptcheck.unverified`` then says which).
 
 Every string passes through the secret scrubber and loses the control characters XML 1.0
 cannot carry; ElementTree does the escaping.
@@ -114,9 +116,11 @@ def _not_run_case(p: PlannedCheck, results: RunResults) -> _Case:
     return case
 
 
-def _grade_case(results: RunResults, require: str | None) -> _Case:
+def _grade_case(results: RunResults, require: str | None, unverified: str = "") -> _Case:
     g = results.grade
     lines = [f"grade: {g.level} ({g.name})", f"required: {require or 'none'}"]
+    if unverified:
+        lines.insert(0, f"UNVERIFIED: the results file was {unverified}; nothing vouches for this grade")
     if g.blockers:
         lines.append("blockers for the next level:")
         lines += [f"  - {b}" for b in g.blockers]
@@ -132,8 +136,10 @@ def _grade_case(results: RunResults, require: str | None) -> _Case:
     return case
 
 
-def _properties(results: RunResults, require: str | None) -> list[tuple[str, str]]:
+def _properties(results: RunResults, require: str | None, unverified: str = "") -> list[tuple[str, str]]:
     return [
+        ("adaptcheck.verified", "false" if unverified else "true"),
+        *([("adaptcheck.unverified", unverified)] if unverified else []),
         ("adaptcheck.run_id", results.run_id),
         ("adaptcheck.grade", results.grade.level),
         ("adaptcheck.grade_name", results.grade.name),
@@ -148,7 +154,7 @@ def _properties(results: RunResults, require: str | None) -> list[tuple[str, str
     ]
 
 
-def _suites(results: RunResults, require: str | None) -> list[tuple[str, list[_Case]]]:
+def _suites(results: RunResults, require: str | None, unverified: str = "") -> list[tuple[str, list[_Case]]]:
     """(suite name, cases) per step in ladder order, then the grade suite."""
     result_ids = {c.id for c in results.checks}
     by_step: dict[int, list[_Case]] = {}
@@ -158,7 +164,7 @@ def _suites(results: RunResults, require: str | None) -> list[tuple[str, list[_C
         if not _has_result(p, result_ids):
             by_step.setdefault(p.step, []).append(_not_run_case(p, results))
     suites = [(f"adaptcheck.step{s} {STEP_NAMES.get(s, f'step {s}')}", by_step[s]) for s in sorted(by_step)]
-    suites.append((GRADE_SUITE, [_grade_case(results, require)]))
+    suites.append((GRADE_SUITE, [_grade_case(results, require, unverified)]))
     return suites
 
 
@@ -177,18 +183,19 @@ def _case_element(parent: ET.Element, case: _Case) -> None:
         ET.SubElement(el, "system-out").text = _text("\n".join(case.stdout))
 
 
-def junit_xml(results: RunResults, require: str | None = None) -> str:
+def junit_xml(results: RunResults, require: str | None = None, unverified: str = "") -> str:
     """The JUnit XML document of ``results`` (with declaration). ``require``: the level the
-    caller gated on (``--require``), which decides whether the ``grade`` testcase fails."""
+    caller gated on (``--require``), which decides whether the ``grade`` testcase fails.
+    ``unverified``: why nothing vouches for the results file ('' when its digest matched)."""
     started = results.started_at.astimezone(timezone.utc).replace(tzinfo=None)
     # junit-10.xsd leaves timestamp free, but Ant's schema wants no zone: naive UTC fits both.
     timestamp = started.isoformat(timespec="seconds")
     hostname = results.environment.hostname if results.environment else "unknown"
-    suites = _suites(results, require)
+    suites = _suites(results, require, unverified)
     every = [c for _, cases in suites for c in cases]
     root = ET.Element("testsuites", name="adaptcheck", tests=str(len(every)), failures=_count(every, "failure"),
                       errors=_count(every, "error"), time=_seconds(sum(c.time for c in every)))
-    properties = _properties(results, require)
+    properties = _properties(results, require, unverified)
     for index, (name, cases) in enumerate(suites):
         suite = ET.SubElement(root, "testsuite", name=_text(name), tests=str(len(cases)),
                               failures=_count(cases, "failure"), errors=_count(cases, "error"),
@@ -204,12 +211,12 @@ def junit_xml(results: RunResults, require: str | None = None) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def write_junit(results: RunResults, path: Path, require: str | None = None) -> None:
+def write_junit(results: RunResults, path: Path, require: str | None = None, unverified: str = "") -> None:
     """Write :func:`junit_xml` to ``path`` (UTF-8, atomically, parent folders created).
 
     A path that cannot be written (a folder, no permission) is a one-line UsageError.
     """
-    text = junit_xml(results, require)
+    text = junit_xml(results, require, unverified)
     try:
         write_text_atomic(Path(path), text)
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""Render a :class:`ReportView` into one self-contained HTML page.
+"""Render a :class:`ReportView` into two self-contained HTML pages: the report and its details.
 
 Autoescaping is on for every template: hostnames, device names, messages and details come
 from the machine under test and from third-party plugins, so they are untrusted text.
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
@@ -22,6 +24,13 @@ from adaptcheck.report.view import ReportView
 # Next to this module, inside the package, so the template ships in the wheel.
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "report.html.j2"
+DETAILS_TEMPLATE = "report_details.html.j2"
+MAIN_FILE = "report.html"
+DETAILS_FILE = "report-details.html"
+"""The details page beside report.html (per-op cases, every check's evidence): the main page
+stays short enough to read and to share."""
+DETAILS_PAGE_ANCHORS = ("checks", "ops-details", "perf-details")
+"""Section ids of the details page (besides the view's ``detail_anchors``)."""
 
 # Browsers do not print the body of a closed <details>, whatever the CSS says; this opens
 # them all before printing. The report is fully readable without it.
@@ -55,11 +64,31 @@ def render_template(name: str, **context: Any) -> str:
     return _environment().get_template(name).render(**context)
 
 
-def render(view: ReportView) -> str:
-    """The report page as one HTML string."""
-    template = _environment().get_template(TEMPLATE)
+def details_path(report: Path) -> Path:
+    """Where the details page of the report at ``report`` goes: ``report-details.html`` beside
+    ``report.html``; beside ``-o out.html``, ``out-details.html``."""
+    return report.with_name(f"{report.stem}-details{report.suffix or '.html'}")
+
+
+def linker(view: ReportView, page: str, main_file: str, details_file: str) -> Callable[[str], str]:
+    """``link(anchor)`` for the templates: a fragment on the same page, or the other page's
+    file name and fragment (the two pages lie in one folder)."""
+    on_details = set(view.detail_anchors) | set(DETAILS_PAGE_ANCHORS)
+
+    def link(anchor: str) -> str:
+        here = (anchor in on_details) == (page == "details")
+        return f"#{anchor}" if here else f"{quote(details_file if page == 'main' else main_file)}#{anchor}"
+
+    return link
+
+
+def render(view: ReportView, page: str = "main", main_file: str = MAIN_FILE, details_file: str = DETAILS_FILE) -> str:
+    """One page of the report as an HTML string: ``main`` (grade, blockers, step summaries,
+    charts) or ``details`` (every op case, every check's evidence)."""
+    template = _environment().get_template(TEMPLATE if page == "main" else DETAILS_TEMPLATE)
     return template.render(
         v=view,
+        link=linker(view, page, main_file, details_file),
         # Markup: a constant of this module, not data, so it is emitted verbatim.
         print_script=Markup(PRINT_SCRIPT),
         script_csp=script_hash(PRINT_SCRIPT),

@@ -155,6 +155,9 @@ class ReproduceView:
     # The results.json digest this report was rendered from ('' when the file has none).
     digest: str = ""
     verify_command: str = "adaptcheck verify results.json"
+    # Why nothing vouches for the file ('edited after the run', 'no digest'); '' when its
+    # digest matched. Set only by 'adaptcheck report --allow-unverified': the page says so.
+    unverified: str = ""
 
 
 @dataclass
@@ -182,6 +185,9 @@ class ReportView:
     reproduce: ReproduceView
     legend: list[Label] = field(default_factory=lambda: [_label(k) for k in STATUS_LABELS])
     compare: CompareView | None = None  # a perf.regression result with a comparison in its details
+    # Fragment ids that live on the details page (every check's entry, every op's cases);
+    # links to them leave the main page (render.linker).
+    detail_anchors: list[str] = field(default_factory=list)
 
 
 def _anchors(ids: list[str]) -> dict[str, str]:
@@ -305,20 +311,21 @@ def _device_text(results: RunResults) -> str:
     return f"{d.device_name} ({d.display_name}, {d.torch_device}, {d.device_count} visible)"
 
 
-def _reproduce(results: RunResults) -> ReproduceView:
+def _reproduce(results: RunResults, unverified: str = "") -> ReproduceView:
     lad = results.ladder
     return ReproduceView(
         command=shlex.join(results.command) if results.command else "(not recorded)",
         adaptcheck_version=results.adaptcheck_version, schema_version=results.schema_version,
         ladder=f"{lad.id} {lad.version}", ladder_source=lad.source, ladder_sha256=lad.sha256,
         seed=results.seed, steps=", ".join(str(s) for s in results.steps), device=_device_text(results),
-        digest=results.digest or "",
+        digest=results.digest or "", unverified=unverified,
     )
 
 
-def build_view(results: RunResults, records_base: str = "") -> ReportView:
+def build_view(results: RunResults, records_base: str = "", unverified: str = "") -> ReportView:
     """The whole report as plain data. ``records_base``: the run folder relative to the
-    report's folder ('' when the report is written into the run folder)."""
+    report's folder ('' when the report is written into the run folder). ``unverified``: why
+    nothing vouches for the results file, when it was rendered anyway (a banner says it)."""
     ids = [c.id for c in results.checks]
     result_ids = set(ids)
     ids += [p.id for p in results.planned if not _has_result(p, result_ids) and p.id not in result_ids]
@@ -327,6 +334,11 @@ def build_view(results: RunResults, records_base: str = "") -> ReportView:
     levels = _levels(results, anchors)
     next_level = next((lv.level for lv in levels if lv.state == "next"), "")
     env = results.environment
+    ops = build_ops(results, anchors)
+    on_details = [*anchors.values(), *(g.anchor for g in groups),
+                  *(a for d in ops.details for a in (d.anchor, *(x.anchor for x in d.dtypes)))]
+    perf = build_perf(results, anchors, records_base)
+    on_details += [f"{s.block}-details" for s in perf.serving]
     return ReportView(
         title=f"adaptcheck {results.grade.level} — {results.device.device_name}",
         run_id=results.run_id,
@@ -339,7 +351,8 @@ def build_view(results: RunResults, records_base: str = "") -> ReportView:
         grade_max=results.grade_rules.levels[-1].level if results.grade_rules.levels else "L5",
         next_level=next_level, blockers=list(results.grade.blockers), levels=levels,
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
-        matrix=build_matrix(env, results.checks, anchors), ops=build_ops(results, anchors),
-        framework=build_framework(results, anchors), perf=build_perf(results, anchors, records_base), check_groups=groups,
-        reproduce=_reproduce(results), compare=build_compare(results, anchors),
+        matrix=build_matrix(env, results.checks, anchors), ops=ops,
+        framework=build_framework(results, anchors), perf=perf, check_groups=groups,
+        reproduce=_reproduce(results, unverified), compare=build_compare(results, anchors),
+        detail_anchors=on_details,
     )

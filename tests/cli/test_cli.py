@@ -136,8 +136,14 @@ def test_grade_exit_codes(dummy_results: Path, tmp_path: Path) -> None:
 
 
 def test_grade_recomputes_rather_than_trusting_the_file(dummy_results: Path) -> None:
+    from adaptcheck.integrity import DIGEST_FIELD, compute_digest
+
     data = json.loads(dummy_results.read_text())
-    data["grade"]["level"] = "L5"  # a hand-edited grade
+    data["grade"]["level"] = "L5"  # a hand-edited grade ...
+    dummy_results.write_text(json.dumps(data))
+    assert run_cli(["grade", str(dummy_results), "--require", "L2"]).returncode == 5  # ... refused (issue 12)
+    data.pop(DIGEST_FIELD)
+    data[DIGEST_FIELD] = compute_digest(data)  # ... and re-sealed, as anyone can: still recomputed
     dummy_results.write_text(json.dumps(data))
     done = run_cli(["grade", str(dummy_results), "--require", "L2"])
     assert done.returncode == 1
@@ -202,7 +208,7 @@ def test_secret_values_never_leave_the_machine(write_ladder) -> None:
     assert data["checks"][0]["status"] == "fail"
     assert "connect failed with key" in data["checks"][0]["message"]
     for text in (done.stdout, done.stderr, (out / "results.json").read_text(), (out / "report.html").read_text(),
-                 (out / "checks.jsonl").read_text()):
+                 (out / "report-details.html").read_text(), (out / "checks.jsonl").read_text()):
         assert secret not in text
 
 

@@ -1,6 +1,9 @@
 """``adaptcheck compare`` and ``adaptcheck run --baseline`` as a user meets them: real processes,
 exit codes (0 no regression, 1 regressions, 2 bad option, 3 unreadable file), one-line errors,
-the JSON document on stdout, the HTML page, and the perf.regression check in a real run."""
+the JSON document on stdout, the HTML page, and the perf.regression check in a real run.
+
+The recorded pair (tests/compare/data) is schema 1.0, without digest, which compare refuses
+(exit 5, tests/cli/test_unverified.py): these tests compare sealed copies of it."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from tests.compare.helpers import (
     gemm_row,
     load_pair,
     scale_row_time,
+    write_sealed,
 )
 from tests.conftest import run_cli
 
@@ -33,9 +37,15 @@ def _error_line(stderr: str) -> str:
     return lines[-1]
 
 
-def test_same_machine_rerun_exits_0_with_json_and_html(tmp_path: Path) -> None:
+@pytest.fixture(name="sealed")
+def sealed_fixture(tmp_path: Path) -> tuple[Path, Path]:
+    """(baseline, rerun): the recorded pair with valid digests."""
+    return write_sealed(BASELINE, tmp_path / "sealed" / "baseline.json"), write_sealed(RERUN, tmp_path / "sealed" / "rerun.json")
+
+
+def test_same_machine_rerun_exits_0_with_json_and_html(tmp_path: Path, sealed: tuple[Path, Path]) -> None:
     html = tmp_path / "compare.html"
-    done = run_cli(["compare", str(BASELINE), str(RERUN), "--format", "json", "--html", str(html)])
+    done = run_cli(["compare", str(sealed[0]), str(sealed[1]), "--format", "json", "--html", str(html)])
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["regressions"] == [] and data["comparable"] is True
@@ -44,13 +54,12 @@ def test_same_machine_rerun_exits_0_with_json_and_html(tmp_path: Path) -> None:
     assert 'id="compare"' in html.read_text(encoding="utf-8")
 
 
-def test_planted_regressions_exit_1_and_are_listed(tmp_path: Path) -> None:
+def test_planted_regressions_exit_1_and_are_listed(tmp_path: Path, sealed: tuple[Path, Path]) -> None:
     _, rerun = load_pair()
     scale_row_time(gemm_row(rerun), 2.0)
     check(rerun, "ops.gemm.bf16").metrics["ratio_to_tolerance"] *= 3
-    planted = tmp_path / "planted.json"
-    planted.write_text(rerun.model_dump_json())
-    done = run_cli(["compare", str(BASELINE), str(planted), "--format", "json"])
+    planted = write_sealed(rerun, tmp_path / "planted.json")
+    done = run_cli(["compare", str(sealed[0]), str(planted), "--format", "json"])
     assert done.returncode == 1, done.stderr
     data = json.loads(done.stdout)  # the document is still printed for CI to keep
     assert {(r["category"], r["check_id"]) for r in data["regressions"]} == {
@@ -59,17 +68,18 @@ def test_planted_regressions_exit_1_and_are_listed(tmp_path: Path) -> None:
                                         "against baseline 20261129-213300-cpu-3b2105")
     # A looser policy from the command line: 7 × the row's 19.7 % spread (138 %) covers the
     # planted row, now 2.24 × the baseline's time.
-    done = run_cli(["compare", str(BASELINE), str(planted), "--format", "json", "--noise-multiplier", "7"])
+    done = run_cli(["compare", str(sealed[0]), str(planted), "--format", "json", "--noise-multiplier", "7"])
     assert [r["category"] for r in json.loads(done.stdout)["regressions"]] == ["numeric"]
 
 
-def test_unreadable_files_and_bad_options(tmp_path: Path) -> None:
+def test_unreadable_files_and_bad_options(tmp_path: Path, sealed: tuple[Path, Path]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
+    baseline, rerun = map(str, sealed)
     for args, code, words in [
-        (["compare", str(tmp_path / "missing.json"), str(RERUN)], 3, "no such results file"),
-        (["compare", str(BASELINE), str(bad)], 3, "not a readable JSON file"),
-        (["compare", str(BASELINE), str(RERUN), "--noise-multiplier", "0"], 2, "--noise-multiplier"),
+        (["compare", str(tmp_path / "missing.json"), rerun], 3, "no such results file"),
+        (["compare", baseline, str(bad)], 3, "not a readable JSON file"),
+        (["compare", baseline, rerun, "--noise-multiplier", "0"], 2, "--noise-multiplier"),
     ]:
         done = run_cli(args)
         assert done.returncode == code, (args, done.stderr)
@@ -83,6 +93,7 @@ def test_help_documents_the_exit_codes() -> None:
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
     assert "0 no regression, 1 regressions found" in text and "3 unreadable file" in text
+    assert "5 a file edited after its run or without digest" in text
 
 
 @pytest.mark.slow
@@ -135,11 +146,80 @@ def test_run_with_baseline_end_to_end(tmp_path: Path, write_ladder) -> None:
     assert not fourth.exists()
 
 
-def test_a_baseline_from_before_digests_is_accepted() -> None:
-    """Schema 1.0 files carry no digest: nothing proves them intact, but nothing proves them
-    edited either; they stay usable as baselines (the comparison names the run it used)."""
+def test_a_baseline_from_before_digests_is_refused_unless_allowed() -> None:
+    """Schema 1.0 files carry no digest: nothing proves them intact. Issue 12 changed this
+    from "accepted" to "refused (exit 5) unless --allow-unverified": a baseline nobody vouches
+    for could hide a regression. Allowed, the copy is verbatim (perf.regression then marks it)."""
+    from adaptcheck.errors import IntegrityError
     from adaptcheck.integrity import Integrity, verify_file
     from adaptcheck.session import _baseline_text
 
     assert verify_file(BASELINE).status is Integrity.NO_DIGEST
-    assert _baseline_text(BASELINE) == BASELINE.read_text(encoding="utf-8")
+    with pytest.raises(IntegrityError) as refused:
+        _baseline_text(BASELINE)
+    assert refused.value.message.startswith(f"--baseline: {BASELINE}: carries no digest")
+    assert "--allow-unverified" in (refused.value.hint or "")
+    assert _baseline_text(BASELINE, allow_unverified=True) == BASELINE.read_text(encoding="utf-8")
+
+
+def test_grade_change_leads_with_the_checks_that_caused_it(tmp_path: Path, sealed: tuple[Path, Path]) -> None:
+    """L3 → L2: the first thing printed is the grade change, then the check that lost L3
+    (before issue 12 the grade was not mentioned and a status change hid under "Other
+    differences"). One word for not-applicable: an n/a check that now fails reads "n/a → fail",
+    as the report calls it, never "skip → fail"."""
+    from adaptcheck.models.results import Status
+
+    _, rerun = load_pair()
+    lost = check(rerun, "framework.transformers.concurrent")
+    lost.status, lost.message = Status.FAIL, "2 of 8 concurrent sequences differ from the reference"
+    na = check(rerun, "matrix.rules.vllm_numpy")  # n/a in the baseline; L3 compatible_stack selects it
+    assert na.status is Status.SKIP and not na.applicable
+    na.status, na.applicable, na.message = Status.ERROR, True, "rule crashed"
+    new = write_sealed(rerun, tmp_path / "new.json")
+    html = tmp_path / "compare.html"
+
+    done = run_cli(["compare", str(sealed[0]), str(new), "--html", str(html)])
+    assert done.returncode == 1, done.stderr
+    lines = _lines(done.stderr)
+    assert lines[0] == "grade lowered: L3 (service usable) → L2 (model runs)"
+    assert lines[1].strip() == "caused by:"
+    assert lines[2].strip() == ("- L3 concurrent: framework.transformers.concurrent: pass → fail: "
+                                "2 of 8 concurrent sequences differ from the reference")
+    assert lines[3].strip() == "- L3 compatible_stack: matrix.rules.vllm_numpy: n/a → error: rule crashed"
+    assert lines[4].startswith("baseline: ")  # everything else comes after
+    assert "matrix.rules.vllm_numpy" in done.stderr and "Other status changes" in done.stderr
+    assert "│ n/a " in done.stderr and "skip → error" not in done.stderr
+    assert _error_line(done.stderr).startswith("adaptcheck: error: grade lowered L3 → L2; ")
+
+    data = json.loads(run_cli(["compare", str(sealed[0]), str(new), "--format", "json"]).stdout)
+    assert (data["grade"]["before"], data["grade"]["after"], data["grade"]["change"]) == ("L3", "L2", "lowered")
+    assert [(c["level"], c["check_id"], c["before"], c["after"]) for c in data["grade"]["causes"]] == [
+        ("L3", "framework.transformers.concurrent", "pass", "fail"), ("L3", "matrix.rules.vllm_numpy", "n/a", "error")]
+    na_change = next(s for s in data["status_changes"] if s["check_id"] == "matrix.rules.vllm_numpy")
+    assert (na_change["before_label"], na_change["after_label"], na_change["verdict"]) == ("n/a", "error", "changed")
+
+    page = html.read_text(encoding="utf-8")
+    grade_at = page.index("grade lowered: L3 (service usable) → L2 (model runs)")
+    assert grade_at < page.index("<h3>Regressions</h3>")
+    assert page.index("framework.transformers.concurrent") > grade_at
+    assert "matrix.rules.vllm_numpy: n/a → error" in page and "skip → error" not in page
+
+    # The other way round the grade was raised, by the same two checks (the recorded pair's
+    # other differences still regress that way: exit 1, but not for the grade).
+    done = run_cli(["compare", str(new), str(sealed[0]), "--format", "json"])
+    assert done.returncode == 1, done.stderr
+    assert _lines(done.stderr)[0] == "grade raised: L2 (model runs) → L3 (service usable)"
+    assert "grade lowered" not in _error_line(done.stderr)
+    raised = json.loads(done.stdout)["grade"]
+    assert [(c["check_id"], c["before"], c["after"]) for c in raised["causes"]] == [
+        ("framework.transformers.concurrent", "fail", "pass"), ("matrix.rules.vllm_numpy", "error", "n/a")]
+
+
+def test_unchanged_grade_is_said_first_too(sealed: tuple[Path, Path]) -> None:
+    done = run_cli(["compare", str(sealed[0]), str(sealed[1])])
+    assert done.returncode == 0, done.stderr
+    assert _lines(done.stderr)[0] == "grade unchanged: L3 (service usable)"
+
+
+def _lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]

@@ -140,12 +140,16 @@ def test_report_shows_the_digest_of_the_file(run: tuple[Path, Any], tmp_path: Pa
     assert f'<code class="digest">{digest}</code>' in rerendered.read_text()
 
 
-def test_grade_notes_an_edited_file_but_still_grades(results: Path) -> None:
+def test_grade_refuses_an_edited_file_unless_allowed(results: Path) -> None:
+    # Issue 12: this used to grade with a note on stderr and exit 0 (CI certified a forged file).
     _edit(results, _fail_to_pass)
     done = run_cli(["grade", str(results), "--format", "json"])
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["integrity"] == "edited"
+    assert done.returncode == 5 and done.stdout == ""
     assert "was edited after the run" in done.stderr and "adaptcheck verify" in done.stderr
+    done = run_cli(["grade", str(results), "--format", "json", "--allow-unverified"])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["integrity"] == "edited" and json.loads(done.stdout)["verified"] is False
+    assert "was edited after the run" in done.stderr
 
 
 def test_grade_prints_each_blocker_on_its_own_line(results: Path) -> None:
@@ -164,7 +168,8 @@ def test_grade_prints_each_blocker_on_its_own_line(results: Path) -> None:
 def test_grade_help_documents_the_exit_codes() -> None:
     text = " ".join(run_cli(["grade", "--help"]).stdout.split())
     for line in ("0 the grade meets --require, or no --require was given", "1 the grade is below --require",
-                 "2 usage error", "3 the file is unreadable or not a valid results.json"):
+                 "2 usage error", "3 the file is unreadable or not a valid results.json",
+                 "5 the file was edited after its run or carries no digest"):
         assert line in text, line
     text = " ".join(run_cli(["verify", "--help"]).stdout.split())
     for line in ("0 intact", "3 the file is missing or not readable JSON", "5 edited after the run"):

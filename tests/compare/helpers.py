@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.integrity import DIGEST_FIELD, compute_digest
 from adaptcheck.models.results import CheckResult, RunResults
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -17,6 +19,29 @@ SERVING_LEVEL = ("perf.serving.concurrent_short", 4)
 def load_pair() -> tuple[RunResults, RunResults]:
     """(baseline, rerun), fresh objects each call so a test may change them freely."""
     return RunResults.load(BASELINE), RunResults.load(RERUN)
+
+
+def sealed_text(source: Path | RunResults | dict[str, Any]) -> str:
+    """The JSON text of a results file, file object or parsed dict, carrying a digest that
+    matches its content — what a run (schema 1.1+) writes. The data files above are real
+    schema-1.0 files without one, which compare, grade and run --baseline refuse unless
+    --allow-unverified; tests that are not about integrity use sealed copies."""
+    if isinstance(source, Path):
+        data = json.loads(source.read_text(encoding="utf-8"))
+    elif isinstance(source, RunResults):
+        data = json.loads(source.model_dump_json())
+    else:
+        data = dict(source)
+    data.pop(DIGEST_FIELD, None)
+    data[DIGEST_FIELD] = compute_digest(data)
+    return json.dumps(data, indent=2)
+
+
+def write_sealed(source: Path | RunResults | dict[str, Any], dest: Path) -> Path:
+    """:func:`sealed_text` written to ``dest``; returns ``dest``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(sealed_text(source), encoding="utf-8")
+    return dest
 
 
 def check(results: RunResults, check_id: str) -> CheckResult:

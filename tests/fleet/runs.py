@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
+from adaptcheck.integrity import DIGEST_FIELD, compute_digest
+
 from tests.conftest import run_cli
 
 NEVER_MATCHES = {"schema_version": 1, "entries": [{
@@ -122,9 +124,13 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def derive(src: Path, dest: Path, **changes: Any) -> Path:
+def derive(src: Path, dest: Path, *, seal: bool = True, **changes: Any) -> Path:
     """A copy of a real results file with top-level ``changes``; nested ones as 'a.b' keys
-    (``**{"environment.hostname": "node-b"}``). Returns the new file."""
+    (``**{"environment.hostname": "node-b"}``). Returns the new file.
+
+    ``seal`` (default): the copy gets a digest matching its new content, as if another node's
+    run had written it — merge refuses edited files, and most tests stand for real other runs.
+    ``seal=False`` leaves the original digest: a hand-edited file, as a forger leaves it."""
     data = load(src)
     for dotted, value in changes.items():
         target = data
@@ -132,6 +138,9 @@ def derive(src: Path, dest: Path, **changes: Any) -> Path:
         for part in parents:
             target = target[int(part)] if isinstance(target, list) else target[part]
         target[last] = value
+    if seal:
+        data.pop(DIGEST_FIELD, None)
+        data[DIGEST_FIELD] = compute_digest(data)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(data, indent=2), encoding="utf-8")
     return dest

@@ -10,7 +10,7 @@ from adaptcheck.fleet import merge_results
 from adaptcheck.fleet.stack import key_versions
 from adaptcheck.models.results import RunResults
 
-from .runs import FleetRuns, derive, fleet_runs_fixture, load  # noqa: F401 - a fixture
+from .runs import FleetRuns, derive, fleet_runs_fixture  # noqa: F401 - a fixture
 
 HOSTILE = '<script>alert("x")</script>'
 
@@ -60,7 +60,8 @@ def test_argument_order_does_not_change_the_matrix(fleet_runs: FleetRuns) -> Non
 
 
 def test_stored_grade_is_not_trusted(fleet_runs: FleetRuns, tmp_path: Path) -> None:
-    # Someone edits the low run's grade to L5: its checks and rules still give L1.
+    # Someone edits the low run's grade to L5 (and re-seals the digest, which anyone can):
+    # its checks and rules still give L1.
     forged = derive(fleet_runs.cpu_low, tmp_path / "forged.json", run_id="forged",
                     **{"grade.level": "L5", "grade.name": "production sustainable", "grade.blockers": []})
     matrix = merge_results([forged, fleet_runs.cpu_high])
@@ -68,8 +69,22 @@ def test_stored_grade_is_not_trusted(fleet_runs: FleetRuns, tmp_path: Path) -> N
     run = next(r for r in cpu.runs if r.run_id == "forged")
     assert (run.grade, run.stored_grade) == ("L1", "L5")
     assert cpu.best_grade == "L4"
-    if load(fleet_runs.cpu_low).get("digest"):
-        assert run.integrity == "edited"  # the digest the run wrote no longer matches
+
+
+def test_edited_file_is_skipped_unless_allowed_then_marked(fleet_runs: FleetRuns, tmp_path: Path) -> None:
+    # The same forgery without re-sealing: the digest the run wrote no longer matches.
+    forged = derive(fleet_runs.cpu_low, tmp_path / "forged.json", seal=False, run_id="forged",
+                    **{"grade.level": "L5", "grade.name": "production sustainable", "grade.blockers": []})
+    matrix = merge_results([forged, fleet_runs.cpu_high])
+    assert matrix.merged_runs == 1 and [s.path for s in matrix.skipped] == [str(forged)]
+    assert matrix.skipped[0].unverified and "edited after the run" in matrix.skipped[0].reason
+    assert matrix.rows[0].verified
+
+    matrix = merge_results([forged, fleet_runs.cpu_high], allow_unverified=True)
+    cpu = matrix.rows[0]
+    run = next(r for r in cpu.runs if r.run_id == "forged")
+    assert (run.grade, run.stored_grade, run.integrity, run.verified) == ("L1", "L5", "edited", False)
+    assert cpu.verified is False and matrix.skipped == []
 
 
 def test_latest_run_decides_known_good_not_the_best(fleet_runs: FleetRuns, tmp_path: Path) -> None:

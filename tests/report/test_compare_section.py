@@ -87,7 +87,7 @@ def test_run_report_has_the_section_only_with_a_comparison() -> None:
     section = section[:section.index("</section>")]
     # The check's own status, then the verdict; the regressed row links to its check in this report.
     assert "fail</span>" in section and "1 regression(s): 1 performance" in section
-    assert 'href="#check-perf.gemm"' in section
+    assert 'href="report-details.html#check-perf.gemm"' in section  # check entries are on the details page
 
 
 def test_a_perf_regression_skip_without_comparison_adds_no_section() -> None:

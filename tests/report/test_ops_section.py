@@ -138,8 +138,9 @@ def test_matrix_has_each_op_and_dtype_with_status_and_ratio() -> None:
 
 def test_matrix_rendered_cells_say_status_and_ratio_in_text() -> None:
     page = render(build_view(_results()))
-    section = page[page.index('<section id="ops"'):page.index('<h3>Per-op details</h3>')]
-    rows = {m.group(1): _text(m.group(0)) for m in re.finditer(r'<tr><th scope="row"><a href="#ops-torch-(\w+)".*?</tr>',
+    section = page[page.index('<section id="ops"'):page.index('<section id="framework"')]
+    # Each op links to its cases on the details page.
+    rows = {m.group(1): _text(m.group(0)) for m in re.finditer(r'<tr><th scope="row"><a href="report-details.html#ops-torch-(\w+)".*?</tr>',
                                                                  section, re.DOTALL)}
     assert "pass 0.039×" in rows["gemm"] and "pass 0.24×" in rows["gemm"] and "fail 3.4×" in rows["gemm"]
     assert "fail ∞" in rows["embedding"] and "n/a" in rows["embedding"]
@@ -209,9 +210,11 @@ def test_rows_link_to_details_with_tolerance_and_every_case() -> None:
     assert out.max_abs == "0.0625" and out.cosine == "0.99999" and out.mismatch == "0%"
 
     page = render(build_view(_results()))
-    assert 'id="ops-torch-gemm"' in page and 'id="ops-torch-gemm-bf16"' in page
-    assert 'href="#ops-torch-gemm-bf16"' in page and 'href="#check-ops.gemm.bf16"' in page
-    detail = _text(page[page.index('id="ops-torch-gemm"'):page.index('id="ops-torch-embedding"')])
+    details = render(build_view(_results()), "details")  # every case is on the details page
+    assert 'id="ops-torch-gemm"' in details and 'id="ops-torch-gemm-bf16"' in details
+    assert 'id="ops-torch-gemm"' not in page and "Tolerance per output" not in page
+    assert 'href="report-details.html#ops-torch-gemm-bf16"' in page and 'href="#check-ops.gemm.bf16"' in details
+    detail = _text(details[details.index('id="ops-torch-gemm"'):details.index('id="ops-torch-embedding"')])
     assert "k=8192 → k=2048" in detail and "estimated 40.0s > budget 6.7s" in detail
     assert "got 18.25, expected 18.1877825" in detail and "max_normalized 0.016, min_cosine 0.9999" in detail
 
@@ -232,8 +235,9 @@ def test_worker_crash_without_dtype_spans_the_row() -> None:
     view = _ops([_op_result("bmm", "bf16", Status.PASS, [_case("s", [_output(0.1)])]), crash])
     row = next(r for g in view.groups for r in g.rows if r.op == "gemm")
     assert row.whole is not None and row.whole.status is not None and row.whole.status.key == "error"
-    page = render(build_view(_results([crash])))
-    assert "worker died: SIGSEGV" in _text(page[page.index('<section id="ops"'):])
+    view = build_view(_results([crash]))
+    details = render(view, "details")
+    assert "worker died: SIGSEGV" in _text(details[details.index('<section id="ops-details"'):])
 
 
 def test_planned_op_check_without_result_is_not_run() -> None:
@@ -271,7 +275,7 @@ def test_run_without_step3_says_not_run_and_has_no_matrix(steps: list[int]) -> N
     assert view.ops.ran is False and view.ops.groups == [] and view.ops.dtypes == []
     assert "step 3 not run" in view.ops.not_run_reason
     page = render(view)
-    section = page[page.index('<section id="ops"'):page.index('<section id="checks"')]
+    section = page[page.index('<section id="ops"'):page.index('<section id="framework"')]
     assert "ops-matrix" not in section and "op-cell" not in section
     assert "step 3 not run" in section and "s-notrun" in section
 
@@ -290,6 +294,12 @@ def test_section_is_well_formed_with_unique_ids_and_live_links() -> None:
     assert parsed.errors == [] and parsed.stack == []
     ids = [v for _, k, v in parsed.attrs if k == "id"]
     assert len(ids) == len(set(ids))
-    # Every in-page link of the section lands somewhere.
-    hrefs = {v[1:] for _, k, v in parsed.attrs if k == "href" and v and v.startswith("#ops-")}
-    assert hrefs and hrefs <= set(ids)
+    # Every link of the section to an op's cases lands on an id of the details page.
+    details = _parse(render(build_view(_results()), "details"))
+    assert details.errors == [] and details.stack == []
+    detail_ids = [v for _, k, v in details.attrs if k == "id"]
+    assert len(detail_ids) == len(set(detail_ids))
+    hrefs = {v.partition("#")[2] for _, k, v in parsed.attrs if k == "href" and v and v.startswith("report-details.html#ops-")}
+    assert hrefs and hrefs <= set(detail_ids)
+    local = {v[1:] for _, k, v in details.attrs if k == "href" and v and v.startswith("#")}
+    assert local <= set(detail_ids)

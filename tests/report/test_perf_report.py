@@ -150,7 +150,7 @@ def view(checks: list[CheckResult], **kw: Any) -> PerfView:
 
 
 def section(page: str) -> str:
-    return page[page.index('<section id="perf"'):page.index('<section id="checks"')]
+    return page[page.index('<section id="perf"'):page.index('<section id="reproduce"')]
 
 
 def text(html: str) -> str:
@@ -187,12 +187,12 @@ def test_gemm_row_numbers_efficiency_and_bound() -> None:
         "prefill m=2048 n=4096 k=4096", "", "bf16", "1.2 ms", "8.3% (n=20)", "57 TFLOP/s",
         "41 GB/s", "989 TFLOP/s", "58.0%", False, "1365.3 FLOP/B", "206 FLOP/B", "compute")
     assert (r.status.key, r.status.label) == ("pass", "ok")
-    row_html = re.search(r"<tr>\s*<td>prefill m=2048.*?</tr>", page_of([micro("perf.gemm", "perf.gemm", [gemm_row()],
+    # The status first: in view on a phone before the table is scrolled.
+    row_html = re.search(r"<tr>\s*<td><span class=\"status[^>]*>.*?</tr>", page_of([micro("perf.gemm", "perf.gemm", [gemm_row()],
                                                                              peak=h200_peak())]), re.DOTALL)
     assert row_html and text(row_html.group(0)).split() == [
-        "prefill", "m=2048", "n=4096", "k=4096", "bf16", "1.2", "ms", "8.3%", "(n=20)",
-        "57", "TFLOP/s", "41", "GB/s", "989", "TFLOP/s", "58.0%", "1365.3", "FLOP/B", "206", "FLOP/B", "compute",
-        "✓", "ok"]
+        "✓", "ok", "prefill", "m=2048", "n=4096", "k=4096", "bf16", "1.2", "ms", "8.3%", "(n=20)",
+        "57", "TFLOP/s", "41", "GB/s", "989", "TFLOP/s", "58.0%", "1365.3", "FLOP/B", "206", "FLOP/B", "compute"]
 
 
 def test_memory_bound_row_is_measured_against_bandwidth() -> None:
@@ -313,7 +313,11 @@ def test_serving_summary_table_per_level() -> None:
     assert len(s.runs) == 9 and s.runs[3].level == "4" and s.runs[3].run == 1
     t = text(page_of([serving()]))
     assert "Scenario concurrent_short" in t and "8.32 531.2 120 / 180 / 300 20 / 30 / 50" in t
-    assert "client overhead 41 µs per output token" in t and "9 measured runs" in t
+    assert "client overhead 41 µs per output token" in t
+    # Each measured run and the latency percentiles are on the details page, linked from the block.
+    assert 'href="report-details.html#perf-perf.serving.concurrent_short-details"' in page_of([serving()])
+    details = render(build_view(results([serving()])), "details")
+    assert "9 measured runs" in text(details) and "TTFT by percentile — concurrent_short" in details
 
 
 def test_over_bound_spread_is_highlighted() -> None:
@@ -421,7 +425,9 @@ def test_hostile_scenario_text_is_escaped_in_html_and_svg() -> None:
     assert parsed.errors == [] and parsed.stack == []
     assert parsed.tags.count("script") == 1 and parsed.tags.count("img") == 0
     assert not [a for a in parsed.attrs if a[1].lower().startswith("on")]
-    charts = svgs(section(page))
+    details = render(build_view(results([c, serving(XSS_ATTR)])), "details")  # latency charts are there
+    assert XSS_SCRIPT not in details and XSS_ATTR not in details
+    charts = svgs(section(page)) + svgs(details[details.index('<section id="perf-details"'):])
     assert charts and all(not list(root.iter(f"{SVG}script")) and not list(root.iter("script")) for root in charts)
     titles = [root.findtext(f"{SVG}title") for root in charts]
     assert f"TTFT by percentile — {XSS_SCRIPT}" in titles  # the text survives, as text
@@ -466,12 +472,17 @@ def test_page_is_well_formed_with_unique_ids_and_live_links() -> None:
     assert len(ids) == len(set(ids)) and "perf" in ids
     hrefs = [val for _, k, val in parsed.attrs if k == "href" and val]
     assert {h[1:] for h in hrefs if h.startswith("#")} <= set(ids)
-    assert sorted(h for h in hrefs if not h.startswith("#")) == [f"perf/serving/{n}.jsonl" for n in "abp"]
+    detail_ids = {val for _, k, val in _parse(render(build_view(results(checks)), "details")).attrs if k == "id"}
+    to_details = {h.partition("#")[2] for h in hrefs if h.startswith("report-details.html#")}
+    assert to_details and to_details <= detail_ids  # links to the details page land on an id there
+    assert sorted(h for h in hrefs if not h.startswith(("#", "report-details.html#"))) == [
+        f"perf/serving/{n}.jsonl" for n in "abp"]
     assert '<li><a href="#perf">Performance baseline</a></li>' in page
     # Two different peaks: each block is numbered and lists the checks that use it.
     v = build_view(results(checks)).perf
     assert len(v.peaks) == 2 and micro_view(v, "perf.gemm").peak_note == "efficiencies against peak figures 1"
-    assert len(svgs(section(page))) == 3 * 6 + 2
+    # Main page: two throughput charts per scenario plus the combined two; the latency charts are on the details page.
+    assert len(svgs(section(page))) == 3 * 2 + 2
 
 
 def test_perf_view_is_plain_json_data() -> None:

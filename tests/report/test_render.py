@@ -24,6 +24,11 @@ def _page(**kw: object) -> str:
     return render(build_view(make_results(**kw)))  # type: ignore[arg-type]
 
 
+def _details(**kw: object) -> str:
+    """The details page (every check's entry) of the same results."""
+    return render(build_view(make_results(**kw)), "details")  # type: ignore[arg-type]
+
+
 def _hostile_results():  # noqa: ANN202 - test helper
     env = make_environment(
         hostname=XSS_SCRIPT, os=XSS_ATTR,
@@ -110,18 +115,23 @@ def test_hostile_text_survives_as_visible_text() -> None:
 
 
 def test_no_network_references() -> None:
-    page = render(build_view(_hostile_results())) + _page()
+    view = build_view(_hostile_results())
+    page = render(view) + render(view, "details") + _page() + _details()
     assert not re.search(r"""(?:src|href|action|srcset|poster|data)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
     assert not re.search(r"@import", page, re.I)
     assert not re.search(r"url\(\s*['\"]?\s*(?:https?:)?//", page, re.I)
     assert "<link" not in page and "<iframe" not in page
     hrefs = [v for _, k, v in _parse(page).attrs if k == "href"]
-    assert hrefs and all(v is not None and v.startswith("#") for v in hrefs)
-    # Every in-page link points at an element that exists.
-    single = _page()
-    parsed = _parse(single)
-    ids = {v for _, k, v in parsed.attrs if k == "id"}
-    assert {v[1:] for _, k, v in parsed.attrs if k == "href" and v} <= ids
+    # Only fragments, of this page or of the other page of the report beside it.
+    assert hrefs and all(v is not None and re.fullmatch(r"(report(-details)?\.html)?#[^/]*", v) for v in hrefs)
+    # Every link points at an element that exists, on the page it names.
+    pages = {"report.html": _parse(_page()), "report-details.html": _parse(_details())}
+    ids = {name: {v for _, k, v in p.attrs if k == "id"} for name, p in pages.items()}
+    for name, parsed in pages.items():
+        for _, k, v in parsed.attrs:
+            if k == "href" and v:
+                target, _, frag = v.partition("#")
+                assert frag in ids[target or name], (name, v)
 
 
 def test_csp_allows_exactly_the_print_script() -> None:
@@ -151,7 +161,7 @@ def test_grade_blockers_checks_and_statuses_appear() -> None:
 
 
 def test_each_check_block_shows_its_status_text() -> None:
-    page = _page()
+    page = _details()
     for cid, label in (("smoke.matmul", "pass"), ("ops.rmsnorm", "error"), ("framework.batch", "skip"),
                        ("smoke.streams_events", "n/a"), ("perf.gemm", "not run")):
         block = re.search(rf'<article class="check" id="check-{re.escape(cid)}">(.*?)</article>', page, re.S)
@@ -184,8 +194,9 @@ def test_incomplete_run_warns() -> None:
 
 def test_metrics_details_and_reproduce() -> None:
     page = _page()
-    assert "<code>fp32_max_abs_err</code></th><td class=\"num\">1.235e-07</td>" in page
-    assert "<details><summary>details</summary><pre>" in page
+    details = _details()  # each check's metrics and evidence are on the details page
+    assert "<code>fp32_max_abs_err</code></th><td class=\"num\">1.235e-07</td>" in details
+    assert "<details><summary>details</summary><pre>" in details
     assert "adaptcheck run --ladder quick --steps 1-4 --seed 1234 --out &#39;reports/my run&#39;" in page
     assert "ab" * 32 in page and "builtin:quick" in page
 
@@ -209,7 +220,9 @@ def test_write_report_is_atomic_utf8(tmp_path: Path) -> None:
     write_report(make_results(device_name="Ascend910B3 — 昇腾"), target)
     text = target.read_text(encoding="utf-8")
     assert "Ascend910B3 — 昇腾" in text
-    assert [p.name for p in target.parent.iterdir()] == ["report.html"]  # no temp file left
+    # The details page beside it, and no temp file left.
+    assert sorted(p.name for p in target.parent.iterdir()) == ["report-details.html", "report.html"]
+    assert "Ascend910B3 — 昇腾" in (tmp_path / "out" / "report-details.html").read_text(encoding="utf-8")
 
 
 def test_write_report_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

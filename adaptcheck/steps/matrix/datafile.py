@@ -28,10 +28,7 @@ def matrices_file(name: str) -> Path:
 
 def load_model(path: Path, model: type[M], error: type[MatrixError] = MatrixError) -> M:
     """Read ``path`` and validate it as ``model``; every problem is one ``error`` line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{path}: cannot read: {exc}") from None
+    text = yamldata.read_text(path, error)  # size-bounded; a problem is one ``error`` line
     return parse_model(text, str(path), model, error)
 
 

@@ -159,6 +159,7 @@ class OpCheck(Check):
         cases = params.parsed_cases()
         per_case = params.budget_s / max(1, len(cases) * len(runnable))
         outcomes: list[Outcome] = []
+        total_cases, done_cases = len(cases) * len(runnable), 0
         for dtype in params.dtypes:
             if dtype not in ctx.backend.dtypes:
                 outcomes.append(not_applicable(f"{ctx.backend.display_name} does not claim {dtype}", dtype))
@@ -170,10 +171,13 @@ class OpCheck(Check):
             results = []
             for case in cases:
                 assert speed is not None
+                # Shown live for long op checks (fused MoE at model shapes takes minutes on a CPU).
+                ctx.progress(done_cases, total_cases, "cases", note=f"{dtype} {case.name}")
                 fitted, scaled = fit_case(case, dtype, speed, per_case)
                 res = run_case(ctx, op, fn, fitted, dtype, policy)
                 res.scaled = scaled
                 results.append(res)
+                done_cases += 1
             outcome = summarize(op, provider.name, dtype, results)
             outcome.details["provider_description"] = provider.description
             outcomes.append(outcome)

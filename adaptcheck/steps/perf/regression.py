@@ -11,6 +11,11 @@ regressions; ``skip`` (blocking L5) without a baseline, when the baseline is fro
 device, or — with ``require_perf`` — when no performance figure could be compared, since a
 regression check that compared no performance says nothing about it. ``details`` is the
 whole comparison (JSON), ``metrics`` its counts.
+
+The copy is verified against its digest when the check runs: a baseline admitted with
+``adaptcheck run --allow-unverified`` (edited after its run, or without digest) is marked in
+the evidence — the message starts with "UNVERIFIED baseline", ``details.baseline.verified``
+is false and ``metrics.baseline_verified`` is 0 — so nobody reads the verdict as vouched for.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pydantic import Field
 
 from adaptcheck.compare import ComparePolicy, Comparison, compare_results
 from adaptcheck.errors import InvalidInputError
+from adaptcheck.integrity import verify_file
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.models.results import RunResults
 
@@ -61,22 +67,25 @@ def current_results(run_dir: Path) -> RunResults:
 def verdict(comparison: Comparison, require_perf: bool) -> Outcome:
     """The outcome of a finished comparison (details and metrics attached)."""
     details = comparison.to_data()
-    metrics = comparison.counts.model_dump()
+    metrics: dict[str, int] = {**comparison.counts.model_dump(), "baseline_verified": int(comparison.baseline.verified)}
     c = comparison
+    # Said first, where a reader of the one-line message cannot miss it.
+    mark = "" if c.baseline.verified else f"UNVERIFIED baseline ({c.baseline.unverified_reason}): "
     changed = f"; {c.counts.environment_changes} environment change(s)" if c.counts.environment_changes else ""
     if not c.comparable:
-        return Outcome.skipped(f"baseline not comparable: {c.not_comparable_reason}", details=details, metrics=metrics)
+        return Outcome.skipped(f"{mark}baseline not comparable: {c.not_comparable_reason}", details=details,
+                               metrics=metrics)
     if c.regressions:
         more = f" (+{len(c.regressions) - SHOWN} more)" if len(c.regressions) > SHOWN else ""
         lines = "; ".join(r.line for r in c.regressions[:SHOWN])
-        return Outcome.failed(f"{len(c.regressions)} regression(s) against run {c.baseline.run_id}: {lines}{more}"
-                              f"{changed}", details=details, metrics=metrics)
+        return Outcome.failed(f"{mark}{len(c.regressions)} regression(s) against run {c.baseline.run_id}: {lines}"
+                              f"{more}{changed}", details=details, metrics=metrics)
     if require_perf and not c.counts.perf_compared:
-        return Outcome.skipped(f"no performance figure was measured in both this run and baseline run "
+        return Outcome.skipped(f"{mark}no performance figure was measured in both this run and baseline run "
                                f"{c.baseline.run_id} ({c.counts.perf_not_compared} not compared): the comparison "
                                "cannot vouch for performance (run the step-5 checks before this one, or set "
                                "require_perf: false)", details=details, metrics=metrics)
-    return Outcome.passed(f"no regression against run {c.baseline.run_id}: {c.counts.checks_matched} checks matched, "
+    return Outcome.passed(f"{mark}no regression against run {c.baseline.run_id}: {c.counts.checks_matched} checks matched, "
                           f"{c.counts.perf_compared} performance figures within noise or better "
                           f"({c.counts.perf_improvements} improved){changed}", details=details, metrics=metrics)
 
@@ -100,7 +109,10 @@ class RegressionCheck(Check):
             baseline = RunResults.load(path)
         except InvalidInputError as exc:
             return Outcome.errored(f"the baseline copy cannot be read: {exc.one_line()}")
+        # Admitted at the start only when intact or with --allow-unverified; said in the evidence.
+        check = verify_file(path)
         # The baseline's own result of this check is about its own baseline (and this run has
         # none yet): leave it out rather than list it as removed.
         baseline.checks = [c for c in baseline.checks if c.id != ctx.check_id]
-        return verdict(compare_results(baseline, current_results(ctx.run_dir), params.policy()), params.require_perf)
+        return verdict(compare_results(baseline, current_results(ctx.run_dir), params.policy(), baseline_check=check),
+                       params.require_perf)

@@ -236,10 +236,13 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
     rss_before = tree_rss_mib(pid) if pid else None
     by_level: list[tuple[float, list[RunResult]]] = []
     stopped: str | None = None
+    total_runs = len(params.levels) * params.repeats
     for li, level in enumerate(params.levels):
         runs: list[RunResult] = []
         by_level.append((level, runs))
         for r in range(params.repeats):
+            done_runs = li * params.repeats + r
+            ctx.progress(done_runs, total_runs, "runs", note=f"{params.arrival} {level:g}, run {r + 1}/{params.repeats}")
             result = gen.run(params.run_config(level, ctx.seed_for(f"{ctx.check_id}:arrival:{level:g}")),
                              level_index=li, run=r)
             runs.append(result)

@@ -144,7 +144,9 @@ def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
     sampler = TelemetrySampler(params.sample_interval_s, pid=pid, backend=ctx.backend if local else None,
                                device_index=ctx.device_index).start()
     try:
-        result = gen.run(cfg, level_index=0, run=0)
+        # Elapsed against duration_s, live in the progress bar (requests still in flight are then waited for).
+        with ctx.timed_progress(params.duration_s, note="soak"):
+            result = gen.run(cfg, level_index=0, run=0)
     finally:
         telemetry = sampler.stop()
     with path.open("w", encoding="utf-8") as f:

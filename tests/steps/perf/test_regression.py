@@ -24,7 +24,7 @@ from adaptcheck.steps.perf.regression import (
     RegressionParams,
 )
 from tests.compare.helpers import BASELINE as BASELINE_FILE
-from tests.compare.helpers import gemm_row, load_pair, scale_row_time
+from tests.compare.helpers import gemm_row, load_pair, scale_row_time, sealed_text
 from tests.conftest import ladder_text
 
 # One journal record carries every result of the recorded run; this check is planned last.
@@ -59,7 +59,7 @@ def _run(ctx: CheckContext, **params: object) -> tuple[Status, str, Comparison |
     assert not isinstance(out, list)
     comparison = Comparison.from_data(out.details, "details") if out.details else None
     if comparison is not None:
-        assert out.metrics == comparison.counts.model_dump()
+        assert out.metrics == {**comparison.counts.model_dump(), "baseline_verified": int(comparison.baseline.verified)}
     return out.status, out.message, comparison
 
 
@@ -80,7 +80,7 @@ def test_no_baseline_is_a_skip_that_blocks_l5(tmp_path: Path) -> None:
 
 def test_same_machine_rerun_passes(tmp_path: Path) -> None:
     _, rerun = load_pair()
-    status, message, c = _run(_run_dir(tmp_path, rerun, BASELINE_FILE.read_text()))
+    status, message, c = _run(_run_dir(tmp_path, rerun, sealed_text(BASELINE_FILE)))
     assert status is Status.PASS, message
     assert c is not None and c.counts.perf_compared >= 40 and not c.regressions
     assert message.startswith("no regression against run 20261129-213300-cpu-3b2105")
@@ -93,7 +93,7 @@ def test_same_machine_rerun_passes(tmp_path: Path) -> None:
 def test_planted_regression_fails_and_names_it(tmp_path: Path) -> None:
     _, rerun = load_pair()
     scale_row_time(gemm_row(rerun), 2.0)  # twice as slow: far beyond 3 × its ~20 % spread
-    status, message, c = _run(_run_dir(tmp_path, rerun, BASELINE_FILE.read_text()))
+    status, message, c = _run(_run_dir(tmp_path, rerun, sealed_text(BASELINE_FILE)))
     assert status is Status.FAIL
     assert message.startswith("1 regression(s) against run 20261129-213300-cpu-3b2105: perf.gemm prefill "
                               "m=2048 n=4096 k=4096 bf16: median time")
@@ -103,7 +103,7 @@ def test_planted_regression_fails_and_names_it(tmp_path: Path) -> None:
 def test_baseline_of_another_device_is_not_comparable(tmp_path: Path) -> None:
     baseline, rerun = load_pair()
     baseline.device.device_name = "AMD EPYC 9654"
-    status, message, c = _run(_run_dir(tmp_path, rerun, baseline.model_dump_json()))
+    status, message, c = _run(_run_dir(tmp_path, rerun, sealed_text(baseline)))
     assert status is Status.SKIP and message.startswith("baseline not comparable: different devices")
     assert c is not None and not c.comparable
 
@@ -111,7 +111,7 @@ def test_baseline_of_another_device_is_not_comparable(tmp_path: Path) -> None:
 def test_without_performance_figures_it_is_not_a_pass_unless_allowed(tmp_path: Path) -> None:
     _, rerun = load_pair()
     rerun.checks = [c for c in rerun.checks if c.step < 5]
-    ctx = _run_dir(tmp_path, rerun, BASELINE_FILE.read_text())
+    ctx = _run_dir(tmp_path, rerun, sealed_text(BASELINE_FILE))
     status, message, c = _run(ctx)
     assert status is Status.SKIP and "no performance figure was measured in both" in message
     assert c is not None and c.counts.perf_compared == 0 and c.counts.checks_removed > 0
@@ -119,7 +119,7 @@ def test_without_performance_figures_it_is_not_a_pass_unless_allowed(tmp_path: P
     assert status is Status.PASS
     # A regression still fails, figures or not.
     next(c for c in rerun.checks if c.id == "ops.gemm.bf16").metrics["ratio_to_tolerance"] *= 3
-    status, message, _ = _run(_run_dir(tmp_path / "again", rerun, BASELINE_FILE.read_text()), require_perf=False)
+    status, message, _ = _run(_run_dir(tmp_path / "again", rerun, sealed_text(BASELINE_FILE)), require_perf=False)
     assert status is Status.FAIL and "ops.gemm.bf16 ratio_to_tolerance" in message
 
 
@@ -128,3 +128,21 @@ def test_unreadable_baseline_copy_is_an_error(tmp_path: Path) -> None:
     out = RegressionCheck().run(_run_dir(tmp_path, rerun, "{not json"), RegressionParams())
     assert not isinstance(out, list)
     assert out.status is Status.ERROR and "baseline copy cannot be read" in out.message
+
+
+def test_unverified_baseline_copy_is_marked_in_the_evidence(tmp_path: Path) -> None:
+    """A baseline admitted with 'run --allow-unverified' (here the real schema-1.0 file, no
+    digest) is compared, but the message, details and metrics say nothing vouches for it."""
+    _, rerun = load_pair()
+    ctx = _run_dir(tmp_path, rerun, BASELINE_FILE.read_text())
+    out = RegressionCheck().run(ctx, RegressionParams())
+    assert not isinstance(out, list)
+    assert out.status is Status.PASS and out.message.startswith("UNVERIFIED baseline (no digest): no regression")
+    assert out.metrics["baseline_verified"] == 0
+    details = Comparison.from_data(out.details, "details")
+    assert (details.baseline.verified, details.baseline.integrity) == (False, "no_digest")
+    assert details.verdict.startswith("UNVERIFIED baseline (no digest): ")
+    # The same content sealed: verified, and no mark.
+    status, message, c = _run(_run_dir(tmp_path / "sealed", rerun, sealed_text(BASELINE_FILE)))
+    assert c is not None and c.baseline.verified and c.baseline.integrity == "intact"
+    assert "UNVERIFIED" not in message

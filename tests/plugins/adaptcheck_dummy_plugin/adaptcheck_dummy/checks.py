@@ -99,10 +99,15 @@ class SleepCheck(Check):
 class EchoEnvParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
+    also_print: bool = False
+    """Also print the value to stdout (the worker's stdout is worker.log)."""
+    also_write: str = ""
+    """Also write it to this file of the run folder (as perf/serving/*.jsonl are written)."""
 
 
 class EchoEnvCheck(Check):
-    """Leaks an environment variable's value into its message, as a careless check might."""
+    """Leaks an environment variable's value into its message, as a careless check might
+    (and, when asked, into worker.log and a file of its own, which no writer scrubs)."""
 
     kind = "dummy.echo_env"
     step = 0
@@ -110,4 +115,36 @@ class EchoEnvCheck(Check):
 
     def run(self, ctx: CheckContext, params: EchoEnvParams) -> Outcome:
         value = os.environ.get(params.name, "")
+        if params.also_print:
+            print(f"worker sees {params.name}={value}", flush=True)
+        if params.also_write:
+            path = Path(ctx.run_dir, params.also_write)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(f'{{"{params.name}": "{value}"}}\n')
         return Outcome.failed(f"connect failed with key {value}", details={"key": value})
+
+
+class ProgressParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    steps: int = 4
+    interval_s: float = 0.6
+    timed_s: float = 0.0
+
+
+class ProgressCheck(Check):
+    """Reports progress while it works, like a soak: proves progress lines reach the runner
+    and that the runner still waits for (and keeps) the final result."""
+
+    kind = "dummy.progress"
+    step = 0
+    params_model = ProgressParams
+
+    def run(self, ctx: CheckContext, params: ProgressParams) -> Outcome:
+        for i in range(1, params.steps + 1):
+            time.sleep(params.interval_s)
+            ctx.progress(i, params.steps, "steps", note=f"step {i}")
+        if params.timed_s:
+            with ctx.timed_progress(params.timed_s, note="timed"):
+                time.sleep(params.timed_s)
+        return Outcome.passed(f"made {params.steps} steps", metrics={"steps": params.steps})

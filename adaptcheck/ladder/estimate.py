@@ -1,0 +1,109 @@
+"""How long a ladder is expected to take, for the header ``adaptcheck run`` prints first.
+
+Two kinds of time are added up. What the ladder states: a soak's ``duration_s``, a timed
+serving scenario's ``duration_s`` × levels × repeats. And what it does not: every other
+check gets a typical time for its kind (measured on a 2-core CPU running the quick ladder;
+a big model or a slow device takes longer), a serving scenario counted in requests gets a
+typical time per measured run, an op check a share of its ``budget_s``. Whenever a typical
+time is used the estimate is "about", and the header says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from adaptcheck.models.ladder import CheckSpec
+
+TYPICAL_S: dict[str, float] = {
+    "matrix.capture": 3.0,
+    "framework.load": 15.0,
+    "framework.reference": 10.0,
+    "framework.collectives": 10.0,
+    "perf.gemm": 20.0,
+    "perf.collectives": 10.0,
+    "perf.attention": 3.0,
+    "perf.memory_bandwidth": 3.0,
+}
+"""Typical seconds of a check kind (quick ladder, 2-core CPU); kinds not listed take
+:data:`TYPICAL_BY_PREFIX` of their family, else :data:`TYPICAL_DEFAULT_S`."""
+TYPICAL_BY_PREFIX: dict[str, float] = {"matrix.": 0.5, "smoke.": 0.5, "ops.": 1.0, "framework.": 2.0, "perf.": 2.0}
+TYPICAL_DEFAULT_S = 5.0
+SERVING_RUN_S = 10.0
+"""A serving run counted in requests (not timed): warm-up plus its requests, typically."""
+OP_BUDGET_SHARE = 0.2
+"""Op checks shrink their cases to fit ``budget_s``, and most finish well inside it."""
+SOAK_DRAIN_S = 15.0
+"""After ``duration_s`` a soak waits for the requests still in flight."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Expected wall time of some checks."""
+
+    seconds: float
+    stated_s: float
+    """The part the ladder states (soak and timed serving durations)."""
+    exact: bool
+    """True when every check's time is stated by the ladder; else the total is "about"."""
+
+    def text(self) -> str:
+        """E.g. 'about 21 min (5 min of it stated by the ladder: soak, timed serving runs)'."""
+        total = format_minutes(self.seconds)
+        if self.exact:
+            return total
+        stated = f" ({format_minutes(self.stated_s)} of it stated by the ladder: soak, timed serving runs)" \
+            if self.stated_s >= 60 else ""
+        return f"about {total}{stated}"
+
+
+def format_minutes(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _param(params: dict[str, Any], key: str, default: Any) -> Any:
+    value = params.get(key, default)
+    return default if value is None else value
+
+
+def _typical(kind: str) -> float:
+    if kind in TYPICAL_S:
+        return TYPICAL_S[kind]
+    return next((s for prefix, s in TYPICAL_BY_PREFIX.items() if kind.startswith(prefix)), TYPICAL_DEFAULT_S)
+
+
+def check_estimate(spec: CheckSpec) -> tuple[float, bool]:
+    """(seconds, stated): a check's expected time, and whether the ladder states it."""
+    p = spec.params or {}
+    try:
+        if spec.kind == "perf.soak":
+            return float(_param(p, "duration_s", 300.0)) + SOAK_DRAIN_S, True
+        if spec.kind == "perf.serving":
+            runs = len(_param(p, "levels", [1])) * int(_param(p, "repeats", 3))
+            duration = p.get("duration_s")
+            if duration:
+                return float(duration) * runs, True
+            return SERVING_RUN_S * runs, False
+        if spec.kind == "ops.op" and "budget_s" in p:
+            return max(_typical(spec.kind), OP_BUDGET_SHARE * float(p["budget_s"])), False
+    except (TypeError, ValueError):
+        pass  # a malformed parameter is the check's own error to report; estimate it as typical
+    return _typical(spec.kind), False
+
+
+def estimate(checks: list[CheckSpec]) -> Estimate:
+    """The expected wall time of running ``checks`` one after the other."""
+    total = stated = 0.0
+    exact = True
+    for spec in checks:
+        seconds, known = check_estimate(spec)
+        total += seconds
+        if known:
+            stated += seconds
+        else:
+            exact = False
+    return Estimate(seconds=total, stated_s=stated, exact=exact)
