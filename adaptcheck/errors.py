@@ -59,6 +59,11 @@ class LadderError(InvalidInputError):
     """A ladder definition is malformed; the message names the file and line."""
 
 
+class OutputError(UsageError):
+    """An output path cannot be written (a folder, under a file, no permission, disk full):
+    the user chooses output paths, so this is theirs to fix, not a bug."""
+
+
 class UnknownNameError(UsageError):
     """A name (check kind, backend, ladder, op) is not known; the message lists the choices."""
 

@@ -33,6 +33,5 @@ def report(
         out.info(f"UNVERIFIED ({check.unverified_reason}): {check.message}; the report is marked so",
                  style="bold red")
     results = regrade(stored)
-    output.parent.mkdir(parents=True, exist_ok=True)
     write_report(results, output, run_dir=results_path.parent, unverified=check.unverified_reason)
     out.info(f"report: {output}")

@@ -94,7 +94,7 @@ def _write(path: Path, entries: list[KnownGoodEntry]) -> None:
     """Write the file; it replaces ``path`` only once the check's own loader accepts it."""
     body = yaml.safe_dump({"schema_version": 1, "entries": [e.model_dump(mode="json", exclude_none=True) for e in entries]},
                           sort_keys=False, allow_unicode=True, width=100)
-    write_text_atomic(path, HEADER + body, check=load_known_good)
+    write_text_atomic(path, HEADER + body, check=load_known_good, what="the known-good file")
 
 
 def export_known_good(paths: Sequence[Path], output: Path, prefix: str = "site",

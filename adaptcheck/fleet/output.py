@@ -36,4 +36,4 @@ def matrix_text(matrix: FleetMatrix, fmt: str) -> str:
 
 def write_matrix(matrix: FleetMatrix, path: Path) -> None:
     """Write ``matrix`` to ``path`` atomically, in the format its suffix names."""
-    write_text_atomic(path, matrix_text(matrix, output_format(path)))
+    write_text_atomic(path, matrix_text(matrix, output_format(path)), what="the fleet matrix")

@@ -37,5 +37,6 @@ def write_report(results: RunResults, path: Path, run_dir: Path | None = None, u
     view = build_view(results, records_base=base, unverified=unverified)
     details = details_path(path)
     # Details first: the main page never links to a page that is not there yet.
-    write_text_atomic(details, render(view, "details", main_file=path.name, details_file=details.name))
-    write_text_atomic(path, render(view, "main", main_file=path.name, details_file=details.name))
+    write_text_atomic(details, render(view, "details", main_file=path.name, details_file=details.name),
+                      what="the report's details page")
+    write_text_atomic(path, render(view, "main", main_file=path.name, details_file=details.name), what="the report")

@@ -222,4 +222,5 @@ def write_compare_report(comparison: Comparison, path: Path) -> None:
     """The comparison as a self-contained HTML page (UTF-8, written atomically)."""
     from adaptcheck.report.render import render_template
 
-    write_text_atomic(path, render_template(PAGE_TEMPLATE, v=ComparePage(compare=build_compare_view(comparison))))
+    write_text_atomic(path, render_template(PAGE_TEMPLATE, v=ComparePage(compare=build_compare_view(comparison))),
+                      what="the comparison page")

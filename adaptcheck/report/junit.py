@@ -32,7 +32,6 @@ from datetime import timezone
 from pathlib import Path
 
 from adaptcheck.atomic import write_text_atomic
-from adaptcheck.errors import UsageError
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.view import STEP_NAMES
 from adaptcheck.steps.grade import level_at_least
@@ -214,10 +213,6 @@ def junit_xml(results: RunResults, require: str | None = None, unverified: str =
 def write_junit(results: RunResults, path: Path, require: str | None = None, unverified: str = "") -> None:
     """Write :func:`junit_xml` to ``path`` (UTF-8, atomically, parent folders created).
 
-    A path that cannot be written (a folder, no permission) is a one-line UsageError.
+    A path that cannot be written (a folder, no permission) is a one-line OutputError (exit 2).
     """
-    text = junit_xml(results, require, unverified)
-    try:
-        write_text_atomic(Path(path), text)
-    except OSError as exc:
-        raise UsageError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from None
+    write_text_atomic(Path(path), junit_xml(results, require, unverified), what="JUnit XML")
