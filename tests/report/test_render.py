@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
+from adaptcheck.errors import OutputError
 from adaptcheck.models.results import CheckResult, Status
 from adaptcheck.report import write_report
 from adaptcheck.report.fmt import STATUS_LABELS
@@ -233,7 +234,8 @@ def test_write_report_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pyt
         raise OSError("disk full")
 
     monkeypatch.setattr(Path, "replace", boom)
-    with pytest.raises(OSError):
+    # One line naming the file and the cause (exit 2), not an internal error.
+    with pytest.raises(OutputError, match=r"cannot write the report's details page to .*report-details\.html: disk full"):
         write_report(make_results(), target)
     assert target.read_text(encoding="utf-8") == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
