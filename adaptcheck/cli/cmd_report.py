@@ -33,5 +33,6 @@ def report(
         out.info(f"UNVERIFIED ({check.unverified_reason}): {check.message}; the report is marked so",
                  style="bold red")
     results = regrade(stored)
-    write_report(results, output, run_dir=results_path.parent, unverified=check.unverified_reason)
-    out.info(f"report: {output}")
+    details = write_report(results, output, run_dir=results_path.parent, unverified=check.unverified_reason)
+    out.info(f"report:  {output}")
+    out.info(f"details: {details}")

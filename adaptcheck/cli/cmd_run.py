@@ -13,6 +13,7 @@ from adaptcheck.cli.progress import RichProgress
 from adaptcheck.cli.render import print_grade, print_summary
 from adaptcheck.errors import GradeBelowRequired
 from adaptcheck.models.results import RunResults
+from adaptcheck.report import details_path
 from adaptcheck.session import RESULTS, REPORT, RunOptions, parse_steps, resume_run, start_run
 from adaptcheck.steps.grade import level_at_least
 
@@ -62,6 +63,7 @@ def run(
     print_grade(output, results)
     output.info(f"results: {run_dir / RESULTS}")
     output.info(f"report:  {run_dir / REPORT}")
+    output.info(f"details: {details_path(run_dir / REPORT)}")
     saved = RunResults.load(run_dir / RESULTS)  # what was written: scrubbed, and sealed with its digest
     if junit is not None:
         from adaptcheck.report.junit import write_junit

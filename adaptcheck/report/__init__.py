@@ -14,12 +14,13 @@ from adaptcheck.models.results import RunResults
 from adaptcheck.report.render import details_path, render
 from adaptcheck.report.view import build_view
 
-__all__ = ["write_report"]
+__all__ = ["details_path", "write_report"]
 
 
-def write_report(results: RunResults, path: Path, run_dir: Path | None = None, unverified: str = "") -> None:
+def write_report(results: RunResults, path: Path, run_dir: Path | None = None, unverified: str = "") -> Path:
     """Render the report of ``results`` into ``path`` (UTF-8, atomically), and its details page
-    (every op case, every check's evidence) beside it, named by :func:`details_path`.
+    (every op case, every check's evidence) beside it, named by :func:`details_path`; returns
+    the details page's path.
 
     ``run_dir``: the run folder holding the files the report links to (step 5's per-request
     records), when the report is written somewhere else; links are made relative to it.
@@ -40,3 +41,4 @@ def write_report(results: RunResults, path: Path, run_dir: Path | None = None, u
     write_text_atomic(details, render(view, "details", main_file=path.name, details_file=details.name),
                       what="the report's details page")
     write_text_atomic(path, render(view, "main", main_file=path.name, details_file=details.name), what="the report")
+    return details

@@ -172,3 +172,17 @@ def test_running_check_shows_elapsed_planned_and_progress(tmp_path: Path) -> Non
     progress.finished(soak, [])
     assert CheckColumn().render(progress.bar.tasks[0]).plain == ""  # nothing is running
     progress.stop()
+
+
+def test_report_command_names_both_pages(tmp_path: Path) -> None:
+    """The main page is short because the details moved out: the user must be told where they went."""
+    import gzip
+
+    recorded = ROOT / "tests" / "report" / "data" / "quick-run.results.json.gz"
+    results = tmp_path / "results.json"
+    results.write_bytes(gzip.decompress(recorded.read_bytes()))  # as its run sealed it
+    proc = run_cli(["report", str(results), "-o", str(tmp_path / "share" / "page.html")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    details = tmp_path / "share" / "page-details.html"
+    assert details.is_file() and (tmp_path / "share" / "page.html").is_file()
+    assert f"details: {details}" in proc.stderr
