@@ -186,12 +186,12 @@ def _planned(spec: LadderSpec) -> list[PlannedCheck]:
 def new_run_dir(out: Path | None, run_id: str) -> tuple[Path, RunLock]:
     """``--out DIR`` as given (must be empty or new), else reports/<run_id>/, and its lock, held."""
     target = out if out is not None else default_reports_dir() / run_id
-    _make_writable_dir(target, given=out is not None)
-    if target.exists() and _holds_files(target):
+    _make_writable_dir(target, given=out is not None)  # exists from here on
+    # Checked before locking too, so a folder of someone else's files gets no run.lock left in it.
+    if _holds_files(target):
         if (target / LOCK_FILE).exists():
             acquire_lock(target, "adaptcheck run").release()  # a live run there: refused, naming it
         raise UsageError(f"--out {target} already holds files", hint="choose a new folder, or use --resume to finish that run")
-    target.mkdir(parents=True, exist_ok=True)
     lock = acquire_lock(target, "adaptcheck run")
     if _holds_files(target):  # checked again under the lock: another run may have begun in between
         lock.release()

@@ -72,7 +72,6 @@ class BoundedLoader(yaml.SafeLoader):
                               "adaptcheck reads", node.start_mark)
         return super().construct_yaml_int(node)  # type: ignore[no-any-return]
 
-
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)

@@ -36,7 +36,7 @@ def _label(check: CheckResult | None) -> str:
 
 def _clears(check: CheckResult | None) -> bool:
     """Whether the check lets its conditions hold (as :func:`adaptcheck.steps.grade.evaluate_condition` reads it)."""
-    return check is not None and (check.status is Status.PASS or (check.status is Status.SKIP and not check.applicable))
+    return check is not None and (check.status is Status.PASS or check.not_applicable)
 
 
 def _causes(baseline: RunResults, new: RunResults, levels: list[str], lowered: bool) -> tuple[list[GradeCause], list[str]]:

@@ -69,10 +69,16 @@ class CheckResult(BaseModel):
     tags: list[str] = Field(default_factory=list, description="Tags from the ladder (used by grade rules).")
 
     @property
+    def not_applicable(self) -> bool:
+        """A skip the backend declared inapplicable: it blocks no grade (every reader of a
+        status — grade, report, compare, the console — asks this, so the rule is written once)."""
+        return self.status is Status.SKIP and not self.applicable
+
+    @property
     def label(self) -> str:
-        """The status as every output names it: :data:`NOT_APPLICABLE` for a skip the backend
-        declared inapplicable (it blocks no grade), else the status value."""
-        return NOT_APPLICABLE if self.status is Status.SKIP and not self.applicable else self.status.value
+        """The status as every output names it: :data:`NOT_APPLICABLE` for a not-applicable
+        skip, else the status value."""
+        return NOT_APPLICABLE if self.not_applicable else self.status.value
 
 
 class ConditionResult(BaseModel):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaptcheck.jsonvalues import as_float  # noqa: F401 - re-exported: the report's readers import it from here
-from adaptcheck.models.results import CheckResult, RunResults, Status
+from adaptcheck.models.results import CheckResult, RunResults
 
 # Display label of each status key. 'na' (a skip the backend declared inapplicable) is kept
 # apart from 'skip' because only the latter can block a grade; 'notrun' is a planned check
@@ -60,7 +60,7 @@ MAX_VALUE_CHARS = 300
 
 def status_key(check: CheckResult) -> str:
     """The report's status key of one check result."""
-    if check.status is Status.SKIP and not check.applicable:
+    if check.not_applicable:
         return "na"
     return check.status.value
 

@@ -91,7 +91,7 @@ def evaluate_condition(
     for r in sel_results:
         if r.status is Status.PASS:
             passed += 1
-        elif r.status is Status.SKIP and not r.applicable:
+        elif r.not_applicable:
             continue
         else:
             msg = f": {r.message}" if r.message else ""

@@ -47,8 +47,8 @@ wipe out unrelated text), the passwords found in user-info of *any* variable's v
 (``HTTPS_PROXY=user:pw@proxy`` → the password alone is scrubbed too), credentials by
 shape as above, and a few unmistakable token shapes (Hugging Face ``hf_…``, OpenAI
 ``sk-…``, GitHub ``ghp_…``, AWS ``AKIA…``, ``Bearer …`` headers) wherever they appear.
-:func:`scrub_file` applies it to a file in place (see ``adaptcheck/runfolder_scrub.py``
-for the sweep of a whole run folder).
+:func:`scrub_file` applies it to a file in place, and :func:`scrub_tree` to every file of
+a run folder.
 """
 
 from __future__ import annotations
@@ -135,10 +135,13 @@ def scrub_url_credentials(text: str) -> str:
     return _BARE_USERINFO.sub(_bare_replacement, text)
 
 
+def _is_bare_credential(match: re.Match[str]) -> bool:
+    """Whether a ``user:pw@host`` match is a credential (``mailto:alice@example.com`` is not)."""
+    return match.group("user").lower() not in _NOT_USERS
+
+
 def _bare_replacement(match: re.Match[str]) -> str:
-    if match.group("user").lower() in _NOT_USERS:
-        return match.group(0)
-    return f"{REDACTED}@"
+    return f"{REDACTED}@" if _is_bare_credential(match) else match.group(0)
 
 
 def userinfo_secrets(text: str) -> list[str]:
@@ -152,9 +155,7 @@ def userinfo_secrets(text: str) -> list[str]:
         userinfo = m.group("userinfo")
         found.append(userinfo)
         found.append(userinfo.partition(":")[2])
-    for m in _BARE_USERINFO.finditer(text):
-        if m.group("user").lower() not in _NOT_USERS:
-            found.append(m.group("password"))
+    found.extend(m.group("password") for m in _BARE_USERINFO.finditer(text) if _is_bare_credential(m))
     return [v for v in found if v and v != REDACTED]
 
 
