@@ -95,6 +95,13 @@ class CheckContext:
     _last_progress: float = field(default=-1e9, init=False, repr=False)
     _progress_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
+    def begin_check(self, check_id: str) -> None:
+        """Set the check about to run (the worker calls this): its progress messages carry its
+        id, and its first one is never held back by the previous check's last."""
+        self.check_id = check_id
+        with self._progress_lock:
+            self._last_progress = -1e9
+
     def progress(self, done: float, total: float | None = None, unit: str = "", note: str = "") -> None:
         """Tell the runner how far this check is (e.g. 120 of 300 s, 3 of 6 runs).
 

@@ -54,8 +54,7 @@ def _run_one(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
 
     start = time.perf_counter()
     try:
-        ctx.check_id = msg["id"]
-        ctx._last_progress = -1e9  # a new check's first progress message is never held back
+        ctx.begin_check(msg["id"])
         cls = get_check_class(msg["kind"])
         params = cls.params_model.model_validate(msg.get("params") or {})
         got = cls().run(ctx, params)
