@@ -24,6 +24,7 @@ from adaptcheck.cli import (
     cmd_matrix,
     cmd_ops,
     cmd_report,
+    cmd_repro,
     cmd_run,
     cmd_schema,
     cmd_verify,
@@ -53,6 +54,7 @@ app.command("schema")(cmd_schema.schema)
 app.add_typer(cmd_matrix.app, name="matrix")
 app.add_typer(cmd_cluster.app, name="cluster")
 app.command("verify")(cmd_verify.verify)
+app.command("repro")(cmd_repro.repro)
 
 
 def _version(value: bool) -> None:

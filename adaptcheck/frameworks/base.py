@@ -24,6 +24,12 @@ class FrameworkUnavailable(FrameworkError):
     """The framework is not installed or cannot run here (a ``skip``, not a failure)."""
 
 
+class ScoringUnsupported(FrameworkError):
+    """This framework (or server) cannot score a given token sequence; the message says why.
+
+    Step 4 then falls back to comparing greedy answers and says so in the evidence."""
+
+
 @dataclass(frozen=True)
 class Availability:
     """Whether an adapter can be used here, and why not."""
@@ -71,6 +77,32 @@ class Generation:
     """Token ids the framework saw as the prompt, when it says."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Framework-specific evidence (timings, chunk counts …)."""
+
+
+@dataclass
+class ScoreRequest:
+    """Teacher forcing: score a fixed token sequence without generating anything."""
+
+    token_ids: list[int]
+    """The whole sequence (prompt + the reference's continuation), as token ids."""
+    start: int
+    """Index of the first scored token: positions ``start .. len-1`` are scored, each from
+    the logits the model computes after seeing every token before it."""
+    top_k: int = 20
+    """Alternatives wanted per position besides the scored token (vLLM's default cap is 20)."""
+
+
+@dataclass
+class Scored:
+    """Per scored position: the log-probability of the given token and the top-K alternatives."""
+
+    token_logprobs: list[float]
+    """log p(token_ids[start + i] | everything before it), one per scored position."""
+    top_logprobs: list[dict[int, float]]
+    """Per scored position: token id -> log-probability of the K most likely tokens (the
+    scored token added when it is not among them)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """How the scores were obtained (API field used, …)."""
 
 
 @dataclass
@@ -139,6 +171,23 @@ class Framework(ABC):
     @abstractmethod
     def generate(self, requests: list[GenRequest]) -> list[Generation]:
         """Answer the requests, submitted together (a concurrent batch when more than one)."""
+
+    def score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        """Teacher-forced scores of each sequence, submitted together (a batch when more
+        than one). Raises :class:`ScoringUnsupported` with the reason where the framework
+        or server has no way to score a given text."""
+        raise ScoringUnsupported(f"{self.display_name} cannot score a given token sequence")
+
+    def torch_model(self) -> Any:
+        """The in-process ``torch.nn.Module`` that :meth:`score` runs, for forward-hook
+        localisation; None where the model lives in an engine or another process."""
+        return None
+
+    def implementations(self) -> dict[str, Any]:
+        """Which implementation each layer type of the loaded model really ran (attention
+        backend, custom kernel or native path …), as far as this framework can tell; {} when
+        it cannot. Keys are layer types, values a short description."""
+        return {}
 
     def runs_here(self) -> bool:
         """Whether the model runs in this process or one it started (so this machine's process

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import re
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 from adaptcheck.frameworks.base import (
@@ -27,11 +29,15 @@ from adaptcheck.frameworks.base import (
     Generation,
     GenRequest,
     LoadOptions,
+    Scored,
+    ScoreRequest,
+    ScoringUnsupported,
 )
 from adaptcheck.frameworks.openai_client import (
     AsyncOpenAIClient,
     CompletionResult,
     OpenAIClient,
+    ScoreResult,
 )
 
 READY_TIMEOUT_S = 10.0
@@ -41,6 +47,12 @@ PROBE_PROMPT = "The history of the printing press"
 REQUEST_TIMEOUT_S = 120.0
 """Longest a step-4 request (tens of tokens) may take, or stay silent: a hung server is an
 error well within the check's own time limit."""
+ATTENTION_LOG_LINE = re.compile(r"Using (?!backend\b)([\w.\-]+(?: [\w.\-]+){0,3}?) backend\b|"
+                                r"Using backend (\S+) for (\S+ attention)")
+"""vLLM's log lines naming the attention backend it chose ("Using FLASH_ATTN backend.",
+"Using Flash Attention backend.", "Using backend TORCH_SDPA for vit attention")."""
+MAX_LOG_SCAN_BYTES = 4 << 20
+"""How much of a server log is read for those lines (they come at start-up, near the top)."""
 
 
 def _generation(r: CompletionResult) -> Generation:
@@ -144,6 +156,48 @@ class EndpointFramework(Framework):
                                      f"the request saw: {str(exc).splitlines()[0]}") from exc
             raise
 
+    def score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        """Teacher-forced scores through ``/v1/completions``: vLLM's ``prompt_logprobs``, else
+        legacy ``echo`` + ``logprobs`` (see :meth:`AsyncOpenAIClient.score`).
+
+        The first sequence is sent alone (it finds out which way the server scores, once),
+        the others together. Raises ``ScoringUnsupported`` with what the server said when
+        it can do neither.
+        """
+        if self.client is None:
+            raise FrameworkError(f"{self.display_name}: score() before load()")
+        for req in requests:
+            if not 1 <= req.start < len(req.token_ids):
+                raise FrameworkError(f"cannot score positions {req.start}..{len(req.token_ids) - 1} of a "
+                                     f"{len(req.token_ids)}-token sequence (start must be 1..len-1)")
+        aio: AsyncOpenAIClient = self.client.aio
+
+        async def all_of() -> list[ScoreResult]:
+            try:
+                if not requests:
+                    return []
+                first = await aio.score(requests[0].token_ids, top_k=requests[0].top_k)
+                rest = await asyncio.gather(*(aio.score(r.token_ids, top_k=r.top_k) for r in requests[1:]))
+                return [first, *rest]
+            finally:
+                await aio.aclose()
+
+        try:
+            results = asyncio.run(all_of())
+        except ScoringUnsupported:
+            raise
+        except FrameworkError as exc:
+            died = self.server.death_cause() if self.server is not None else None
+            if died:
+                raise FrameworkError(f"the server failed: {died} (log: {self.server.log_path}); "
+                                     f"the request saw: {str(exc).splitlines()[0]}") from exc
+            raise
+        return [_scored(req, res) for req, res in zip(requests, results, strict=True)]
+
+    def implementations(self) -> dict[str, Any]:
+        """A remote endpoint's layers are invisible from here: {}."""
+        return {}
+
     def metrics(self) -> dict[str, float]:
         """The server's /metrics, summed over label sets (vLLM); {} where it has none."""
         if self.client is None:
@@ -189,12 +243,63 @@ class _LaunchedServer(EndpointFramework):
                           device=device, max_model_len=opts.max_model_len,
                           enable_prefix_caching=opts.enable_prefix_caching,
                           enforce_eager=None if opts.compile is None else not opts.compile,
-                          extra_args=[str(a) for a in opts.extra.get("server_args", [])])
+                          extra_args=self._server_args(opts))
         self.server = ManagedServer(spec, self.config.log_dir or opts.model_path.parent)
         self.server.start()
         self.client = self.server.client(timeout_s=REQUEST_TIMEOUT_S)
         self._probe()
         return time.perf_counter() - start
+
+    def _server_args(self, opts: LoadOptions) -> list[str]:
+        """The user's ``server_args``, plus what scoring needs where they did not say."""
+        args = [str(a) for a in opts.extra.get("server_args", [])]
+        if self.launches_server == "vllm" and not any(a.split("=", 1)[0] == "--max-logprobs" for a in args):
+            from adaptcheck.frameworks.vllm_fw import SCORE_MAX_LOGPROBS
+
+            # prompt_logprobs above the server's cap is a 400; vLLM's default is 20 today.
+            args += ["--max-logprobs", str(SCORE_MAX_LOGPROBS)]
+        return args
+
+    def implementations(self) -> dict[str, Any]:
+        """Launched vLLM: the attention backend lines of its log; the rest is not visible
+        through the HTTP API. transformers serve: {} (its log names no implementation)."""
+        if self.server is None or self.launches_server != "vllm":
+            return {}
+        out: dict[str, Any] = {"layers": "not visible through the HTTP API"}
+        try:
+            backends = attention_backend_lines(Path(self.server.log_path))
+        except OSError as exc:
+            return {**out, "attention": f"server log unreadable: {exc.strerror or exc}"}
+        out["attention"] = "; ".join(backends) if backends else (
+            "not named in the server log (vLLM on CPU logs none: its only non-MLA backend is CPU_ATTN)")
+        return out
+
+
+def attention_backend_lines(log_path: Path) -> list[str]:
+    """The distinct attention-backend names vLLM logged ("FLASH_ATTN", "TORCH_SDPA for vit attention")."""
+    with open(log_path, "rb") as fh:
+        text = fh.read(MAX_LOG_SCAN_BYTES).decode("utf-8", "replace")
+    found: list[str] = []
+    for m in ATTENTION_LOG_LINE.finditer(text):
+        name = (m.group(1) or f"{m.group(2)} for {m.group(3)}").removeprefix("AttentionBackendEnum.")
+        if name not in found:
+            found.append(name)
+    return found
+
+
+def _scored(req: ScoreRequest, res: ScoreResult) -> Scored:
+    """The positions ``start..len-1`` of a server's per-prompt-token scores."""
+    lps = res.token_logprobs[req.start:]
+    tops = res.top_logprobs[req.start:]
+    if len(lps) != len(req.token_ids) - req.start or any(lp is None for lp in lps) or any(t is None for t in tops):
+        raise FrameworkError("the server's scores lack a position after the first")
+    extra: dict[str, Any] = {"api": "/v1/completions " + ("prompt_logprobs" if res.method == "prompt_logprobs"
+                                                           else "echo + logprobs"),
+                             "method": res.method, "top_k": res.top_k}
+    if res.notes:
+        extra["notes"] = list(res.notes)
+    return Scored(token_logprobs=[float(lp) for lp in lps if lp is not None],
+                  top_logprobs=[dict(t) for t in tops if t is not None], extra=extra)
 
 
 class VllmServeFramework(_LaunchedServer):

@@ -89,7 +89,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from adaptcheck.errors import DeviceError
-from adaptcheck.frameworks.base import FrameworkError
+from adaptcheck.frameworks.base import FrameworkError, ScoringUnsupported
 from adaptcheck.steps.matrix.redact import REDACTED, scrub_text, scrub_url_credentials
 
 if TYPE_CHECKING:
@@ -276,6 +276,24 @@ class CompletionResult:
         return (self.e2el_s - ttft) / (n - 1)
 
 
+@dataclass
+class ScoreResult:
+    """Teacher forcing: the server's logprobs at every position of a given token-id prompt."""
+
+    method: str
+    """How they were obtained: 'prompt_logprobs' (vLLM extension) or 'echo' (legacy
+    completions ``echo`` + ``logprobs``)."""
+    token_logprobs: list[float | None]
+    """One per prompt token: log p(token | the tokens before it); the first is None."""
+    top_logprobs: list[dict[int, float] | None]
+    """One per prompt token: token id -> logprob of the top-K there, the prompt's own token
+    included; the first is None."""
+    top_k: int
+    """K as sent (after a server's own cap, see ``notes``)."""
+    notes: list[str] = field(default_factory=list)
+    """What had to be adapted (K lowered to the server's cap, a field the server refused …)."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an endpoint accepted and honoured, learnt by :meth:`AsyncOpenAIClient.probe_capabilities`."""
@@ -399,6 +417,48 @@ def _finite(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+MAX_SCORE_ALTERNATIVES = 1024
+"""Most alternatives one scored position may carry (K is at most a few tens; more is a
+malformed answer, not something to hold in memory)."""
+_LOGPROBS_CAP = re.compile(r"max(?:imum)?(?: allowed)?\D{0,8}(\d{1,6})", re.IGNORECASE)
+
+
+class _NotScored(Exception):
+    """A scoring method the server does not offer (internal: the next method is tried)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _refusal(exc: EndpointStatusError) -> bool:
+    """An answer that means "not this request" (a client error), not a broken server."""
+    return exc.status in (400, 404, 405, 422, 501)
+
+
+def _logprobs_cap(message: str) -> int | None:
+    """The server's logprobs cap named in a refusal ("… greater than max allowed: 20"), if any."""
+    if "logprob" not in message.lower():
+        return None
+    m = _LOGPROBS_CAP.search(message)
+    return int(m.group(1)) if m else None
+
+
+def _int_key(key: Any) -> int | None:
+    """A token id from a JSON key: ``"123"`` or ``"token_id:123"``."""
+    text = str(key).strip()
+    if text.lstrip("-").isdigit() and len(text) <= 12:
+        return int(text)
+    return _token_id(text)
+
+
+def _first_choice(data: dict[str, Any]) -> dict[str, Any] | None:
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        return None
+    return next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
 
 
 class _Accumulator:
@@ -582,6 +642,10 @@ class AsyncOpenAIClient:
         self.__api_key = api_key_from_env()
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
+        self.score_method: str | None = None
+        """How this server scores a given prompt, once learnt ('prompt_logprobs' / 'echo')."""
+        self.score_unsupported: str | None = None
+        """Why this server cannot score a given prompt, once learnt (then not asked again)."""
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(base_url={self.display_url!r}, model={self.model!r}, "
@@ -948,6 +1012,191 @@ class AsyncOpenAIClient:
         return acc.result(stream=stream, t_send=t_send, t_headers=t_headers, t_end=t_end, chunks=chunks,
                           done_seen=done, dropped_fields=dropped, emulated=emulated)
 
+    # -- teacher-forced scoring ----------------------------------------------------------
+
+    async def _post_json(self, path: str, body: Mapping[str, Any], timeout_s: float | None) -> dict[str, Any]:
+        """POST ``body``; the answer's JSON object, or an :class:`EndpointError` (status errors included)."""
+        url = self._url(path)
+
+        async def go() -> dict[str, Any]:
+            http = self._client()
+            for attempt in range(2):
+                try:
+                    resp = await http.post(url, json=dict(body), headers=self._headers())
+                    break
+                except httpx.HTTPError as exc:
+                    if attempt == 0 and isinstance(exc, _STALE_CONNECTION):
+                        continue  # see _STALE_CONNECTION
+                    raise self._transport_error(exc, url) from exc
+            if resp.status_code != 200:
+                raise self._status_error(resp, resp.content, url)
+            try:
+                data = resp.json()
+            except ValueError:
+                raise EndpointProtocolError(
+                    f"{self._scrub(url)}: the answer is not JSON: {self._scrub(_one_line(resp.text, 120))}",
+                    url=self._scrub(url)) from None
+            if not isinstance(data, dict):
+                raise EndpointProtocolError(f"{self._scrub(url)}: the answer is not a JSON object", url=self._scrub(url))
+            return data
+
+        return await self._deadline(go(), timeout_s, url)
+
+    async def score(self, prompt_ids: Sequence[int], *, top_k: int = 20,
+                    timeout_s: float | None = None) -> ScoreResult:
+        """Logprobs of each token of ``prompt_ids`` given the ones before it (nothing generated).
+
+        First ``/v1/completions`` with vLLM's ``prompt_logprobs: K``; where the server
+        rejects or ignores it, legacy ``echo: true`` + ``logprobs: K`` with
+        ``return_tokens_as_token_ids`` (exact ids; text-keyed logprobs cannot be matched to
+        the given ids). The way that worked is kept for later calls. Raises
+        :class:`~adaptcheck.frameworks.base.ScoringUnsupported` with what the server said
+        when neither gives per-position logprobs of the given ids; transport errors, 5xx
+        answers and malformed answers are :class:`EndpointError` as elsewhere.
+        """
+        ids = [int(t) for t in prompt_ids]
+        if len(ids) < 2:
+            raise FrameworkError(f"cannot score a {len(ids)}-token prompt: at least 2 tokens are needed")
+        if self.score_unsupported is not None:
+            raise ScoringUnsupported(self.score_unsupported)
+        await self.resolve_model()
+        reasons: list[str] = []
+        for method in ("prompt_logprobs", "echo"):
+            if self.score_method not in (None, method):
+                continue
+            try:
+                result = await (self._score_prompt_logprobs(ids, top_k, timeout_s) if method == "prompt_logprobs"
+                                else self._score_echo(ids, top_k, timeout_s))
+            except _NotScored as exc:
+                if self.score_method == method:
+                    # It worked before on this server: an answer without scores now is a defect.
+                    raise EndpointProtocolError(f"{self.display_url}: {exc.reason} (it scored earlier requests)",
+                                                url=self.display_url) from None
+                reasons.append(exc.reason)
+                continue
+            self.score_method = method
+            return result
+        self.score_unsupported = "the server " + " and ".join(reasons)
+        raise ScoringUnsupported(self.score_unsupported)
+
+    def _score_body(self, ids: list[int], **fields: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"prompt": ids, "max_tokens": 1, "temperature": 0.0, **fields}
+        if self.model is not None:
+            body["model"] = self.model
+        return body
+
+    async def _score_prompt_logprobs(self, ids: list[int], top_k: int, timeout_s: float | None) -> ScoreResult:
+        k = top_k
+        notes: list[str] = []
+        for _attempt in range(2):
+            try:
+                data = await self._post_json("/v1/completions", self._score_body(ids, prompt_logprobs=k), timeout_s)
+                break
+            except EndpointStatusError as exc:
+                cap = _logprobs_cap(exc.server_message) if _refusal(exc) else None
+                if cap is not None and 0 < cap < k:
+                    # vLLM: "Requested prompt logprobs of 30, which is greater than max allowed: 20".
+                    notes.append(f"top_k lowered from {k} to the server's max_logprobs {cap}")
+                    k = cap
+                    continue
+                if _refusal(exc):
+                    raise _NotScored(f"rejects prompt_logprobs ({exc.status}: {exc.server_message})") from None
+                raise
+        else:
+            raise _NotScored("rejects prompt_logprobs at every K tried")
+        choice = _first_choice(data)
+        entries = choice.get("prompt_logprobs") if choice is not None else None
+        if entries is None:
+            raise _NotScored("ignores prompt_logprobs (the answer has no choices[0].prompt_logprobs)")
+        if not isinstance(entries, list) or len(entries) < len(ids):
+            raise EndpointProtocolError(
+                f"{self.display_url}: prompt_logprobs cover {len(entries) if isinstance(entries, list) else 0} "
+                f"positions, not the {len(ids)}-token prompt", url=self.display_url)
+        tops: list[dict[int, float] | None] = [None]
+        lps: list[float | None] = [None]
+        for pos in range(1, len(ids)):
+            top = self._id_logprobs(entries[pos], pos)
+            if ids[pos] not in top:
+                raise EndpointProtocolError(f"{self.display_url}: prompt_logprobs at position {pos} lack the "
+                                            f"prompt's own token {ids[pos]}", url=self.display_url)
+            tops.append(top)
+            lps.append(top[ids[pos]])
+        return ScoreResult(method="prompt_logprobs", token_logprobs=lps, top_logprobs=tops, top_k=k, notes=notes)
+
+    def _id_logprobs(self, entry: Any, pos: int) -> dict[int, float]:
+        """vLLM's ``{"123": {"logprob", "rank", "decoded_token"}}`` (or ``{"123": -0.5}``) -> {123: -0.5}."""
+        if not isinstance(entry, dict) or len(entry) > MAX_SCORE_ALTERNATIVES:
+            raise EndpointProtocolError(f"{self.display_url}: prompt_logprobs entry {pos} is not a token-id map",
+                                        url=self.display_url)
+        out: dict[int, float] = {}
+        for key, value in entry.items():
+            tid = _int_key(key)
+            lp = _finite(value.get("logprob") if isinstance(value, dict) else value)
+            if tid is None or math.isnan(lp):
+                raise EndpointProtocolError(f"{self.display_url}: prompt_logprobs entry {pos} has "
+                                            f"{self._scrub(_one_line(repr(key), 40))} -> unreadable logprob",
+                                            url=self.display_url)
+            out[tid] = lp
+        return out
+
+    async def _score_echo(self, ids: list[int], top_k: int, timeout_s: float | None) -> ScoreResult:
+        fields: dict[str, Any] = {"echo": True, "logprobs": top_k, "return_tokens_as_token_ids": True}
+        notes: list[str] = []
+        for _attempt in range(2):
+            try:
+                data = await self._post_json("/v1/completions", self._score_body(ids, **fields), timeout_s)
+                break
+            except EndpointStatusError as exc:
+                if not _refusal(exc):
+                    raise
+                named = self._rejected_in(exc.status or 0, exc.server_message, fields)
+                if named == {"return_tokens_as_token_ids"} and "return_tokens_as_token_ids" in fields:
+                    del fields["return_tokens_as_token_ids"]  # try echo alone: ids may still come back
+                    notes.append("the server rejects return_tokens_as_token_ids")
+                    continue
+                raise _NotScored(f"rejects echo ({exc.status}: {exc.server_message})") from None
+        else:
+            raise _NotScored("rejects echo")
+        choice = _first_choice(data)
+        lp = choice.get("logprobs") if choice is not None else None
+        tokens = lp.get("tokens") if isinstance(lp, dict) else None
+        if not isinstance(tokens, list) or len(tokens) < len(ids):
+            got = len(tokens) if isinstance(tokens, list) else 0
+            raise _NotScored(f"ignores echo (its logprobs cover {got} tokens, not the {len(ids)}-token prompt)")
+        echoed = [_token_id(str(t)) for t in tokens[: len(ids)]]
+        if any(t is None for t in echoed):
+            raise _NotScored("names echoed tokens by text, not by id (no return_tokens_as_token_ids), "
+                             "so its logprobs cannot be matched to the given ids")
+        if echoed != ids:
+            first = next(i for i, (a, b) in enumerate(zip(echoed, ids, strict=True)) if a != b)
+            raise _NotScored(f"echoes other tokens than the given ids (position {first}: {echoed[first]} "
+                             f"for {ids[first]})")
+        token_lps = lp.get("token_logprobs") if isinstance(lp, dict) else None
+        top_lps = lp.get("top_logprobs") if isinstance(lp, dict) else None
+        if not isinstance(token_lps, list) or not isinstance(top_lps, list) or min(len(token_lps), len(top_lps)) < len(ids):
+            raise _NotScored("gives no per-token logprobs with echo")
+        tops: list[dict[int, float] | None] = [None]
+        lps: list[float | None] = [None]
+        for pos in range(1, len(ids)):
+            entry = top_lps[pos]
+            if not isinstance(entry, dict) or len(entry) > MAX_SCORE_ALTERNATIVES:
+                raise EndpointProtocolError(f"{self.display_url}: echo top_logprobs entry {pos} is not a map",
+                                            url=self.display_url)
+            top: dict[int, float] = {}
+            for key, value in entry.items():
+                tid = _token_id(str(key))
+                if tid is None:
+                    raise _NotScored("names echoed alternatives by text, not by id")
+                top[tid] = _finite(value)
+            own = _finite(token_lps[pos])
+            if math.isnan(own):
+                raise EndpointProtocolError(f"{self.display_url}: echo token_logprobs[{pos}] is not a number",
+                                            url=self.display_url)
+            top.setdefault(ids[pos], own)  # the contract: the scored token is always in its top dict
+            tops.append(top)
+            lps.append(own)
+        return ScoreResult(method="echo", token_logprobs=lps, top_logprobs=tops, top_k=top_k, notes=notes)
+
     # -- capabilities --------------------------------------------------------------------
 
     async def probe_capabilities(self, prompt: str = "Hello") -> Capabilities:
@@ -1097,3 +1346,6 @@ class OpenAIClient:
 
     def probe_capabilities(self, prompt: str = "Hello") -> Capabilities:
         return self._run(lambda: self._aio.probe_capabilities(prompt))
+
+    def score(self, prompt_ids: Sequence[int], **kwargs: Any) -> ScoreResult:
+        return self._run(lambda: self._aio.score(prompt_ids, **kwargs))

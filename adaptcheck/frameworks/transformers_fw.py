@@ -27,6 +27,8 @@ from adaptcheck.frameworks.base import (
     Generation,
     GenRequest,
     LoadOptions,
+    Scored,
+    ScoreRequest,
     apply_stop,
 )
 
@@ -99,12 +101,14 @@ class TransformersFramework(Framework):
         start = time.perf_counter()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(opts.model_path))
-            self.model = AutoModelForCausalLM.from_pretrained(
-                str(opts.model_path), **{_dtype_kwarg(): getattr(torch, TORCH_DTYPES[opts.dtype])},
-                # eager attention: the simplest kernel path, identical on every device, so a
-                # divergence points at the device's arithmetic and not at an attention backend.
-                attn_implementation="eager", **_moe_kwargs(opts.model_path),
-            )
+            kwargs: dict[str, Any] = {_dtype_kwarg(): getattr(torch, TORCH_DTYPES[opts.dtype]),
+                                      **_moe_kwargs(opts.model_path)}
+            # transformers' default attention (SDPA where torch has it) unless the ladder asks
+            # otherwise: it is what `transformers serve` and most users run, so the device's
+            # fused attention kernel is what step 4 exercises (eager never calls it).
+            if opts.extra.get("attn_implementation"):
+                kwargs["attn_implementation"] = str(opts.extra["attn_implementation"])
+            self.model = AutoModelForCausalLM.from_pretrained(str(opts.model_path), **kwargs)
             self.model.to(device).eval()
         except Exception as exc:
             raise FrameworkError(f"transformers could not load {opts.model_path}: {type(exc).__name__}: "
@@ -200,9 +204,58 @@ class TransformersFramework(Framework):
                 return tokens[:n]
         return tokens
 
+    def attn_implementation(self) -> str | None:
+        """The attention implementation transformers resolved at load (``sdpa``, ``eager`` …)."""
+        config = getattr(self.model, "config", None)
+        return getattr(config, "_attn_implementation", None) if config is not None else None
+
+    def score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        """One forward pass over the left-padded batch: each position's log-softmax."""
+        if self.model is None:
+            raise FrameworkError("transformers: score() before load()")
+        import torch
+
+        width = max(len(r.token_ids) for r in requests)
+        pad = int(self.tokenizer.pad_token_id)
+        ids = torch.tensor([[pad] * (width - len(r.token_ids)) + list(r.token_ids) for r in requests], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r.token_ids)) + [1] * len(r.token_ids) for r in requests],
+                            dtype=torch.long)
+        # Left padding shifts every row: positions must count real tokens only, as generate() does.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                position_ids=positions.to(self.device)).logits
+        out: list[Scored] = []
+        for row, req in enumerate(requests):
+            offset = width - len(req.token_ids)
+            # The logits at position i predict token i + 1.
+            lp = torch.log_softmax(logits[row, offset + req.start - 1: width - 1].double().cpu(), dim=-1)
+            out.append(scored_from_logprobs(lp, req.token_ids[req.start:], req.top_k))
+        return out
+
+    def torch_model(self) -> Any:
+        return self.model
+
+    def implementations(self) -> dict[str, Any]:
+        """Attention implementation, MoE experts path, and the module class of each layer type."""
+        if self.model is None:
+            return {}
+        facts: dict[str, Any] = {"attention": self.attn_implementation()}
+        experts = getattr(self.model.config, "_experts_implementation", None)
+        if experts:
+            facts["moe_experts"] = experts
+        for name, module in self.model.named_modules():
+            kind = type(module).__name__
+            leaf = name.rsplit(".", 1)[-1]
+            if kind.endswith(("RMSNorm", "LayerNorm")) and "norm" not in facts:
+                facts["norm"] = f"{kind} (module forward in torch ops)"
+            elif leaf == "act_fn" and "activation" not in facts:
+                facts["activation"] = f"{kind} (torch op)"
+        return facts
+
     def describe(self) -> dict[str, Any]:
         return {"framework": self.name, "transformers": _version("transformers"), "device": self.device,
-                "dtype": self.dtype, "attention": "eager"}
+                "dtype": self.dtype, "attention": self.attn_implementation()}
 
     def shutdown(self) -> None:
         self.model = None
@@ -210,3 +263,17 @@ class TransformersFramework(Framework):
         import gc
 
         gc.collect()
+
+
+def scored_from_logprobs(lp: torch.Tensor, tokens: list[int], top_k: int) -> Scored:
+    """``Scored`` from a [positions, vocab] log-probability tensor and the scored tokens."""
+    import torch
+
+    vals, idx = lp.topk(min(top_k, lp.shape[-1]), dim=-1)
+    chosen = lp.gather(1, torch.tensor(tokens, dtype=torch.long)[:, None])[:, 0].tolist()
+    tops = []
+    for pos, tok in enumerate(tokens):
+        row = {int(i): float(v) for i, v in zip(idx[pos].tolist(), vals[pos].tolist())}
+        row.setdefault(int(tok), float(chosen[pos]))
+        tops.append(row)
+    return Scored(token_logprobs=[float(v) for v in chosen], top_logprobs=tops)

@@ -10,7 +10,9 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
 from adaptcheck.jsonvalues import as_float  # noqa: F401 - re-exported: the report's readers import it from here
 from adaptcheck.models.results import CheckResult, RunResults
@@ -158,3 +160,24 @@ def section_not_run_reason(results: RunResults, step: int, checks: str, none_in_
     if not results.complete:
         return f"step {step} not run: the run was interrupted before any {checks} check finished"
     return f"step {step} ran but this ladder has no {none_in_ladder}"
+
+
+@dataclass
+class FileLink:
+    """A file of the run; ``href`` is '' when the recorded path is not a safe relative one."""
+
+    text: str
+    href: str
+
+
+def records_link(path: Any, base: str = "") -> FileLink | None:
+    """A link to a file of the run (per-request records, a reproducer). ``path`` is relative
+    to the run folder; ``base`` is the run folder relative to the report's folder ('' when the
+    report sits in the run folder, as ``adaptcheck run`` writes it). Only a plain relative
+    path becomes a link."""
+    if not isinstance(path, str) or not path:
+        return None
+    p = PurePosixPath(path.replace("\\", "/"))
+    safe = bool(p.parts) and not p.is_absolute() and ".." not in p.parts and ":" not in p.parts[0]
+    href = quote(f"{base.rstrip('/')}/{p}" if base else str(p), safe="/") if safe else ""
+    return FileLink(text=path, href=href)

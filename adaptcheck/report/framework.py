@@ -12,7 +12,9 @@ reader needs to judge a bring-up at a glance:
   and the prompts whose answers diverged;
 * for vLLM, which platform plugin answered and which one vLLM chose (the first thing to rule
   out on a new accelerator is "vLLM silently ran on the wrong platform");
-* the exact-collectives table of ``framework.collectives``, which has no framework.
+* the exact-collectives table of ``framework.collectives``, which has no framework;
+* the model numerics of each comparing check — teacher-forced figures against the CPU
+  control, their chart, the localisation, the reproducer (:mod:`adaptcheck.report.numerics`).
 
 Results are read defensively: a check whose worker crashed has no details at all, a check
 that could not load its framework records the framework as a bare name, and ids are free
@@ -41,6 +43,7 @@ from adaptcheck.report.fmt import (
     status_key,
     status_label,
 )
+from adaptcheck.report.numerics import CheckNumerics, check_numerics
 
 STEP = 4
 COLLECTIVES_KIND = "framework.collectives"
@@ -149,6 +152,8 @@ class FwCheckRow:
     divergences: list[Divergence]
     divergences_more: int  # divergent prompts beyond MAX_DIVERGENCES
     instance: str  # set when the check ran on another instance than the block's (other load options)
+    # Model numerics (numerics.py): teacher-forced figures, chart, localisation, distribution, reproducer.
+    numerics: CheckNumerics | None = None
 
 
 @dataclass
@@ -232,6 +237,8 @@ class FrameworkView:
     frameworks: list[FrameworkBlock] = field(default_factory=list)
     collectives: list[CollectivesView] = field(default_factory=list)
     legend: list[Label] = field(default_factory=list)
+    # Fragment ids of the details page's per-module localisation tables (numerics_details.html.j2).
+    localised: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- small readers
@@ -408,7 +415,7 @@ def _instance_note(fw: Any, block_loaded_by: str | None) -> str:
     return ""
 
 
-def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None) -> FwCheckRow:
+def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None, records_base: str = "") -> FwCheckRow:
     d = as_dict(c.details)
     divergences, more = _divergences(d, _int(c.metrics.get("top_n")))
     return FwCheckRow(
@@ -416,6 +423,7 @@ def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None) -
         status=status_label(status_key(c)), message=c.message, duration=format_duration(c.duration_s),
         summary=_summary(c), subchecks=_subchecks(d), divergences=divergences, divergences_more=more,
         instance=_instance_note(d.get("framework"), loaded_by),
+        numerics=check_numerics(c.id, c.kind, d, records_base),
     )
 
 
@@ -539,10 +547,10 @@ class _Group:
     planned: list[PlannedCheck] = field(default_factory=list)
 
 
-def _block(g: _Group, anchor: str, anchors: dict[str, str]) -> FrameworkBlock:
+def _block(g: _Group, anchor: str, anchors: dict[str, str], records_base: str = "") -> FrameworkBlock:
     fw = g.facts or {}
     loaded_by = fw.get("loaded_by") if isinstance(fw.get("loaded_by"), str) else None
-    checks = [_check_row(c, anchors, loaded_by) for c in g.results]
+    checks = [_check_row(c, anchors, loaded_by, records_base) for c in g.results]
     checks += [_not_run_row(p, anchors) for p in g.planned]
     counts = Counter(r.status.key for r in checks)
     display = fw.get("display_name")
@@ -618,8 +626,9 @@ def _not_run_reason(results: RunResults) -> str:
     return section_not_run_reason(results, STEP, "framework", "framework checks")
 
 
-def build_framework(results: RunResults, anchors: dict[str, str]) -> FrameworkView:
-    """The step-4 section: ``anchors`` are the Checks section's, so rows link to each check's entry."""
+def build_framework(results: RunResults, anchors: dict[str, str], records_base: str = "") -> FrameworkView:
+    """The step-4 section: ``anchors`` are the Checks section's, so rows link to each check's entry;
+    ``records_base`` is the run folder relative to the report's (for the reproducers' links)."""
     groups: dict[str, _Group] = {}
     collectives: list[CollectivesView] = []
     for c in results.checks:
@@ -666,7 +675,10 @@ def build_framework(results: RunResults, anchors: dict[str, str]) -> FrameworkVi
         while anchor in used:  # 'vllm serve' and 'vllm-serve' would otherwise share a fragment
             anchor, n = f"{base}-{n}", n + 1
         used.add(anchor)
-        blocks.append(_block(g, anchor, anchors))
+        blocks.append(_block(g, anchor, anchors, records_base))
     present = {r.status.key for b in blocks for r in b.checks} | {c.status.key for c in collectives}
     legend = [status_label(k) for k in STATUS_LABELS if k in present]
-    return FrameworkView(ran=True, not_run_reason="", frameworks=blocks, collectives=collectives, legend=legend)
+    localised = [r.numerics.teacher_forced.localisation_anchor for b in blocks for r in b.checks
+                 if r.numerics and r.numerics.teacher_forced and r.numerics.teacher_forced.localisation_anchor]
+    return FrameworkView(ran=True, not_run_reason="", frameworks=blocks, collectives=collectives, legend=legend,
+                         localised=localised)

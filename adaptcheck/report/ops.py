@@ -32,6 +32,7 @@ from adaptcheck.report.fmt import (
     status_key,
     status_label,
 )
+from adaptcheck.report.served_ops import NOT_USED_TEXT, VLLM_PROVIDER, unused_ops
 
 OP_KIND = "ops.op"
 STEP = 3
@@ -69,6 +70,10 @@ class OpRow:
     # A result that covers the whole check (worker crash, planned but never run): one
     # statement across every column instead of per-dtype cells.
     whole: OpCell | None = None
+    # Set when step 4 shows the served model did not run this kernel here (served_ops): the
+    # note, and the evidence behind it ('RMSNorm.forward_native, per framework.vllm.reference').
+    unused: str = ""
+    unused_detail: str = ""
 
 
 @dataclass
@@ -178,6 +183,8 @@ class OpDetail:
     description: str
     dtypes: list[OpDtypeView]
     whole: OpCell | None = None
+    unused: str = ""
+    unused_detail: str = ""
 
 
 @dataclass
@@ -542,6 +549,7 @@ def build_ops(results: RunResults, anchors: dict[str, str]) -> OpsView:
         return OpsView(ran=False, not_run_reason=_not_run_reason(results), not_run_status=status_label(key))
 
     dtypes = _dtype_rank(seen_dtypes)
+    unused = unused_ops(results)
     by_provider: dict[str, list[OpRow]] = defaultdict(list)
     details: dict[str, list[OpDetail]] = defaultdict(list)
     used: set[str] = set()
@@ -571,11 +579,15 @@ def build_ops(results: RunResults, anchors: dict[str, str]) -> OpsView:
                            message="not reached: the run ended before this check recorded a result",
                            anchor=anchors.get(parent, row_anchor), id=parent)
         note = "" if _conventional(parent, row.op, row.provider) else parent
+        # Only vLLM's own kernels can be bypassed by a CustomOp's forward_native.
+        why = unused.get(row.op, "") if row.provider == VLLM_PROVIDER else ""
         by_provider[row.provider].append(OpRow(op=row.op, provider=row.provider, check_id=parent, check_note=note,
-                                               anchor=row_anchor, cells=cells, whole=whole))
+                                               anchor=row_anchor, cells=cells, whole=whole,
+                                               unused=NOT_USED_TEXT if why else "", unused_detail=why))
         details[row.provider].append(OpDetail(op=row.op, provider=row.provider, check_id=parent, anchor=row_anchor,
                                               signature=row.signature, description=row.description,
-                                              dtypes=dviews, whole=whole))
+                                              dtypes=dviews, whole=whole,
+                                              unused=NOT_USED_TEXT if why else "", unused_detail=why))
     # torch first (the default, unlabelled), then other providers by name, each in ladder order.
     order = sorted(by_provider, key=lambda p: (p != DEFAULT_PROVIDER, p))
     groups = [ProviderGroup(provider=p, heading="" if p == DEFAULT_PROVIDER else f"provider {p}",

@@ -17,15 +17,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import quote
 
 from markupsafe import Markup
 
 from adaptcheck.models.results import CheckResult
 from adaptcheck.report import svg
-from adaptcheck.report.fmt import Label, as_dict, as_float, format_float, format_value
+
+# FileLink and records_link live in fmt (step 4's reproducers link the same way); re-exported here.
+from adaptcheck.report.fmt import (
+    FileLink,
+    Label,
+    as_dict,
+    as_float,
+    format_float,
+    format_value,
+    records_link,
+)
 from adaptcheck.report.framework import FACT_LABELS, Fact
 
 # The latency metrics of a RunSummary / distributions, in the order the tables show them.
@@ -92,14 +100,6 @@ class RunRow:
     out_tok_per_s: str
     ttft: str
     tpot: str
-
-
-@dataclass
-class FileLink:
-    """A file of the run; ``href`` is '' when the recorded path is not a safe relative one."""
-
-    text: str
-    href: str
 
 
 @dataclass
@@ -173,18 +173,6 @@ def level_legend(level: Any, arrival: str) -> str:
     """A level as a chart legend names it ('c=4', '2.5 req/s', 'burst 32')."""
     text = format_value(level)
     return {"concurrency": f"c={text}", "poisson": f"{text} req/s", "burst": f"burst {text}"}.get(arrival, text)
-
-
-def records_link(path: Any, base: str = "") -> FileLink | None:
-    """A link to the per-request records. ``path`` is relative to the run folder; ``base``
-    is the run folder relative to the report's folder ('' when the report sits in the run
-    folder, as ``adaptcheck run`` writes it). Only a plain relative path becomes a link."""
-    if not isinstance(path, str) or not path:
-        return None
-    p = PurePosixPath(path.replace("\\", "/"))
-    safe = bool(p.parts) and not p.is_absolute() and ".." not in p.parts and ":" not in p.parts[0]
-    href = quote(f"{base.rstrip('/')}/{p}" if base else str(p), safe="/") if safe else ""
-    return FileLink(text=path, href=href)
 
 
 # ---------------------------------------------------------------- parts of a scenario

@@ -29,7 +29,7 @@ MAIN_FILE = "report.html"
 DETAILS_FILE = "report-details.html"
 """The details page beside report.html (per-op cases, every check's evidence): the main page
 stays short enough to read and to share."""
-DETAILS_PAGE_ANCHORS = ("checks", "ops-details", "perf-details")
+DETAILS_PAGE_ANCHORS = ("checks", "ops-details", "perf-details", "numerics-details")
 """Section ids of the details page (besides the view's ``detail_anchors``)."""
 
 # Browsers do not print the body of a closed <details>, whatever the CSS says; this opens

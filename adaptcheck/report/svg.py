@@ -18,6 +18,7 @@ single point or a flat series gets a padded axis, and a chart without any finite
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -443,5 +444,113 @@ def sparkline(title: str, points: Sequence[tuple[float | None, float | None]], *
     parts.append(_text(SPARK_LEFT, SPARK_HEIGHT - 2, f"last {format_float(last)}{suffix} · range "
                        f"{format_float(min(vs))}–{format_float(max(vs))} · {format_float(t_hi - t_lo)} s",
                        anchor="start", size=9, extra=' fill="#57606a"'))
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+# ---------------------------------------------------------------- histograms
+
+
+HIST_LABEL_GAP = 36.0
+"""Least px between two decade labels of a log10 histogram axis ('1e-12' is ~30 px wide)."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A vertical line across a histogram at ``x`` (a bound, a threshold), named in the legend."""
+
+    label: str
+    x: float
+
+
+def _finite_edges(edges: Sequence[Any]) -> list[float] | None:
+    """Bin edges as floats, an open first or last edge (±inf: 'everything below/above')
+    closed at one neighbouring bin width; None when they cannot describe bins."""
+    vals = [as_float(e) for e in edges]
+    if len(vals) < 2 or any(v is None or math.isnan(v) for v in vals):
+        return None
+    out = [float(v) for v in vals if v is not None]
+    if len(out) >= 3 and math.isinf(out[0]) and out[0] < 0 and math.isfinite(out[1]) and math.isfinite(out[2]):
+        out[0] = out[1] - (out[2] - out[1])
+    if len(out) >= 3 and math.isinf(out[-1]) and out[-1] > 0 and math.isfinite(out[-2]) and math.isfinite(out[-3]):
+        out[-1] = out[-2] + (out[-2] - out[-3])
+    if not all(math.isfinite(v) for v in out) or any(b <= a for a, b in itertools.pairwise(out)):
+        return None
+    return out
+
+
+def _pow10_text(value: float) -> str:
+    """A log10 tick as the value it stands for: -3 → '1e-3', 0.5 → '3.2'."""
+    return f"1e{int(value)}" if value == int(value) else f"{10.0 ** value:.2g}"
+
+
+def histogram_chart(title: str, edges: Sequence[Any], series: Sequence[tuple[str, Sequence[Any]]], *,
+                    x_label: str, y_label: str = "positions", markers: Sequence[Marker] = (),
+                    log10_x: bool = True) -> Markup:
+    """Overlaid histograms over shared bin ``edges``: one outlined, lightly filled step shape
+    per series (colour and dash differ, so they read apart in print), optional vertical
+    markers, a tooltip per non-empty bin.
+
+    ``log10_x``: the edges are log10 of the quantity (KL spans decades), so ticks are labelled
+    with the value itself ('1e-3'). A series whose counts do not match the bins, or edges that
+    are not increasing, give a chart that says so instead of a wrong picture.
+    """
+    bins = _finite_edges(edges)
+    if bins is None:
+        return empty_chart(title, "no histogram recorded")
+    counts: list[tuple[str, list[float]]] = []
+    for label, values in series:
+        vals = [as_float(v) for v in values] if isinstance(values, (list, tuple)) else []
+        if len(vals) != len(bins) - 1 or any(v is None or not math.isfinite(v) or v < 0 for v in vals):
+            return empty_chart(title, f"{label}: counts do not match the {len(bins) - 1} bins")
+        counts.append((label, [float(v) for v in vals if v is not None]))
+    if not counts:
+        return empty_chart(title)
+    marks = [m for m in markers if math.isfinite(m.x)]
+    xs_all = [bins[0], bins[-1], *(m.x for m in marks)]
+    xa = Axis(lo=min(xs_all), hi=max(xs_all), ticks=(), log=False)
+    first, last = math.ceil(xa.lo - 1e-9), math.floor(xa.hi + 1e-9)
+    if log10_x and last >= first:
+        # Whole decades, every k-th one so that labels like '1e-12' do not run into each other.
+        per_decade = (PLOT_RIGHT - PLOT_LEFT) / max(xa.hi - xa.lo, 1e-9)
+        k = max(1, math.ceil(HIST_LABEL_GAP / per_decade))
+        ticks: tuple[float, ...] = tuple(float(t) for t in range(first, last + 1) if t % k == 0)
+    else:
+        ticks = choose_axis([xa.lo, xa.hi]).ticks
+    xa = Axis(lo=xa.lo, hi=xa.hi, ticks=tuple(t for t in ticks if xa.lo <= t <= xa.hi), log=False)
+    ya = choose_axis([v for _, c in counts for v in c] + [0.0], log=False, zero=True)
+    xs = Scale(xa.lo, xa.hi, PLOT_LEFT, PLOT_RIGHT)
+    ys = Scale(ya.lo, ya.hi, PLOT_BOTTOM, PLOT_TOP)
+    x_text = _pow10_text if log10_x else tick_text
+    legend, height = _legend([label for label, _ in counts] + [m.label for m in marks])
+    parts = _open(height, title)
+    parts += _axes(xs, ys, xa, ya, x_label, y_label, x_text, tick_text)
+    for i, (label, c) in enumerate(counts):
+        colour, dash = PALETTE[i % len(PALETTE)], DASHES[i % len(DASHES)]
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        # One closed step outline from the baseline: bars of adjacent bins share their edges.
+        pts = [(xs(bins[0]), ys(0.0))]
+        for k, n in enumerate(c):
+            pts += [(xs(bins[k]), ys(n)), (xs(bins[k + 1]), ys(n))]
+        pts.append((xs(bins[-1]), ys(0.0)))
+        coords = " ".join(f"{_n(x)},{_n(y)}" for x, y in pts)
+        parts.append(f'<g class="series" data-series="{_e(label)}">')
+        parts.append(f'<polygon points="{coords}" fill="{colour}" fill-opacity="0.18" stroke="{colour}" '
+                     f'stroke-width="1.5"{dash_attr}/>')
+        for k, n in enumerate(c):
+            if n <= 0:
+                continue
+            lo_t, hi_t = (x_text(bins[k]), x_text(bins[k + 1])) if log10_x else (format_float(bins[k]),
+                                                                                   format_float(bins[k + 1]))
+            tip = f"{label}: {format_float(n)} {y_label} in [{lo_t}, {hi_t})"
+            parts.append(f'<rect x="{_n(xs(bins[k]))}" y="{_n(ys(n))}" width="{_n(xs(bins[k + 1]) - xs(bins[k]))}" '
+                         f'height="{_n(ys(0.0) - ys(n))}" fill="transparent"><title>{_e(tip)}</title></rect>')
+        parts.append("</g>")
+    for j, m in enumerate(marks, start=len(counts)):
+        colour, dash = PALETTE[j % len(PALETTE)], DASHES[j % len(DASHES)] or "4 2"
+        x = _n(xs(m.x))
+        parts.append(f'<line class="marker" x1="{x}" x2="{x}" y1="{PLOT_TOP}" y2="{PLOT_BOTTOM}" stroke="{colour}" '
+                     f'stroke-width="1.5" stroke-dasharray="{dash}"><title>{_e(m.label)}</title></line>')
+    parts += legend
     parts.append("</svg>")
     return Markup("".join(parts))

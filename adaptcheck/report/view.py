@@ -339,6 +339,8 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
                   *(a for d in ops.details for a in (d.anchor, *(x.anchor for x in d.dtypes)))]
     perf = build_perf(results, anchors, records_base)
     on_details += [f"{s.block}-details" for s in perf.serving]
+    framework = build_framework(results, anchors, records_base)
+    on_details += framework.localised
     return ReportView(
         title=f"adaptcheck {results.grade.level} — {results.device.device_name}",
         run_id=results.run_id,
@@ -352,7 +354,7 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
         next_level=next_level, blockers=list(results.grade.blockers), levels=levels,
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
         matrix=build_matrix(env, results.checks, anchors), ops=ops,
-        framework=build_framework(results, anchors), perf=perf, check_groups=groups,
+        framework=framework, perf=perf, check_groups=groups,
         reproduce=_reproduce(results, unverified), compare=build_compare(results, anchors),
         detail_anchors=on_details,
     )

@@ -63,6 +63,10 @@ class ReferenceParams(FrameworkParams):
     chat: bool = Field(default=True, description="Also compare chat-template prompts (when the model has a template).")
     max_tokens: int = Field(default=32, gt=0, description="Tokens generated per prompt.")
     top_n: int = Field(default=5, ge=1, le=20, description="At the first divergence each token must be in the other's top-N.")
+    top_k: int = Field(default=20, ge=1, le=20, description="Alternatives per position in the teacher-forced comparison "
+                       "(the KL estimator's buckets; vLLM's default cap is 20).")
+    greedy: bool = Field(default=True, description="Also compare greedy answers with the reference's (the visible "
+                         "symptom; the whole verdict where the framework cannot score a given sequence).")
 
 
 class ConcurrentParams(FrameworkParams):

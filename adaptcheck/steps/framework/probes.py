@@ -13,9 +13,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.frameworks.base import Framework, FrameworkError, Generation, GenRequest
+from adaptcheck.frameworks.base import (
+    Framework,
+    FrameworkError,
+    Generation,
+    GenRequest,
+    ScoreRequest,
+    ScoringUnsupported,
+)
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.framework import prompts
+from adaptcheck.steps.framework import teacher as tf_rules
+from adaptcheck.steps.framework.bounds import load_numerics
 from adaptcheck.steps.framework.compare import Comparison, TextCodec, compare
 from adaptcheck.steps.framework.params import (
     DEFAULT_TIE_MARGIN,
@@ -29,7 +38,8 @@ from adaptcheck.steps.framework.params import (
 )
 from adaptcheck.steps.framework.reference import (
     ReferenceUnavailable,
-    reference_generations,
+    control_scores,
+    teacher_data,
 )
 from adaptcheck.steps.framework.session import (
     Active,
@@ -40,6 +50,10 @@ from adaptcheck.steps.framework.session import (
 )
 
 Row = dict[str, Any]
+
+TOP_K = 20
+"""Alternatives per position in the same-framework teacher-forced comparisons (the control is
+scored with the same K, so the two figures are comparable)."""
 
 
 def _row(name: str, ok: bool | None, detail: str, **extra: Any) -> Row:
@@ -305,10 +319,44 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
         return Outcome.skipped("no local copy of the served weights: pass --model PATH (the same weights as the "
                                "endpoint) to compare with a CPU reference")
     reqs = _reference_requests(tok, p)
+    policy = load_numerics()
     try:
-        ref, ref_dtype = reference_generations(active.model, reqs, framework_dir(ctx))
+        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k)
     except ReferenceUnavailable as exc:
         return Outcome.skipped(str(exc))
+    ctx.progress(1, 3, "parts", note="teacher-forced scoring vs the float64 reference")
+    metrics: dict[str, Any] = {"reference_dtype": teacher.dtype, "top_n": p.top_n}
+    rows: list[Row] = []
+    try:
+        row, tf, tf_metrics = tf_rules.against_reference(ctx, active, teacher, policy, p.top_k)
+        rows.append(row)
+        metrics.update(tf_metrics)
+    except ScoringUnsupported as exc:
+        # Never a silent pass: the greedy comparison below is then the whole verdict, and says so.
+        tf = tf_rules.greedy_fallback(str(exc))
+        rows.append(_row("teacher-forced distributions vs float64 reference", None,
+                         f"not possible here: {exc}; greedy comparison only"))
+    except ValueError as exc:  # scores that do not line up with the sequences (a broken server)
+        tf = tf_rules.greedy_fallback(str(exc))
+        rows.append(_row("teacher-forced distributions vs float64 reference", False, f"unusable scores: {exc}"))
+    if p.greedy:
+        ctx.progress(2, 3, "parts", note="greedy answers vs the float64 reference")
+        rows.extend(_greedy_rows(fw, tok, reqs, teacher.generations, p, metrics, tf))
+    details: dict[str, Any] = {"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU"}
+    if any(r["ok"] is False for r in rows) and tf.get("method") == "teacher_forced":
+        try:
+            rel = tf_rules.write_repro(ctx, active, teacher, tf, p.top_k, policy.reference_top_k)
+        except Exception as exc:  # noqa: BLE001 - the verdict stands without its reproducer
+            rel, details["repro_error"] = None, f"{type(exc).__name__}: {exc}"
+        if rel:
+            details["repro"] = rel
+    return _verdict(rows, "reference agreement", metrics=metrics, details=details)
+
+
+def _greedy_rows(fw: Framework, tok: Tok, reqs: list[GenRequest], ref: list[Generation], p: ReferenceParams,
+                 metrics: dict[str, Any], tf: dict[str, Any]) -> list[Row]:
+    """Greedy answers against the reference's: the user-visible symptom, and the whole
+    verdict where the framework cannot score (top-N rule at the first divergence)."""
     # One request at a time: this is the single-request answer; batching is framework.concurrent's.
     dev = [fw.generate([r])[0] for r in reqs]
     eos = tok.eos_ids()
@@ -318,11 +366,9 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     finish = [f"prompt {i}: {a.finish_reason} vs {b.finish_reason}" for i, (a, b) in enumerate(zip(ref, dev))
               if cmp.pairs[i].exact and a.finish_reason != b.finish_reason]
     rows.append(_row("finish reasons agree", not finish, "; ".join(finish) or "same finish reason for identical answers"))
-    by_text = sum(p.by_text for p in cmp.pairs)
-    return _verdict(rows, "reference agreement",
-                    metrics={**cmp.metrics(), "reference_dtype": ref_dtype, "top_n": p.top_n},
-                    details={"comparison": cmp.details(), "reference": f"transformers {ref_dtype} on CPU",
-                             "compared_as_text": by_text})
+    metrics.update(cmp.metrics())
+    tf["greedy"] = {"comparison": cmp.details(), "compared_as_text": sum(x.by_text for x in cmp.pairs)}
+    return rows
 
 
 # ------------------------------------------------------------------------- concurrency --
@@ -350,6 +396,8 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
     rows = [_row(f"alone vs in a batch of {len(reqs)}", cmp.ok, cmp.summary())]
     rows.append(_usage_row("usage counts in the batch", together, eos))
     metrics: dict[str, Any] = {**cmp.metrics(), "batch": len(reqs), "tie_margin": margin}
+    tf_row, distribution = _scored_alone_vs_batched(ctx, active, tok)
+    rows.append(tf_row)
     if p.stream and getattr(fw, "supports_stream", False):
         streamed = fw.generate([GenRequest(prompt=r.prompt, max_tokens=r.max_tokens, stream=True) for r in reqs])
         diff = [f"request {i}: {a.text!r} vs streamed {b.text!r}" for i, (a, b) in enumerate(zip(together, streamed))
@@ -358,7 +406,53 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
         rows.append(_usage_row("usage counts when streaming", streamed, eos))
     elif p.stream:
         rows.append(_row("stream vs non-stream", None, f"{fw.display_name} has no streaming API"))
-    return _verdict(rows, "batch consistency", metrics=metrics, details={"comparison": cmp.details()})
+    return _verdict(rows, "batch consistency", metrics=metrics,
+                    details={"comparison": cmp.details(), "distribution": distribution})
+
+
+# ------------------------------------------------- same-framework distribution rule --
+
+def _control_sum(ctx: CheckContext, active: Active, tok: Tok) -> tuple[Any, dict[str, float]] | None:
+    """The reference's teacher data and the CPU control's divergence from it (cached), or
+    None where there is no local copy of the weights or no room for the reference."""
+    if tok.hf is None:
+        return None
+    policy = load_numerics()
+    reqs = _reference_requests(tok, ReferenceParams(framework=active.name))
+    try:
+        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k)
+    except ReferenceUnavailable:
+        return None
+    control = control_scores(active.model, teacher, active.options.dtype, TOP_K, framework_dir(ctx))
+    return teacher, tf_rules.control_summary(control, teacher)
+
+
+def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok) -> tuple[Row, dict[str, Any] | None]:
+    """Teacher-forced: the reference sequences scored one per request and all in one batch."""
+    name = "teacher-forced distributions alone vs batched"
+    found = _control_sum(ctx, active, tok)
+    if found is None:
+        return _row(name, None, "no local copy of the weights: no reference sequences or control"), None
+    teacher, control_sum = found
+    try:
+        alone = tf_rules.score_alone(active.framework, teacher.sequences, TOP_K)
+        together = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K) for s in teacher.sequences])
+    except ScoringUnsupported as exc:
+        return _row(name, None, f"not possible here: {exc}"), None
+    row, distribution = tf_rules.same_framework_row(name, alone, together, control_sum, load_numerics(),
+                                                    active.options.dtype)
+    return row, distribution
+
+
+def _generations_distribution_row(ctx: CheckContext, active: Active, tok: Tok, name: str, a: list[Generation],
+                                  b: list[Generation]) -> tuple[Row, dict[str, Any] | None]:
+    """Two greedy runs of one framework: their top-N distributions where the tokens so far agree."""
+    sa, sb = tf_rules.common_prefix_scores(a, b)
+    if not any(x.token_logprobs for x in sa):
+        return _row(name, None, "the answers carry no logprobs to compare"), None
+    found = _control_sum(ctx, active, tok)
+    return tf_rules.same_framework_row(name, sa, sb, found[1] if found else None, load_numerics(),
+                                       active.options.dtype)
 
 
 # ---------------------------------------------------------------------------- kv cache --
@@ -400,6 +494,9 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
             worst = cmp
     assert worst is not None
     rows.append(_row(f"{p.rounds} more rounds give the same answers (cached prefixes reused)", worst.ok, worst.summary()))
+    dist_row, distribution = _generations_distribution_row(ctx, active, tok, "distributions: cached rounds vs the first",
+                                                           first, again)
+    rows.append(dist_row)
     state, rss = fw.memory_state(), _rss_bytes()
     metrics: dict[str, Any] = {"rounds": p.rounds, "batch": p.batch, "rss_growth_mib": round((rss - base_rss) / 2**20, 1)}
     kv_keys = [k for k in state if "kv_cache_usage" in k or "cache_usage" in k]
@@ -419,7 +516,7 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
     rows.append(_prefix_hits_row(active, hits_before, _prefix_hits(fw)))
     if p.compare_prefix_off:
         rows.append(_prefix_off_row(ctx, active, p, reqs, first, eos))
-    return _verdict(rows, "KV cache", metrics=metrics)
+    return _verdict(rows, "KV cache", metrics=metrics, details={"distribution": distribution})
 
 
 def _prefix_hits(fw: Framework) -> float | None:
@@ -488,7 +585,10 @@ def toggle(ctx: CheckContext, p: CompileParams | TensorParallelParams, toggle: s
         release(ctx)
         cmp = compare(answers[0], answers[1], mode="top_n", top_n=p.top_n, codec=tok.codec())
         rows = [_row(f"{variants[0][0]} vs {variants[1][0]}", cmp.ok, cmp.summary())]
+        dist_row, distribution = _generations_distribution_row(
+            ctx, active, tok, f"distributions: {variants[0][0]} vs {variants[1][0]}", answers[0], answers[1])
+        rows.append(dist_row)
         return _verdict(rows, toggle.replace("_", " "), metrics={**cmp.metrics(), **loads},
-                        details={"comparison": cmp.details()})
+                        details={"comparison": cmp.details(), "distribution": distribution})
 
     return run_with_framework(ctx, first, body)

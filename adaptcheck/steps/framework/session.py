@@ -97,7 +97,8 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
     unconfigured = cls.unconfigured(config_for(ctx))
     if unconfigured:
         raise FrameworkUnavailable(unconfigured)
-    resolved = resolve_model(model or ctx.model.name, seed=0)
+    # The run seed picks the embedded model's weights too: --seed N is a different random model.
+    resolved = resolve_model(model or ctx.model.name, seed=ctx.seed)
     opts = LoadOptions(model_path=resolved.path, dtype=dtype or ctx.model.precision,
                        max_model_len=max_model_len or min(ctx.model.context_length, resolved.max_position or ctx.model.context_length),
                        **overrides)

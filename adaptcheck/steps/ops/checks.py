@@ -14,11 +14,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
+from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.catalog import get_op
 from adaptcheck.steps.ops.harness import CaseResult, fit_case, measure_speed, run_case
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef
 from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.registry import load_provider
+from adaptcheck.steps.ops.repro import write_check_repro
 from adaptcheck.steps.ops.tolerance import TolerancePolicy, load_policy
 
 
@@ -115,6 +117,20 @@ def _tolerance_details(policy: TolerancePolicy, klass_name: str, dtype: str) -> 
     return out
 
 
+def _attach_repro(ctx: CheckContext, op: OpDef, fn: Any, provider: OpProvider, dtype: str,
+                  results: list[CaseResult], outcome: Outcome) -> None:
+    """Write repro/<check id>.py for a failing dtype; a script that cannot be written is noted,
+    never a change of the verdict. Outside a run (no check id: a test calling run() directly)
+    there is no run folder to write into."""
+    if not ctx.check_id:
+        return
+    check_id = f"{ctx.check_id}.{dtype}"
+    try:
+        outcome.details["repro"] = write_check_repro(ctx, op, fn, provider, dtype, results, check_id)
+    except Exception as exc:  # noqa: BLE001 - the op's verdict stands whatever the writer meets
+        outcome.details["repro_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
 def _ratio_text(ratio: float) -> str:
     return "∞" if not math.isfinite(ratio) else f"{ratio:.3g}×"
 
@@ -180,5 +196,8 @@ class OpCheck(Check):
                 done_cases += 1
             outcome = summarize(op, provider.name, dtype, results)
             outcome.details["provider_description"] = provider.description
+            outcome.details["fp8_flavour"] = ctx.backend.fp8_flavour  # what a reproducer written later needs
+            if outcome.status in (Status.FAIL, Status.ERROR):
+                _attach_repro(ctx, op, fn, provider, dtype, results, outcome)
             outcomes.append(outcome)
         return outcomes

@@ -42,6 +42,10 @@ class CaseResult:
     error: str = ""
     scaled: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    """Seed of the CPU generator the inputs came from (a reproducer rebuilds them from it)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """The case's fields as run (after any shrink): with the seed, all a reproducer needs."""
     op_s: float = 0.0
     reference_s: float = 0.0
     inputs_s: float = 0.0
@@ -58,6 +62,7 @@ class CaseResult:
             "case": self.case, "dtype": self.dtype, "passed": self.passed, "error": self.error,
             "ratio": self.ratio if math.isfinite(self.ratio) else str(self.ratio),
             "outputs": [o.as_dict() for o in self.outputs], "scaled": self.scaled, "notes": self.notes,
+            "seed": self.seed, "params": self.params,
             "seconds": {"op": self.op_s, "reference": self.reference_s, "inputs": self.inputs_s,
                         "compare": self.compare_s},
         }
@@ -93,10 +98,11 @@ def run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBas
 
 def _run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBase, dtype: str,
               policy: TolerancePolicy) -> CaseResult:
-    result = CaseResult(case=case.name, dtype=dtype, passed=False)
+    result = CaseResult(case=case.name, dtype=dtype, passed=False, seed=seed_for(ctx, op.name, case.name, dtype),
+                        params=case.model_dump(mode="json"))
     t0 = time.perf_counter()
     gen = torch.Generator(device="cpu")
-    gen.manual_seed(seed_for(ctx, op.name, case.name, dtype))
+    gen.manual_seed(result.seed)
     inputs = op.make_inputs(case, dtype, gen)
     result.notes = dict(inputs.notes)
     ref_args = {k: to_numpy(v) for k, v in inputs.kwargs.items()}

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adaptcheck.errors import UnknownNameError, did_you_mean
+from adaptcheck.models.numerics import ModelNumericsPolicy
 from adaptcheck.steps.matrix.datafile import load_model, matrices_file
 
 
@@ -66,6 +67,7 @@ class TolerancePolicy(BaseModel):
 
     schema_version: Literal[1] = Field(description="File schema version.")
     classes: dict[str, ToleranceClass] = Field(description="Class name → class.")
+    model_numerics: ModelNumericsPolicy = Field(description="Step-4 teacher-forced bounds (read by step 4).")
 
     def get(self, name: str) -> ToleranceClass:
         if name not in self.classes:

@@ -8,7 +8,13 @@ answers are then corrupted in one way, chosen by ``mode``:
 - ``ignore_max_tokens``: the request is forwarded with more tokens than the client asked for;
 - ``batch_crosstalk``: a request that arrives while another is in flight gets that other
   request's answer (what a KV-cache slot mix-up looks like from outside);
-- ``dies``: after ``die_after`` requests the server closes its socket for good.
+- ``dies``: after ``die_after`` requests the server closes its socket for good;
+- ``rejects_scoring``: a request with ``prompt_logprobs`` or ``echo`` is a 400 (OpenAI's
+  "Unrecognized request argument");
+- ``ignores_scoring``: ``prompt_logprobs`` and ``echo`` are removed before forwarding
+  (a server that accepts unknown fields and silently does not honour them);
+- ``no_prompt_logprobs``: only ``prompt_logprobs`` is a 400; ``echo`` goes through (a
+  server with legacy echo but without vLLM's extension).
 
 Streaming requests are answered by the proxy itself as server-sent events built from the
 upstream's complete answer. Nothing here mocks a library: the client under test talks
@@ -28,7 +34,10 @@ import httpx
 
 from tests.proxy import Relay, close_for_good, serving, upstream_root
 
-MODES = ("passthrough", "wrong_tokens", "ignore_max_tokens", "batch_crosstalk", "dies")
+MODES = ("passthrough", "wrong_tokens", "ignore_max_tokens", "batch_crosstalk", "dies",
+         "rejects_scoring", "ignores_scoring", "no_prompt_logprobs")
+SCORING_FIELDS = {"rejects_scoring": ("prompt_logprobs", "echo"), "no_prompt_logprobs": ("prompt_logprobs",)}
+"""The fields each rejecting mode answers with a 400."""
 
 
 class _State:
@@ -78,6 +87,15 @@ def _handler(state: _State, server: ThreadingHTTPServer) -> type[BaseHTTPRequest
                     state.in_flight -= 1
 
         def _answer(self, body: dict[str, Any], crowded: bool) -> None:
+            refused = [f for f in SCORING_FIELDS.get(state.mode, ()) if body.get(f)]
+            if refused:
+                message = f"Unrecognized request argument supplied: {refused[0]}"
+                self._reply(400, json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                                       "param": refused[0], "code": None}}).encode())
+                return
+            if state.mode == "ignores_scoring":
+                for name in ("prompt_logprobs", "echo"):
+                    body.pop(name, None)
             stream = bool(body.pop("stream", False))
             body.pop("stream_options", None)
             if state.mode == "ignore_max_tokens" and body.get("max_tokens"):

@@ -1,0 +1,49 @@
+"""Schema of the step-4 model-numerics bounds (the ``model_numerics`` part of matrices/tolerances.yaml).
+
+A device's teacher-forced divergence from the float64 reference is held to
+``multiple x (the CPU control's divergence at the served dtype) + floor``: the control
+measures what a correct set of kernels at that dtype costs on this very model and these
+very sequences, the multiple allows for a different (correct) kernel choice on the
+device, and the floor keeps the bound meaningful where the control is ~0 (fp32). Every
+rule carries the reason for its numbers, because a bound nobody can explain is a guess.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Dtype = Literal["fp32", "fp16", "bf16"]
+
+
+class Rule(BaseModel):
+    """One statistic's bound: ``value <= multiple * control + floor[dtype]``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    multiple: float = Field(gt=0, description="Allowed multiple of the healthy control's figure.")
+    floor: dict[Dtype, float] = Field(description="Added to the bound per served dtype (same unit as the statistic).")
+    reason: str = Field(min_length=10, description="Why these numbers: what was measured, on what.")
+
+    def bound(self, control: float, dtype: str) -> float:
+        if dtype not in self.floor:
+            raise KeyError(f"no floor for dtype {dtype!r}")
+        return self.multiple * control + self.floor[dtype]  # type: ignore[index]
+
+
+class ModelNumericsPolicy(BaseModel):
+    """Bounds of step 4's teacher-forced comparisons and of the layer localisation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str = Field(description="What this section is for.")
+    reference_top_k: int = Field(ge=1, le=1000, description="Alternatives kept per position from the float64 "
+                                 "reference (the KL estimator's buckets are the device's top-K within these).")
+    cross_framework: dict[Literal["kl_mean", "kl_p99"], Rule] = Field(
+        description="Device vs float64 reference, relative to the CPU control at the served dtype.")
+    same_framework: dict[Literal["kl_mean", "kl_max"], Rule] = Field(
+        description="Two runs of one framework that must agree (alone vs batched, cache hit vs recompute, "
+                    "compile on vs off), relative to the control's own divergence from the reference.")
+    localisation: Rule = Field(description="Per-module normalized error of the device's hidden states vs the "
+                               "reference, relative to the control's at the same module.")

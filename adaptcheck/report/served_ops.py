@@ -1,0 +1,80 @@
+"""Which step-3 kernels the model served in step 4 did not use here.
+
+vLLM's layer classes (``CustomOp``) run either a platform path (``forward_cpu``,
+``forward_cuda`` … — the ``_C`` kernels step 3 checks through the ``vllm`` provider) or
+``forward_native`` (plain torch ops). On x86 CPUs, for instance, RMSNorm and GELUTanh run
+``forward_native``, so a passing (or failing) ``ops.vllm.rms_norm`` says nothing about the
+served model there. Step 4 records what each layer type really ran in
+``details.teacher_forced.implementations``; this module reads those and tells the step-3
+section which vLLM-provider ops to mark as not used by the served model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from adaptcheck.models.results import RunResults
+from adaptcheck.report.fmt import as_dict
+
+STEP = 4
+VLLM_PROVIDER = "vllm"
+NATIVE = "forward_native"
+NOT_USED_TEXT = "not used by the served model here (vLLM ran forward_native)"
+
+# Step-3 catalog op -> (the vLLM CustomOp class whose platform path calls that op's `_C`
+# kernel, the kernel as the dispatcher names it). Mirrors LAYER_CLASSES and MAPPINGS in
+# adaptcheck/steps/ops/providers/vllm_provider.py (the report may not import steps: imports
+# point down). Ops absent here (attention, KV-cache writes, MoE, quantization, sampling) are
+# not CustomOps with a forward_native alternative.
+VLLM_CUSTOM_OPS: dict[str, tuple[str, str]] = {
+    "rms_norm": ("RMSNorm", "_C::rms_norm"),
+    "fused_add_rms_norm": ("RMSNorm", "_C::fused_add_rms_norm"),  # RMSNorm.forward_* with a residual
+    "silu_and_mul": ("SiluAndMul", "_C::silu_and_mul"),
+    "gelu_tanh": ("GELUTanh", "_C::gelu_tanh"),
+    "gelu": ("GELU", "_C::gelu"),
+    "rope": ("RotaryEmbedding", "_C::rotary_embedding"),
+}
+
+
+def _text(key: str, value: Any) -> str:
+    return f"{key}: " + (value if isinstance(value, str) else json.dumps(value, default=str))
+
+
+def _word(name: str, text: str) -> bool:
+    """``name`` in ``text`` as a whole identifier: RMSNorm is not GemmaRMSNorm, _C::gelu not _C::gelu_tanh."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text) is not None
+
+
+def _native(text: str, kernel: str) -> bool:
+    """The layer ran plain torch: vLLM's description says forward_native (or that only torch
+    ops ran, as x86's SiluAndMul.forward_cpu does by calling forward_native), and never names
+    the kernel (``_C::rms_norm``, or ``_C.rms_norm`` as another writer may spell it)."""
+    if _word(kernel, text) or _word(kernel.replace("::", "."), text):
+        return False
+    return NATIVE in text or ("torch ops" in text and "custom kernel" not in text)
+
+
+def unused_ops(results: RunResults) -> dict[str, str]:
+    """Step-3 op (catalog name, vLLM provider) -> the evidence that the served model did not
+    run its kernel here ('RMSNorm: forward_cpu -> forward_native: torch ops (…); per
+    framework.vllm.reference'), behind :data:`NOT_USED_TEXT`.
+
+    An implementations entry counts when it names the class (its key, or a whole word of its
+    description) and says the layer ran forward_native; every step-4 check's entry is read.
+    """
+    evidence: dict[str, dict[str, list[str]]] = {}  # op -> description -> checks
+    for c in results.checks:
+        if c.step != STEP:
+            continue
+        impls = as_dict(as_dict(as_dict(c.details).get("teacher_forced")).get("implementations"))
+        for key, value in impls.items():
+            text = _text(str(key), value)
+            for op, (cls, kernel) in VLLM_CUSTOM_OPS.items():
+                if _word(cls, text) and _native(text, kernel):
+                    checks = evidence.setdefault(op, {}).setdefault(text, [])
+                    if c.id not in checks:
+                        checks.append(c.id)
+    return {op: "; ".join(f"{text}; per {', '.join(ids)}" for text, ids in by_text.items())
+            for op, by_text in evidence.items()}

@@ -1,0 +1,190 @@
+"""Step 4's teacher-forced verdicts: a framework's distributions against the float64 reference.
+
+:func:`against_reference` scores the reference's token sequences on the framework, compares
+them position by position with the reference (``divergence``) and holds the figures to the
+bounds of ``matrices/tolerances.yaml`` relative to the CPU control at the served dtype; on a
+failure it localises the first departing module (in-process frameworks) and writes a
+reproducer. :func:`same_framework_row` applies the much tighter same-framework rule to two
+runs of one framework (alone vs batched, cache hit vs recompute, compile on vs off).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from adaptcheck.frameworks.base import (
+    Framework,
+    Generation,
+    Scored,
+    ScoreRequest,
+    ScoringUnsupported,
+)
+from adaptcheck.ladder.check import CheckContext
+from adaptcheck.models.numerics import ModelNumericsPolicy
+from adaptcheck.steps.framework import divergence as dv
+from adaptcheck.steps.framework.reference import Control, TeacherData, control_scores
+from adaptcheck.steps.framework.session import Active, framework_dir
+
+Row = dict[str, Any]
+
+
+def _stats(ref: list[Scored], dev: list[Scored]) -> dv.PositionStats:
+    out = dv.PositionStats([], [], [])
+    for a, b in zip(ref, dev):
+        out.extend(dv.compare_positions(a.top_logprobs, a.token_logprobs, b.top_logprobs, b.token_logprobs))
+    return out
+
+
+def _fmt(judged: dict[str, dict[str, Any]]) -> str:
+    return "; ".join(f"{stat} {v['value']:.3g} {'<=' if v['ok'] else '>'} {v['bound']:.3g} "
+                     f"({v['multiple']:g} x control {v['control']:.3g} + {v['floor']:g})" for stat, v in judged.items())
+
+
+def score_alone(fw: Framework, seqs: list[ScoreRequest], top_k: int) -> list[Scored]:
+    """Each sequence scored in a request of its own (no batching effects)."""
+    return [fw.score([ScoreRequest(s.token_ids, s.start, top_k)])[0] for s in seqs]
+
+
+def against_reference(ctx: CheckContext, active: Active, teacher: TeacherData, policy: ModelNumericsPolicy,
+                      top_k: int) -> tuple[Row, dict[str, Any], dict[str, Any]]:
+    """(verdict row, details["teacher_forced"], metrics). Raises ScoringUnsupported."""
+    fw, dtype = active.framework, active.options.dtype
+    dev = score_alone(fw, teacher.sequences, top_k)
+    control = control_scores(active.model, teacher, dtype, top_k, framework_dir(ctx))
+    ok, judged, dev_pos, ctl_pos = judge_scores(teacher.scores, dev, control.alone, {str(k): v for k, v in policy.cross_framework.items()}, dtype)
+    dev_sum, ctl_sum = dv.summarize(dev_pos), dv.summarize(ctl_pos)
+    details: dict[str, Any] = {
+        "method": "teacher_forced", "fallback_reason": None, "top_k": top_k,
+        "reference": f"transformers {teacher.dtype} on cpu (attention {teacher.attention})",
+        "control": f"transformers {dtype} on cpu (attention {control.attention})",
+        "sequences": len(teacher.sequences), "positions": dev_sum["positions"],
+        "device": dev_sum, "control_stats": ctl_sum, "bounds": judged,
+        "histogram": {"edges": dv.HIST_EDGES, "device": dv.histogram(dev_pos.kl), "control": dv.histogram(ctl_pos.kl)},
+        "localisation": None, "implementations": fw.implementations(),
+        "worst_sequence": _worst(dev, teacher),
+    }
+    metrics = {"tf_kl_mean": dev_sum["kl_mean"], "tf_kl_p99": dev_sum["kl_p99"], "tf_kl_max": dev_sum["kl_max"],
+               "tf_dlogprob_max": dev_sum["dlogprob_max"], "tf_same_top_rate": dev_sum["same_top_rate"],
+               "control_kl_mean": ctl_sum["kl_mean"], "control_kl_p99": ctl_sum["kl_p99"]}
+    detail = (f"{dev_sum['positions']} positions of {len(teacher.sequences)} sequences, top-{top_k}: " + _fmt(judged)
+              + f"; same top token {dev_sum['same_top_rate']:.1%} (control {ctl_sum['same_top_rate']:.1%})")
+    if not ok:
+        if fw.torch_model() is not None:
+            details["localisation"] = _localise(active, teacher, details["worst_sequence"], policy, top_k)
+            from adaptcheck.steps.framework.localise import describe
+
+            detail += f"; first departing module: {describe(details['localisation'])}"
+        else:
+            details["localisation"] = {"module": None, "table": [],
+                                       "reason": f"{fw.display_name} runs its model outside this process: "
+                                                 "no forward hooks (see the reproducer)"}
+    return {"name": "teacher-forced distributions vs float64 reference", "ok": ok, "detail": detail}, details, metrics
+
+
+def judge_scores(ref: list[Scored], dev: list[Scored], control: list[Scored], rules: dict[str, Any],
+                 dtype: str) -> tuple[bool, dict[str, dict[str, Any]], dv.PositionStats, dv.PositionStats]:
+    """The cross-framework verdict: device and control against the reference, every position."""
+    dev_pos, ctl_pos = _stats(ref, dev), _stats(ref, control)
+    judged = dv.judge(dv.summarize(dev_pos), dv.summarize(ctl_pos), rules, dtype)
+    return all(v["ok"] for v in judged.values()), judged, dev_pos, ctl_pos
+
+
+def _worst(dev: list[Scored], teacher: TeacherData) -> int:
+    """Index of the sequence with the largest mean KL (the one localisation and repro use)."""
+    means = [sum(s.kl) / max(1, len(s.kl)) for s in (_stats([r], [d]) for r, d in zip(teacher.scores, dev))]
+    return max(range(len(means)), key=means.__getitem__) if means else 0
+
+
+def _localise(active: Active, teacher: TeacherData, index: int, policy: ModelNumericsPolicy, top_k: int) -> dict[str, Any]:
+    from adaptcheck.steps.framework import localise
+    from adaptcheck.steps.framework.reference import cpu_transformers
+
+    seq = teacher.sequences[index]
+    seq = ScoreRequest(seq.token_ids, seq.start, top_k)
+    try:
+        device = localise.trace(active.framework, seq)
+        sides = []
+        for dtype in (teacher.dtype, active.options.dtype):  # the reference, then the control
+            side = cpu_transformers(active.model, dtype)
+            try:
+                sides.append(localise.trace(side, seq))
+            finally:
+                side.shutdown()
+        ref_events, ctl_events = sides
+        result = localise.first_departure(device, ref_events, ctl_events, policy.localisation, active.options.dtype)
+    except Exception as exc:  # noqa: BLE001 - localisation is extra evidence; the verdict stands without it
+        return {"module": None, "table": [], "reason": f"localisation failed: {type(exc).__name__}: {exc}"}
+    result["sequence"] = index
+    return result
+
+
+def greedy_fallback(reason: str) -> dict[str, Any]:
+    """details["teacher_forced"] for a framework that cannot score a given sequence."""
+    return {"method": "greedy_fallback", "fallback_reason": reason, "localisation": None}
+
+
+def same_framework_row(name: str, first: list[Scored], second: list[Scored], control_sum: dict[str, float] | None,
+                       policy: ModelNumericsPolicy, dtype: str) -> tuple[Row, dict[str, Any]]:
+    """Two runs of one framework, position by position, under the same-framework rule."""
+    pos = _stats(first, second)
+    summ = dv.summarize(pos)
+    if control_sum is None:
+        return ({"name": name, "ok": None, "detail": "no CPU control for this model (no local weights), so no bound"},
+                {**summ, "ok": None})
+    judged = dv.judge(summ, control_sum, {str(k): v for k, v in policy.same_framework.items()}, dtype)
+    ok = all(v["ok"] for v in judged.values())
+    detail = f"{summ['positions']} positions: " + _fmt(judged)
+    return {"name": name, "ok": ok, "detail": detail}, {**summ, "bounds": judged, "ok": ok}
+
+
+def common_prefix_scores(a: list[Generation], b: list[Generation]) -> tuple[list[Scored], list[Scored]]:
+    """The positions two greedy runs share (same tokens so far: same conditioning), as scores."""
+    sa: list[Scored] = []
+    sb: list[Scored] = []
+    for x, y in zip(a, b):
+        if not x.token_ids or not y.token_ids or not x.top_logprobs or not y.top_logprobs:
+            continue
+        n = 0
+        while n < min(len(x.token_ids), len(y.token_ids)) and x.token_ids[n] == y.token_ids[n]:
+            n += 1
+        n = min(n, len(x.top_logprobs), len(y.top_logprobs))
+        tops_a, tops_b = x.top_logprobs[:n], y.top_logprobs[:n]
+        toks = x.token_ids[:n]
+        sa.append(Scored([t.get(k, min(t.values())) for t, k in zip(tops_a, toks)], tops_a))
+        sb.append(Scored([t.get(k, min(t.values())) for t, k in zip(tops_b, toks)], tops_b))
+    return sa, sb
+
+
+def control_summary(control: Control, teacher: TeacherData) -> dict[str, float]:
+    """The control's own divergence from the reference (the same-framework rule's scale)."""
+    return dv.summarize(_stats(teacher.scores, control.alone))
+
+
+def write_repro(ctx: CheckContext, active: Active, teacher: TeacherData, details: dict[str, Any], top_k: int,
+                reference_top_k: int) -> str | None:
+    """The standalone reproducer of a failing comparison; its path relative to the run folder."""
+    from adaptcheck.repro.model import ModelReproSpec, write_model_repro
+
+    fw = active.framework
+    facts = fw.describe()
+    bounds = details.get("bounds", {})
+    spec = ModelReproSpec(
+        # The adapter's registry name: a plugin or subclass of the transformers adapter
+        # reproduces as transformers (the script cannot import the plugin).
+        framework=fw.name, model_path=str(active.model.path), dtype=active.options.dtype,
+        device=str(ctx.device), attn_implementation=facts.get("attention"),
+        sequences=[{"token_ids": s.token_ids, "start": s.start} for s in teacher.sequences],
+        top_k=top_k, bound_kl_mean=float(bounds.get("kl_mean", {}).get("bound", 0.0)),
+        bound_kl_p99=float(bounds.get("kl_p99", {}).get("bound", 0.0)),
+        observed_kl_mean=float(details["device"]["kl_mean"]), observed_kl_p99=float(details["device"]["kl_p99"]),
+        endpoint_url=facts.get("url") if fw.name == "endpoint" else None,
+        served_model=facts.get("served_model"), reference_top_k=reference_top_k, reference_dtype=teacher.dtype,
+        reference_attn_implementation=teacher.attention,
+    )
+    path: Path = write_model_repro(ctx.run_dir, ctx.check_id, spec)
+    return str(path.relative_to(ctx.run_dir)) if path.is_relative_to(ctx.run_dir) else str(path)
+
+
+__all__ = ["ScoringUnsupported", "against_reference", "common_prefix_scores", "control_summary", "greedy_fallback",
+           "same_framework_row", "score_alone", "write_repro"]
