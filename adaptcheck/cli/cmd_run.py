@@ -23,7 +23,7 @@ def run(
     ladder: str = typer.Option("standard", "--ladder", "-l", help="Built-in ladder name (quick, standard) or a YAML path."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Run only these steps, e.g. '1,2' or '2-3' (the grade names the others as not run)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder (default: reports/<run id>/)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for every generated input."),
+    seed: int = typer.Option(0, "--seed", help="Seed for every generated input, and for the embedded model's weights (each seed is a different random model)."),
     ops: Optional[str] = typer.Option(None, "--ops", help="Op provider for step 3 (name or 'module:object'), instead of the ladder's."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: a local Hugging Face folder or 'embedded:NAME' (never downloaded)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Also test this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1); API key from $ADAPTCHECK_API_KEY or $OPENAI_API_KEY."),

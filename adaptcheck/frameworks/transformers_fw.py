@@ -111,8 +111,13 @@ class TransformersFramework(Framework):
             self.model = AutoModelForCausalLM.from_pretrained(str(opts.model_path), **kwargs)
             self.model.to(device).eval()
         except Exception as exc:
-            raise FrameworkError(f"transformers could not load {opts.model_path}: {type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            if "mismatched_sizes" in first:
+                # transformers prints the tensors in a report of its own; say what it means.
+                raise FrameworkError(f"transformers could not load {opts.model_path}: the weights' shapes do not "
+                                     "match config.json (a tensor of another size than the config declares; "
+                                     "the worker log lists them)") from exc
+            raise FrameworkError(f"transformers could not load {opts.model_path}: {type(exc).__name__}: {first}") from exc
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"

@@ -342,7 +342,8 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     if p.greedy:
         ctx.progress(2, 3, "parts", note="greedy answers vs the float64 reference")
         rows.extend(_greedy_rows(fw, tok, reqs, teacher.generations, p, metrics, tf))
-    details: dict[str, Any] = {"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU"}
+    details: dict[str, Any] = {"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU",
+                               "compared_as_text": tf.get("greedy", {}).get("compared_as_text")}
     if any(r["ok"] is False for r in rows) and tf.get("method") == "teacher_forced":
         try:
             rel = tf_rules.write_repro(ctx, active, teacher, tf, p.top_k, policy.reference_top_k)

@@ -51,7 +51,7 @@ def test_transformers_passes_every_step4_check(write_ladder: Callable[..., Path]
     assert rows["stop string honoured"]["ok"] is True and rows["EOS honoured"]["ok"] is True
     assert rows["ignore_eos honoured"]["ok"] is True
     # The reference is computed once and cached in the run folder.
-    assert list((tmp_path / "run" / "framework").glob("reference-*.json"))
+    assert list((tmp_path / "run" / "framework").glob("teacher-*.json"))
 
 
 def test_wrong_frameworks_are_caught(write_ladder: Callable[..., Path], tmp_path: Path) -> None:

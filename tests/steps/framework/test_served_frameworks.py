@@ -82,6 +82,13 @@ def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path:
     assert rows(by_id["vllm_serve.kv_cache"])["KV cache back at baseline"]["ok"] is True
     assert rows(by_id["vllm.prefix_off"])["prefix cache on vs off"]["ok"] is True
     assert "compile off vs compile on" in by_id["vllm.compile"]["details"]["subchecks"][0]["name"]
+    # Both score the reference's sequences teacher-forced (prompt_logprobs), within the bounds.
+    for fw in ("vllm", "vllm_serve"):
+        tf = by_id[f"{fw}.reference"]["details"]["teacher_forced"]
+        assert tf["method"] == "teacher_forced" and all(b["ok"] for b in tf["bounds"].values()), tf["bounds"]
+        assert rows(by_id[f"{fw}.concurrent"])["teacher-forced distributions alone vs batched"]["ok"] is True
+    impl = by_id["vllm.reference"]["details"]["teacher_forced"]["implementations"]
+    assert impl and "error" not in impl
     # The launched server (and its engine) is gone once the run is over.
     assert set(processes_with("vllm.entrypoints")) <= before
 
@@ -95,6 +102,13 @@ def test_endpoint_on_real_transformers_serve(write_ladder: Callable[..., Path], 
     ref = by_id["endpoint.reference"]
     assert ref["details"]["compared_as_text"] == ref["metrics"]["sequences"]  # no token ids from this server
     assert ref["metrics"]["sequences_failed"] == 0
+    # transformers serve cannot score a given text (prompt_logprobs and echo both refused):
+    # the greedy comparison decides, and the evidence says so in one line — never a silent pass.
+    tf = ref["details"]["teacher_forced"]
+    assert tf["method"] == "greedy_fallback"
+    reason = tf["fallback_reason"]
+    assert "prompt_logprobs" in reason and "echo" in reason and "\n" not in reason
+    assert "greedy comparison only" in rows(ref)["teacher-forced distributions vs float64 reference"]["detail"]
     single = rows(by_id["endpoint.single_request"])
     assert single["ignore_eos honoured"]["ok"] is None  # rejected by transformers serve: not run, never a pass
     assert single["stop string honoured"]["ok"] is True

@@ -1,0 +1,142 @@
+"""Step 4's false-failure rate on healthy kernels: seeds x dtypes x frameworks x models.
+
+For each seed, one real ``adaptcheck run --seed S`` of a generated ladder with
+``framework.reference``, ``framework.concurrent`` and ``framework.kv_cache`` for every
+(framework, dtype, embedded model) asked for. The run seed also picks the embedded model's
+random weights, so every seed is a different model. Nothing is planted: every check that
+does not pass is a false failure of the method (or a real defect of this machine's
+kernels — the table says which check, so it can be looked at).
+
+Printed per (framework, dtype): checks run, passes, not-applicable skips, false failures,
+and the worst ratio of a teacher-forced figure to its bound (``kl_mean``/``kl_p99`` of the
+reference check, ``kl_mean``/``kl_max`` of the same-framework rows) — how much headroom the
+bounds of ``matrices/tolerances.yaml`` leave on a healthy machine. Exit 1 when any check
+failed or errored.
+
+    python benchmarks/step4_false_failures.py                       # transformers, 5 seeds, 3 dtypes
+    python benchmarks/step4_false_failures.py --frameworks transformers,vllm,vllm_serve --dtypes bf16,fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KINDS = ("reference", "concurrent", "kv_cache")
+GRADE = """
+grade:
+  L1: {require: {steps: [4]}}
+"""
+
+
+@dataclass
+class Cell:
+    """What one (framework, dtype) column collected over seeds and models."""
+
+    checks: int = 0
+    passed: int = 0
+    skipped: int = 0
+    failed: list[str] = field(default_factory=list)
+    worst_ratio: float = 0.0
+    worst_what: str = ""
+
+
+def ladder(frameworks: Iterable[str], dtypes: Iterable[str], models: Iterable[str], kinds: Iterable[str]) -> str:
+    checks = [{"id": f"{fw}.{m}.{d}.{k}", "step": 4, "kind": f"framework.{k}", "timeout_s": 900,
+               "params": {"framework": fw, "dtype": d, "model": f"embedded:{m}",
+                          **({"compile": False} if fw.startswith("vllm") else {})}}
+              for fw in frameworks for m in models for d in dtypes for k in kinds]
+    return yaml.safe_dump({"schema_version": 1, "id": "false-failures", "version": "1",
+                           "defaults": {"timeout_s": 900}, "checks": checks}, sort_keys=False) + GRADE
+
+
+def run_seed(seed: int, ladder_text: str, out: Path) -> list[dict[str, Any]]:
+    """One ``adaptcheck run`` of the matrix ladder; its checks from results.json."""
+    path = out.parent / f"ladder-{seed}.yaml"
+    path.write_text(ladder_text, encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(path), "--device", "cpu",
+                    "--out", str(out), "--seed", str(seed), "--quiet"], capture_output=True, text=True, check=False)
+    results = out / "results.json"
+    if not results.exists():
+        raise RuntimeError(f"seed {seed}: adaptcheck run wrote no results.json in {out}")
+    return list(json.loads(results.read_text())["checks"])
+
+
+def ratios(check: dict[str, Any]) -> list[tuple[str, float]]:
+    """(what, value / bound) for every teacher-forced bound the check recorded."""
+    out: list[tuple[str, float]] = []
+    details = check.get("details", {})
+    for where, bounds in (("reference", (details.get("teacher_forced") or {}).get("bounds")),
+                          ("same-framework", (details.get("distribution") or {}).get("bounds"))):
+        for stat, b in (bounds or {}).items():
+            if b.get("bound"):
+                out.append((f"{where} {stat}", float(b["value"]) / float(b["bound"])))
+    return out
+
+
+def tabulate(per_seed: dict[int, list[dict[str, Any]]]) -> dict[tuple[str, str], Cell]:
+    cells: dict[tuple[str, str], Cell] = defaultdict(Cell)
+    for seed, checks in per_seed.items():
+        for c in checks:
+            fw, _model, dtype, _kind = c["id"].split(".")
+            cell = cells[(fw, dtype)]
+            cell.checks += 1
+            if c["status"] == "pass":
+                cell.passed += 1
+            elif c["status"] == "skip":
+                cell.skipped += 1
+            else:
+                cell.failed.append(f"seed {seed} {c['id']}: {c['status']}: {c['message'][:160]}")
+            for what, r in ratios(c):
+                if r > cell.worst_ratio:
+                    cell.worst_ratio, cell.worst_what = r, f"{what} (seed {seed}, {c['id']})"
+    return cells
+
+
+def render(cells: dict[tuple[str, str], Cell]) -> str:
+    lines = [f"{'framework':<12} {'dtype':<5} {'checks':>6} {'pass':>5} {'skip':>5} {'false fail':>10}  worst figure/bound",
+             "-" * 96]
+    for (fw, dtype), c in sorted(cells.items()):
+        lines.append(f"{fw:<12} {dtype:<5} {c.checks:>6} {c.passed:>5} {c.skipped:>5} {len(c.failed):>10}  "
+                     f"{c.worst_ratio:.2f}  {c.worst_what}")
+    for c in cells.values():
+        lines.extend(f"  FAILED {f}" for f in c.failed)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated run seeds (each a different model)")
+    ap.add_argument("--dtypes", default="fp32,bf16,fp16")
+    ap.add_argument("--frameworks", default="transformers")
+    ap.add_argument("--models", default="tiny-llama,tiny-qwen2-d80,tiny-moe")
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--out", type=Path, default=None, help="keep the run folders here (default: a temporary folder)")
+    args = ap.parse_args(argv)
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    text = ladder(split(args.frameworks), split(args.dtypes), split(args.models), split(args.kinds))
+    with tempfile.TemporaryDirectory(prefix="adaptcheck-ff-") as tmp:
+        root = args.out or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        per_seed = {}
+        for seed in (int(s) for s in split(args.seeds)):
+            per_seed[seed] = run_seed(seed, text, root / f"seed{seed}")
+            print(f"seed {seed}: {sum(c['status'] == 'pass' for c in per_seed[seed])}/{len(per_seed[seed])} passed",
+                  file=sys.stderr, flush=True)
+        cells = tabulate(per_seed)
+    print(render(cells))
+    return 1 if any(c.failed for c in cells.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
