@@ -35,7 +35,13 @@ import yaml
 KINDS = ("reference", "concurrent", "kv_cache")
 GRADE = """
 grade:
-  L1: {require: {steps: [4]}}
+  levels:
+    - level: L1
+      name: healthy step 4
+      conditions:
+        - id: every-check
+          description: every step-4 check of the matrix passes
+          steps: [4]
 """
 
 
@@ -64,11 +70,11 @@ def run_seed(seed: int, ladder_text: str, out: Path) -> list[dict[str, Any]]:
     """One ``adaptcheck run`` of the matrix ladder; its checks from results.json."""
     path = out.parent / f"ladder-{seed}.yaml"
     path.write_text(ladder_text, encoding="utf-8")
-    subprocess.run([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(path), "--device", "cpu",
-                    "--out", str(out), "--seed", str(seed), "--quiet"], capture_output=True, text=True, check=False)
+    proc = subprocess.run([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(path), "--device", "cpu",
+                           "--out", str(out), "--seed", str(seed), "--quiet"], capture_output=True, text=True, check=False)
     results = out / "results.json"
     if not results.exists():
-        raise RuntimeError(f"seed {seed}: adaptcheck run wrote no results.json in {out}")
+        raise RuntimeError(f"seed {seed}: adaptcheck run wrote no results.json in {out}: {proc.stderr[-1500:]}")
     return list(json.loads(results.read_text())["checks"])
 
 

@@ -18,7 +18,6 @@ from adaptcheck.frameworks.base import (
     Generation,
     Scored,
     ScoreRequest,
-    ScoringUnsupported,
 )
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.numerics import ModelNumericsPolicy
@@ -184,7 +183,3 @@ def write_repro(ctx: CheckContext, active: Active, teacher: TeacherData, details
     )
     path: Path = write_model_repro(ctx.run_dir, ctx.check_id, spec)
     return str(path.relative_to(ctx.run_dir)) if path.is_relative_to(ctx.run_dir) else str(path)
-
-
-__all__ = ["ScoringUnsupported", "against_reference", "common_prefix_scores", "control_summary", "greedy_fallback",
-           "same_framework_row", "score_alone", "write_repro"]
