@@ -3,7 +3,7 @@
 Runs ``benchmarks/step4_false_failures.py``'s matrix through the real CLI (one ``adaptcheck
 run --seed S`` per seed; the seed also draws the embedded model's weights, so each seed is
 a different model). transformers covers fp32, bf16 and fp16; vLLM (in process and served)
-covers the dtypes its CPU build serves here (bf16, fp32). The full matrix over all three
+covers the same three dtypes (its CPU build serves fp16 here too). The full matrix over all three
 embedded models is the benchmark's default run, quoted in docs/step4-numerics.md; this test
 keeps one model per framework so the suite stays within CI's budget.
 """
@@ -50,4 +50,4 @@ def test_transformers_has_no_false_failures(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_vllm_in_process_and_served_have_no_false_failures(tmp_path: Path) -> None:
-    print(_matrix(tmp_path, ["vllm", "vllm_serve"], ["bf16", "fp32"], ["tiny-llama"], ["reference", "concurrent"]))
+    print(_matrix(tmp_path, ["vllm", "vllm_serve"], ["bf16", "fp32", "fp16"], ["tiny-llama"], ["reference", "concurrent"]))
