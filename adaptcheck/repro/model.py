@@ -21,13 +21,14 @@ Everything from the run (sequences, bounds, URL) is embedded as JSON text, never
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from adaptcheck import __version__
+from adaptcheck import __version__, klestimate
 from adaptcheck.repro.files import write_script
 
 DTYPES = ("fp32", "fp16", "bf16")
@@ -173,30 +174,7 @@ def endpoint_scores(url):
     return out
 
 
-def position_kl(ref, dev):
-    """KL(ref || dev) over buckets: each of dev's tokens that ref also lists, plus one rest bucket."""
-    shared = [t for t in dev if t in ref]
-    kl = p_sum = q_sum = 0.0
-    for t in shared:
-        p, q = math.exp(ref[t]), math.exp(dev[t])
-        p_sum += p
-        q_sum += q
-        if p > 0:
-            kl += p * (ref[t] - dev[t])
-    p_rest, q_rest = max(0.0, 1.0 - p_sum), max(0.0, 1.0 - q_sum)
-    if p_rest > 1e-12:
-        kl += p_rest * (math.log(p_rest) - math.log(max(q_rest, 1e-300)))
-    return max(0.0, kl)
-
-
-def quantile(values, q):
-    if not values:
-        return 0.0
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+__ESTIMATOR__
 
 
 def statistics(reference, device):
@@ -265,7 +243,9 @@ def render_model_script(check_id: str, spec: ModelReproSpec) -> str:
         '"""\n'
     )
     # JSON inside a Python string literal: values from the run can never become code.
-    return header + _SCRIPT.replace("__SPEC__", repr(json.dumps(data)), 1)
+    # The estimator's own source (adaptcheck.klestimate): the script computes what the check did.
+    estimator = "\n\n".join(inspect.getsource(f).rstrip() for f in (klestimate.position_kl, klestimate.quantile))
+    return header + _SCRIPT.replace("__SPEC__", repr(json.dumps(data)), 1).replace("__ESTIMATOR__", estimator, 1)
 
 
 def write_model_repro(run_dir: Path, check_id: str, spec: ModelReproSpec) -> Path:

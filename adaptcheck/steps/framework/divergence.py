@@ -22,28 +22,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from adaptcheck.klestimate import position_kl, quantile
 from adaptcheck.models.numerics import Rule
+
+__all__ = ["HIST_EDGES", "PositionStats", "compare_positions", "histogram", "judge", "position_kl", "quantile",
+           "summarize"]
 
 HIST_EDGES = [x / 2 for x in range(-24, 3)]
 """log10(KL) bin edges of the report's chart: 1e-12 .. 10, half a decade per bin."""
-TINY = 1e-300
-
-
-def position_kl(ref: dict[int, float], dev: dict[int, float]) -> float:
-    """Bucketed KL(ref || dev) at one position from two ``token id -> logprob`` maps."""
-    shared = [t for t in dev if t in ref]
-    kl = 0.0
-    p_sum = q_sum = 0.0
-    for t in shared:
-        p, q = math.exp(ref[t]), math.exp(dev[t])
-        p_sum += p
-        q_sum += q
-        if p > 0:
-            kl += p * (ref[t] - dev[t])
-    p_rest, q_rest = max(0.0, 1.0 - p_sum), max(0.0, 1.0 - q_sum)
-    if p_rest > 1e-12:
-        kl += p_rest * (math.log(p_rest) - math.log(max(q_rest, TINY)))
-    return max(0.0, kl)  # rounding can leave a tiny negative; the true value is >= 0
 
 
 @dataclass
@@ -71,17 +57,6 @@ def compare_positions(ref_tops: Sequence[dict[int, float]], ref_lps: Sequence[fl
         out.dlogprob.append(abs(rl - dl))
         out.same_top.append(max(rt, key=rt.__getitem__) == max(dt, key=dt.__getitem__))
     return out
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """The q-quantile by linear interpolation (numpy's default), 0 for no values."""
-    if not values:
-        return 0.0
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def summarize(s: PositionStats) -> dict[str, float]:
