@@ -17,8 +17,9 @@ import asyncio
 import importlib.util
 import re
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from adaptcheck.frameworks.base import (
     Availability,
@@ -43,6 +44,8 @@ from adaptcheck.frameworks.openai_client import (
 READY_TIMEOUT_S = 10.0
 """How long a user's endpoint may take to answer its model list: it should already be up,
 and an unreachable one must be reported promptly, not after minutes of retries."""
+T = TypeVar("T")
+
 PROBE_PROMPT = "The history of the printing press"
 REQUEST_TIMEOUT_S = 120.0
 """Longest a step-4 request (tens of tokens) may take, or stay silent: a hung server is an
@@ -146,8 +149,14 @@ class EndpointFramework(Framework):
             finally:
                 await aio.aclose()
 
+        return [_generation(r) for r in self._run(all_of)]
+
+    def _run(self, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run the requests; a request that failed because the launched server died says why."""
         try:
-            return [_generation(r) for r in asyncio.run(all_of())]
+            return asyncio.run(main())
+        except ScoringUnsupported:
+            raise  # the server answered: it cannot score (not a failure of the server)
         except FrameworkError as exc:
             died = self.server.death_cause() if self.server is not None else None
             if died:
@@ -182,16 +191,7 @@ class EndpointFramework(Framework):
             finally:
                 await aio.aclose()
 
-        try:
-            results = asyncio.run(all_of())
-        except ScoringUnsupported:
-            raise
-        except FrameworkError as exc:
-            died = self.server.death_cause() if self.server is not None else None
-            if died:
-                raise FrameworkError(f"the server failed: {died} (log: {self.server.log_path}); "
-                                     f"the request saw: {str(exc).splitlines()[0]}") from exc
-            raise
+        results = self._run(all_of)
         return [_scored(req, res) for req, res in zip(requests, results, strict=True)]
 
     def implementations(self) -> dict[str, Any]:
