@@ -192,12 +192,7 @@ class TransformersFramework(Framework):
             import torch
 
             lp = torch.log_softmax(logits[: len(tokens)], dim=-1)
-            vals, idx = lp.topk(min(max(top_n, req.logprobs), lp.shape[-1]), dim=-1)
-            tops = []
-            for pos, tok in enumerate(tokens):
-                row = {int(i): float(v) for i, v in zip(idx[pos].tolist(), vals[pos].tolist())}
-                row.setdefault(tok, float(lp[pos, tok]))  # the chosen token is always present
-                tops.append(row)
+            tops = scored_from_logprobs(lp, tokens, max(top_n, req.logprobs)).top_logprobs
         return Generation(token_ids=tokens, text=text, finish_reason=finish, prompt_tokens=len(prompt),
                           completion_tokens=len(tokens), top_logprobs=tops, prompt_ids=prompt)
 

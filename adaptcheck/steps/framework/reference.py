@@ -160,12 +160,6 @@ def teacher_data(model: ResolvedModel, requests: list[GenRequest], cache_dir: Pa
     return TeacherData(dtype=dtype, attention=attention, generations=gens, sequences=seqs, scores=scores)
 
 
-def reference_generations(model: ResolvedModel, requests: list[GenRequest], cache_dir: Path) -> tuple[list[Generation], str]:
-    """Greedy CPU reference for ``requests`` (the greedy comparisons' side of :func:`teacher_data`)."""
-    data = teacher_data(model, requests, cache_dir, top_k=20)
-    return data.generations, data.dtype
-
-
 @dataclass
 class Control:
     """The teacher sequences scored on the CPU at the served dtype, alone and batched."""
