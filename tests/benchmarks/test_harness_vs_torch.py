@@ -7,23 +7,16 @@ both ways with tolerances no measurement can miss (∞) or meet (-1).
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
-from pathlib import Path
 from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "harness_vs_torch_benchmark.py"
+from tests.benchmarks import load_script
+
 ARGS = ["--device", "cpu", "--shapes", "16x32x32:fp32", "--rounds", "1", "--budget", "0.01"]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("harness_vs_torch_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script("harness_vs_torch_benchmark")
 
 
 def test_prints_both_figures_and_the_verdict() -> None:

@@ -5,13 +5,11 @@ Timings are not asserted: they depend on the machine. Only the table's shape is.
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
 from pathlib import Path
 from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step3_time_split.py"
+from tests.benchmarks import load_script
 
 LADDER = """\
 schema_version: 1
@@ -42,14 +40,7 @@ grade:
 
 
 def _load() -> ModuleType:
-    # benchmarks/ is a folder of scripts, not a package: load the file as a module.
-    spec = importlib.util.spec_from_file_location("step3_time_split", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses resolve string annotations through sys.modules, so the module must be there.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("step3_time_split")
 
 
 def test_table_names_the_columns_and_the_op(tmp_path: Path) -> None:

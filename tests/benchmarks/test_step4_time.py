@@ -8,7 +8,6 @@ one issue 13's "Done means" quotes.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import subprocess
@@ -18,16 +17,13 @@ from types import ModuleType
 
 import pytest
 
+from tests.benchmarks import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step4_time.py"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("step4_time", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script("step4_time")
 
 
 def _results(path: Path, durations: dict[str, float], *, generation: float | None = None) -> Path:

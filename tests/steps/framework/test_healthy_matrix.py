@@ -11,23 +11,18 @@ keeps one model per framework so the suite stays within CI's budget.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "step4_false_failures.py"
+from tests.benchmarks import load_script
+
 SEEDS = (0, 1, 2, 3, 4)
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("step4_false_failures", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("step4_false_failures")
 
 
 def _matrix(tmp_path: Path, frameworks: list[str], dtypes: list[str], models: list[str], kinds: list[str]) -> str:
