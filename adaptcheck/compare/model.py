@@ -51,7 +51,8 @@ class ComparePolicy(BaseModel):
                                       "fraction of tokens) that is not a regression.")
     noise_multiplier: float = Field(default=3.0, gt=0, description="A performance figure regresses when it is worse "
                                     "than the baseline by more than this many times the larger of the two measured "
-                                    "run-to-run spreads.")
+                                    "spreads (micro rows), or this many standard errors of the change, "
+                                    "Student-corrected for few runs (serving levels).")
     min_tolerance: float = Field(default=0.02, ge=0, le=1, description="Floor of the performance bound (a fraction "
                                  "of the baseline): guards only a spread measured as ~0, never widens a real one.")
 
@@ -176,9 +177,18 @@ class PerfFigure(BaseModel):
     change: float = Field(description="Change as a time, > 0 worse, < 0 better: after/before − 1 for "
                           "lower-is-better figures, before/after − 1 for throughput (0.25: the same work takes "
                           "25 % longer; a halved throughput is +1.0, like a doubled latency).")
-    spread_before: float = Field(ge=0, description="Run-to-run spread measured in the baseline (relative).")
-    spread_after: float = Field(ge=0, description="Run-to-run spread measured in the new run (relative).")
-    bound: float = Field(ge=0, description="max(noise_multiplier × max(spread_before, spread_after), min_tolerance).")
+    spread_before: float = Field(ge=0, description="Noise measured in the baseline (relative): the spread of a micro "
+                                 "row, the run-to-run CV of a serving figure (noise_kind).")
+    spread_after: float = Field(ge=0, description="The same in the new run.")
+    bound: float = Field(ge=0, description="Micro: max(noise_multiplier × max(spread_before, spread_after), "
+                         "min_tolerance). Serving: max(exp(t · SE) − 1, min_tolerance), SE = max(spread_before, "
+                         "spread_after) · √(1/runs_before + 1/runs_after), t Student's quantile at "
+                         "Φ(noise_multiplier) with runs_before + runs_after − 2 degrees of freedom.")
+    noise_kind: Literal["spread", "run_cv"] = Field(default="spread", description="spread: (p90 − p10)/median of "
+                                                    "a micro row's repetitions; run_cv: standard deviation of ln x "
+                                                    "over a serving level's undisturbed runs.")
+    runs_before: int | None = Field(default=None, description="Runs behind a serving figure in the baseline.")
+    runs_after: int | None = Field(default=None, description="Runs behind a serving figure in the new run.")
     verdict: Literal["regression", "improvement", "within_noise"] = Field(
         description="regression: change > bound; improvement: (1 + change) × (1 + bound) < 1, i.e. the "
                     "baseline took more than (1 + bound) × the new time; else within_noise.")

@@ -5,17 +5,25 @@ Figures (docs/perf.md has the shapes they are read from):
 * micro-benchmark rows (``details.rows[]`` of perf.gemm, perf.memory_bandwidth,
   perf.attention, perf.collectives …), matched by (row name, dtype): the median time; its
   noise is the row's ``time_s.spread`` = (p90 − p10) / median of the repetitions;
-* serving levels (``details.levels[]`` of perf.serving), matched by level: the median over
-  the runs of the median TTFT, of the median TPOT, and of output tok/s; the noise of each is
-  (max − min) / median over the runs — the same spread perf.serving bounds for L4.
+* serving levels (``details.levels[]`` of perf.serving), matched by level: the geometric
+  mean over the undisturbed runs (the values perf.serving's stability verdict used,
+  ``stability.metrics[*].values``; for results written before it, every run not marked
+  ``disturbed``) of the median TTFT, of the median TPOT, and of output tok/s. The noise of
+  each side is its run-to-run CV (standard deviation of ln x over the runs).
 
-A figure regresses when it is worse than the baseline by more than
-``noise_multiplier × max(spread_before, spread_after)``, the change taken as a time
-(``after / before − 1`` for latencies and times, ``before / after − 1`` for throughput);
-``min_tolerance`` floors that bound only where a spread was measured as ~0. The mirror image
-is an improvement: the baseline took more than ``1 + bound`` times the new time. Figures on one side only, rows that did not
-run, serving checks whose workload differs and rows timed too few times to measure their
-noise are listed as not compared, with the reason.
+A micro figure regresses when it is worse than the baseline by more than
+``noise_multiplier × max(spread_before, spread_after)``. A serving figure regresses when
+its change exceeds ``noise_multiplier`` standard errors of the change, Student-corrected
+for the few runs behind them: the log change's standard error is
+max(s_before, s_after) · √(1/n_before + 1/n_after), and the bound is exp(t_q · SE) − 1 with
+q = Φ(noise_multiplier) and n_before + n_after − 2 degrees of freedom — k standard errors
+for many runs, wider for few (docs/perf.md, "Regression noise model").
+The change is taken as a time (``after / before − 1`` for latencies and times,
+``before / after − 1`` for throughput); ``min_tolerance`` floors the bound only where the
+noise was measured as ~0. The mirror image is an improvement: the baseline took more than
+``1 + bound`` times the new time. Figures on one side only, rows that did not run, serving
+checks whose workload differs and rows timed too few times to measure their noise are
+listed as not compared, with the reason.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from adaptcheck.compare.model import (
@@ -34,6 +43,7 @@ from adaptcheck.compare.model import (
     num,
 )
 from adaptcheck.models.results import CheckResult
+from adaptcheck.perf.stability import t_ppf
 
 MIN_REPETITIONS = 3
 """Fewer timed repetitions than this give a spread that measures nothing."""
@@ -91,10 +101,11 @@ def _workload(check: CheckResult) -> dict[str, Any]:
     return out
 
 
-SERVING_FIGURES: tuple[tuple[str, str, Better, Callable[[dict[str, Any]], Any]], ...] = (
-    ("TTFT median", "ms", "lower", lambda r: (r.get("ttft_ms") or {}).get("median")),
-    ("TPOT median", "ms", "lower", lambda r: (r.get("tpot_ms") or {}).get("median")),
-    ("output throughput", "tok/s", "higher", lambda r: r.get("output_throughput")),
+SERVING_FIGURES: tuple[tuple[str, str, str, Better, Callable[[dict[str, Any]], Any]], ...] = (
+    # (figure, unit, perf.serving's stability metric key, better, the value in a run summary)
+    ("TTFT median", "ms", "ttft_ms_median", "lower", lambda r: (r.get("ttft_ms") or {}).get("median")),
+    ("TPOT median", "ms", "tpot_ms_median", "lower", lambda r: (r.get("tpot_ms") or {}).get("median")),
+    ("output throughput", "tok/s", "output_tok_per_s", "higher", lambda r: r.get("output_throughput")),
 )
 
 
@@ -103,13 +114,49 @@ def _levels(check: CheckResult) -> dict[str, dict[str, Any]]:
             if isinstance(lv, dict) and isinstance(lv.get("level"), (int, float))}
 
 
-def _level_figure(level: dict[str, Any], get: Callable[[dict[str, Any]], Any]) -> Figure | str:
-    """The median over the runs and (max − min)/median, or why there is none."""
-    values = [v for r in level.get("runs") or [] if isinstance(r, dict) and (v := _pos(get(r))) is not None]
+def _run_values(level: dict[str, Any], key: str, get: Callable[[dict[str, Any]], Any]) -> list[float]:
+    """The figure's value in each undisturbed run: the stability verdict's own values where recorded."""
+    metric = _dict(_dict(_dict(level.get("stability")).get("metrics")).get(key))
+    if isinstance(metric.get("values"), list):
+        return [v for x in metric["values"] if (v := _pos(x)) is not None]
+    # Results written before the stability verdict (or by a hand): every run not marked disturbed.
+    return [v for r in level.get("runs") or []
+            if isinstance(r, dict) and not r.get("disturbed") and (v := _pos(get(r))) is not None]
+
+
+@dataclass(frozen=True)
+class RunsFigure:
+    """A serving figure over runs: the geometric mean, and the run-to-run dispersion of its log."""
+
+    value: float
+    sd_log: float
+    """Sample standard deviation of ln(value) over the runs (≈ the run-to-run CV)."""
+    n: int
+
+
+def _level_figure(level: dict[str, Any], key: str, get: Callable[[dict[str, Any]], Any]) -> RunsFigure | str:
+    """The figure over the undisturbed runs, or why there is none."""
+    values = _run_values(level, key, get)
     if len(values) < MIN_RUNS:
         return f"{len(values)} run(s) with a value: the run-to-run noise is not measured (fewer than {MIN_RUNS})"
-    median = statistics.median(values)
-    return median, (max(values) - min(values)) / median, len(values)
+    logs = [math.log(v) for v in values]
+    return RunsFigure(value=math.exp(statistics.fmean(logs)), sd_log=statistics.stdev(logs), n=len(values))
+
+
+def runs_bound(a: RunsFigure, b: RunsFigure, noise_multiplier: float) -> float:
+    """Relative change the two sides' run-to-run noise explains: exp(t · SE) − 1 (see the module doc).
+
+    SE = s · √(1/n_a + 1/n_b) with s the larger side's dispersion (a quiet baseline cannot
+    make a noisy rerun look regressed), t Student's quantile at Φ(noise_multiplier) with
+    n_a + n_b − 2 degrees of freedom: a two-sample t-test at the one-sided level of
+    ``noise_multiplier`` normal standard errors, exact for log-normal run noise.
+    """
+    sd = max(a.sd_log, b.sd_log)
+    if sd <= 0:
+        return 0.0
+    se = sd * math.sqrt(1 / a.n + 1 / b.n)
+    q = statistics.NormalDist().cdf(noise_multiplier)
+    return math.expm1(t_ppf(q, a.n + b.n - 2) * se)
 
 
 class PerfComparer:
@@ -124,22 +171,31 @@ class PerfComparer:
         self.not_compared.append(NotCompared(check_id=check_id, figure=figure, reason=reason))
 
     def add(self, check_id: str, figure: str, unit: str, better: Better,
-            old: Figure | str, new: Figure | str) -> None:
+            old: Figure | RunsFigure | str, new: Figure | RunsFigure | str) -> None:
         if isinstance(old, str) or isinstance(new, str):
             why = [f"baseline: {old}" if isinstance(old, str) else "", f"new: {new}" if isinstance(new, str) else ""]
             self.skip(check_id, figure, "; ".join(w for w in why if w))
             return
-        (before, s_before, _), (after, s_after, _) = old, new
+        extra: dict[str, Any] = {}
+        if isinstance(old, RunsFigure) and isinstance(new, RunsFigure):
+            before, s_before, after, s_after = old.value, old.sd_log, new.value, new.sd_log
+            noise = runs_bound(old, new, self.policy.noise_multiplier)
+            extra = {"noise_kind": "run_cv", "runs_before": old.n, "runs_after": new.n}
+        elif isinstance(old, tuple) and isinstance(new, tuple):
+            (before, s_before, _), (after, s_after, _) = old, new
+            noise = self.policy.noise_multiplier * max(s_before, s_after)
+        else:  # pragma: no cover - a serving figure is never paired with a micro row
+            raise TypeError("figures of different kinds")
         # As a time either way: a halved throughput is +100 %, like a doubled latency, so a
         # throughput regression is never capped at 100 % while its bound is not.
         change = after / before - 1 if better == "lower" else before / after - 1
-        bound = max(self.policy.noise_multiplier * max(s_before, s_after), self.policy.min_tolerance)
+        bound = max(noise, self.policy.min_tolerance)
         # An improvement is the mirror image: the baseline took (1 + bound) × the new time or longer.
         faster = (1 + change) * (1 + bound) < 1
         verdict: Verdict = "regression" if change > bound else "improvement" if faster else "within_noise"
         self.figures.append(PerfFigure(check_id=check_id, figure=figure, unit=unit, better=better, before=before,
                                        after=after, change=change, spread_before=s_before, spread_after=s_after,
-                                       bound=bound, verdict=verdict))
+                                       bound=bound, verdict=verdict, **extra))
 
     def micro(self, old: CheckResult, new: CheckResult) -> None:
         a, b = _rows(old), _rows(new)
@@ -162,9 +218,9 @@ class PerfComparer:
             if key not in a or key not in b:
                 self.skip(new.id, key, "only in the " + ("new run" if key in b else "baseline"))
                 continue
-            for name, unit, better, get in SERVING_FIGURES:
-                self.add(new.id, f"{key}: {name}", unit, better, _level_figure(a[key], get),
-                         _level_figure(b[key], get))
+            for name, unit, metric, better, get in SERVING_FIGURES:
+                self.add(new.id, f"{key}: {name}", unit, better, _level_figure(a[key], metric, get),
+                         _level_figure(b[key], metric, get))
 
     def compare(self, old: CheckResult, new: CheckResult) -> None:
         """Whatever figures the pair carries (a check with neither shape has none)."""
@@ -208,11 +264,19 @@ def describe_change(change: float) -> str:
 
 def as_regression(f: PerfFigure) -> Regression:
     """The regression line of a performance figure."""
-    bound = f"worse by > {f.bound:.1%} (noise: spread {f.spread_before:.1%} before, {f.spread_after:.1%} after)"
+    bound = f"worse by > {f.bound:.1%} (noise: {noise_text(f)})"
     line = (f"{f.check_id} {f.figure}: {_fmt(f.before, f.unit)} → {_fmt(f.after, f.unit)} "
             f"({describe_change(f.change)}; bound {f.bound:.1%})")
     return Regression(category="performance", check_id=f.check_id, figure=f.figure, before=_fmt(f.before, f.unit),
                       after=_fmt(f.after, f.unit), bound=bound, line=line)
+
+
+def noise_text(f: PerfFigure) -> str:
+    """'spread 5.0% before, 4.0% after' (micro) / 'run-to-run CV 3.1% (3 runs) before, 4.2% (5 runs) after' (serving)."""
+    if f.noise_kind == "run_cv":
+        return (f"run-to-run CV {f.spread_before:.1%} ({f.runs_before} runs) before, "
+                f"{f.spread_after:.1%} ({f.runs_after} runs) after")
+    return f"spread {f.spread_before:.1%} before, {f.spread_after:.1%} after"
 
 
 def improvement_line(f: PerfFigure) -> str:

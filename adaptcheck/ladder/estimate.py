@@ -1,7 +1,7 @@
 """How long a ladder is expected to take, for the header ``adaptcheck run`` prints first.
 
 Two kinds of time are added up. What the ladder states: a soak's ``duration_s``, a timed
-serving scenario's ``duration_s`` × levels × repeats. And what it does not: every other
+serving scenario's ``duration_s`` × levels × ``min_runs``. And what it does not: every other
 check gets a typical time for its kind (measured on a 2-core CPU running the quick ladder;
 a big model or a slow device takes longer), a serving scenario counted in requests gets a
 typical time per measured run, an op check a share of its ``budget_s``. Whenever a typical
@@ -83,7 +83,8 @@ def check_estimate(spec: CheckSpec) -> tuple[float, bool]:
         if spec.kind == "perf.soak":
             return float(_param(p, "duration_s", 300.0)) + SOAK_DRAIN_S, True
         if spec.kind == "perf.serving":
-            runs = len(_param(p, "levels", [1])) * int(_param(p, "repeats", 3))
+            # min_runs are always measured; more only while undecided and within budget_s.
+            runs = len(_param(p, "levels", [1])) * int(_param(p, "min_runs", 3))
             duration = p.get("duration_s")
             if duration:
                 return float(duration) * runs, True

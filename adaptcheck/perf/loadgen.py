@@ -48,15 +48,18 @@ from adaptcheck.frameworks.openai_client import (
     AsyncOpenAIClient,
     CompletionResult,
     EndpointError,
+    EndpointStatusError,
     EndpointTimeout,
     EndpointUnreachable,
 )
+from adaptcheck.perf.gcguard import HeapFreeze
 from adaptcheck.perf.monitors import ClientMonitor, ClientStats, ServerSampler
 from adaptcheck.perf.serving_metrics import RequestRecord, summarize_run
 from adaptcheck.perf.stream_client import StreamClient
 from adaptcheck.perf.workload import PreparedRequest, Workload
 
 Arrival = Literal["burst", "concurrency", "poisson"]
+API = Literal["completions", "chat"]
 ARRIVALS: tuple[Arrival, ...] = ("burst", "concurrency", "poisson")
 UNREACHABLE_ABORT = 3
 """Consecutive refused connections after which the server is taken for dead."""
@@ -173,9 +176,16 @@ def _one_line(exc: BaseException) -> str:
 class LoadGenerator:
     """Runs :class:`RunConfig` runs against one endpoint with one workload."""
 
+    freeze_gc: bool = True
+    """Freeze the heap over the measured window (see :mod:`adaptcheck.perf.gcguard`); off only to measure its effect."""
+
     def __init__(self, base_url: str, workload: Workload, *, model: str | None = None, tokenizer: Any = None,
-                 rejected_fields: set[str] | frozenset[str] = frozenset()) -> None:
+                 rejected_fields: set[str] | frozenset[str] = frozenset(), api: API | None = None) -> None:
         self.base_url = base_url
+        self.api: API = api or "completions"
+        """The route driven: completions, or chat for a chat-only endpoint (learnt: /v1/completions 404/405)."""
+        if self.api == "chat":
+            workload.factory.use_chat()
         self.workload = workload
         self.model = model
         self.tokenizer = tokenizer
@@ -188,26 +198,33 @@ class LoadGenerator:
         return asyncio.run(self.arun(cfg, level_index=level_index, run=run))
 
     async def arun(self, cfg: RunConfig, *, level_index: int, run: int) -> RunResult:
-        stream = StreamClient(self.base_url)
         control = AsyncOpenAIClient(self.base_url, model=self.model, timeout_s=cfg.request_timeout_s)
+        try:
+            await self._learn(control, cfg)  # before the stream client: it decides the route
+        except BaseException:
+            await control.aclose()
+            raise
+        stream = StreamClient(self.base_url, chat=self.api == "chat")
         state = _State()
         monitor = ClientMonitor()
+        heap = HeapFreeze(self.freeze_gc)
         sampler = ServerSampler(control) if cfg.sample_server else None
         stats: ClientStats | None = None
         t_start = time.perf_counter()
         try:
-            await self._learn(control, cfg)
             warm = self.workload.prepare(level_index, run, "warmup", cfg.warmup_requests)
             ahead = cfg.num_requests if cfg.num_requests is not None else 4 * cfg.slots + 8
             self.workload.prepare(level_index, run, "measured", ahead)  # prompts built before the clock
             await self._warmup(stream, cfg, warm, state)
             if state.abort is None:
+                heap.freeze()  # no full collection of the worker's heap inside the window
                 if sampler is not None:
                     await sampler.start()
                 monitor.start()
                 await self._window(stream, cfg, state, lambda i: self.workload.request(level_index, run, "measured", i))
                 stats = await monitor.stop()
         finally:
+            heap.thaw()
             if sampler is not None:
                 await sampler.stop()
             await stream.aclose()
@@ -225,21 +242,37 @@ class LoadGenerator:
 
         One 1-token request through the general client, whose retry logic finds the fields
         a server rejects (``transformers serve`` answers 422 to ``ignore_eos``); the timed
-        requests then leave them out (or emulate ``ignore_eos``) from the first one on.
+        requests then leave them out (or emulate ``ignore_eos``) from the first one on. A
+        server without ``/v1/completions`` (404/405) is driven through ``/v1/chat/completions``.
         """
         if self._learnt:
             return
         with contextlib.suppress(EndpointError):  # a dead server: each timed request will say so
             control.rejected_fields |= self.rejected_fields
-            await control.completion("Hello", max_tokens=1, stream=True, ignore_eos=cfg.ignore_eos, token_ids=True)
+            if self.api == "completions":
+                try:
+                    await control.completion("Hello", max_tokens=1, stream=True, ignore_eos=cfg.ignore_eos,
+                                             token_ids=True)
+                except EndpointStatusError as exc:
+                    if exc.status not in (404, 405):
+                        raise
+                    self.api = "chat"
+                    self.workload.factory.use_chat()
+            if self.api == "chat":
+                await control.chat([{"role": "user", "content": "Hello"}], max_tokens=1, stream=True,
+                                   ignore_eos=cfg.ignore_eos, token_ids=True)
             self.model = control.model
             self.rejected_fields |= control.rejected_fields
             self._learnt = True
 
     def _body(self, req: PreparedRequest, cfg: RunConfig) -> dict[str, Any]:
         """The request, as the general client would build it for this server (same field policy)."""
-        body: dict[str, Any] = {"prompt": req.prompt, "max_tokens": req.output_tokens, "temperature": 0.0,
+        body: dict[str, Any] = {"max_tokens": req.output_tokens, "temperature": 0.0,
                                 "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+        if self.api == "chat":
+            body["messages"] = [{"role": "user", "content": req.prompt}]
+        else:
+            body["prompt"] = req.prompt
         if self.model is not None:
             body["model"] = self.model
         if cfg.ignore_eos:
@@ -364,7 +397,8 @@ class LoadGenerator:
     def _record(self, raw: _Raw, level: float, run: int, t_start: float) -> RequestRecord:
         rec = RequestRecord(level=level, run=run, index=raw.req.index, warmup=raw.warmup,
                             scheduled_s=raw.scheduled - t_start, sent_s=raw.sent - t_start,
-                            input_tokens=raw.req.input_tokens, error=raw.error)
+                            input_tokens=raw.req.input_tokens, error=raw.error, max_tokens=raw.req.output_tokens,
+                            input_tokens_sent=raw.req.input_tokens)
         res = raw.result
         if res is None:
             return rec
@@ -380,11 +414,18 @@ class LoadGenerator:
         rec.ttft_s = content[0].t - res.t_send
         rec.e2el_s = content[-1].t - res.t_send
         rec.itl_s = [b.t - a.t for a, b in itertools.pairwise(content)]
-        if all(c.n_tokens is not None for c in content):
-            rec.chunk_tokens = [int(c.n_tokens or 0) for c in content]
-        elif self.tokenizer is not None:
-            rec.chunk_tokens = [max(1, self._count(c.text) or 0) for c in content]
         rec.usage_tokens = res.completion_tokens
+        # Tokens per chunk for the per-token ITL, best information first (serving_metrics doc).
+        if all(c.n_tokens is not None for c in content):
+            rec.chunk_tokens, rec.itl_basis = [int(c.n_tokens or 0) for c in content], "token_ids"
+        else:
+            counted = [max(1, self._count(c.text) or 0) for c in content] if self.tokenizer is not None else None
+            if rec.usage_tokens is not None and (counted is None or sum(counted) != rec.usage_tokens):
+                rec.itl_basis = "usage_mean"  # the exact total over the chunks; a disagreeing re-encode is not used
+            elif counted is not None:
+                rec.chunk_tokens, rec.itl_basis = counted, "tokenizer"
+            else:
+                rec.itl_basis = "chunks"
         rec.tokenizer_tokens = len(res.token_ids) if res.token_ids is not None else self._count(res.text)
         if rec.usage_tokens is not None:
             rec.output_tokens, rec.token_source = rec.usage_tokens, "usage"

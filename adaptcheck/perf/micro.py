@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.perf.caches import DRAM_FACTOR, LastLevelCache, device_llc, residency
 from adaptcheck.perf.peaks import Peak, efficiency, fmt_rate, roofline
-from adaptcheck.perf.timing import Timing, time_callable
+from adaptcheck.perf.timing import CI_TARGET, Timing, time_callable
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +81,8 @@ class TimingOptions:
     max_call_s: float | None = None
     """Longest single call a row may have; None: budget_s / min_reps (so min_reps fit in the
     budget), at least 10 ms (a zero budget still measures something)."""
+    ci_target: float | None = CI_TARGET
+    """Stop sampling once the median's 95 % CI is narrower than this fraction of it."""
 
     @property
     def call_limit(self) -> float:
@@ -87,7 +90,7 @@ class TimingOptions:
 
     def time(self, fn: Callable[[], object], backend: Backend, index: int) -> Timing:
         return time_callable(fn, backend, index, warmup=self.warmup, min_reps=self.min_reps, max_reps=self.max_reps,
-                             budget_s=self.budget_s)
+                             budget_s=self.budget_s, ci_target=self.ci_target)
 
 
 # --- rows ------------------------------------------------------------------------------------
@@ -289,23 +292,48 @@ def bench_copy(size: int, backend: Backend, index: int, peak: Peak | None, opts:
                     extra=extra)
 
 
-def memory_reference(backend: Backend, index: int, *, size: int = 256 * MIB,
+REFERENCE_MIN_BYTES = 256 * MIB
+"""Smallest buffer of the memory reference copy (two buffers: 512 MiB touched)."""
+REFERENCE_LLC_FACTOR = 4
+"""The reference's buffers are each at least this × the LLC (footprint 8 × LLC, twice the
+:data:`~adaptcheck.perf.caches.DRAM_FACTOR` rows need), so it measures DRAM even on CPUs
+with hundreds of MiB of L3 (a Genoa-X has 1152 MiB)."""
+
+
+def dram_copy_bytes(llc: LastLevelCache | None, floor: int = 128 * MIB) -> int:
+    """Buffer size of a copy whose footprint (2 buffers) is ≥ DRAM_FACTOR × the LLC, at least
+    ``floor``, rounded up to a MiB."""
+    need = DRAM_FACTOR * llc.total_bytes // 2 if llc is not None else 0
+    return max(floor, -(-need // MIB) * MIB)
+
+
+def memory_reference(backend: Backend, index: int, *, size: int | None = None,
                      budget_s: float = 0.5) -> tuple[float, str]:
     """Achievable copy bandwidth (bytes/s) and how it was measured: the reference for a
     device whose memory bandwidth is not known from a datasheet (the CPU).
 
-    As STREAM reports it, the *best* repetition counts (the fastest copy is the one least
-    disturbed by everything else running), so a later median measured against it lands
-    at or below 100 % unless the machine got quieter in between."""
-    opts = TimingOptions(warmup=1, min_reps=5, max_reps=100, budget_s=budget_s)
+    The buffers are sized well beyond the last-level cache (``size`` None: the larger of
+    256 MiB and 4 × the LLC each), so the figure is DRAM's. As STREAM reports it, the *best*
+    repetition counts (the fastest copy is the one least disturbed by everything else
+    running), so a later median measured against it lands at or below 100 % unless the
+    machine got quieter in between (then the step lifts the reference to that faster copy). The whole budget
+    is spent (no early stop: a best-of wants many samples)."""
+    llc = device_llc(backend, index)
+    if size is None:
+        size = max(REFERENCE_MIN_BYTES, REFERENCE_LLC_FACTOR * llc.total_bytes if llc else 0)
+    opts = TimingOptions(warmup=1, min_reps=5, max_reps=100, budget_s=budget_s, ci_target=None)
     row = bench_copy(size, backend, index, None, opts)
     best = row["time_s"]["min"]
     if not finite_positive(best):
         raise RuntimeError("the memory reference copy gave no usable timing")
     bw = float(row["bytes"]) / best
+    where = (f"footprint {row['bytes'] / MIB:g} MiB = {row['bytes'] / llc.total_bytes:.3g} × the {llc.describe()}"
+             if llc else "last-level cache size not reported")
+    if llc and residency(float(row["bytes"]), llc):
+        where += " (capped by free memory: partly cache-resident, this reference may be high)"
     return bw, (f"measured achievable copy bandwidth ({row['name']}, 2 × size bytes per copy, best of "
-                f"{row['time_s']['n']} as STREAM reports); memory efficiencies are relative to what this machine "
-                "achieved, not to a datasheet. A peaks_file cpu entry with memory_gbps replaces it")
+                f"{row['time_s']['n']} as STREAM reports; {where}); memory efficiencies are relative to what "
+                "this machine achieved, not to a datasheet. A peaks_file cpu entry with memory_gbps replaces it")
 
 
 def bench_host_device(size: int, direction: str, backend: Backend, index: int, peak: Peak | None,

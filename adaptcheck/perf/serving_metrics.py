@@ -9,7 +9,12 @@ reads them). The definitions are vLLM ``bench serve``'s, so the two can be compa
 - TPOT = (E2EL − TTFT) / (N − 1), only for N > 1 (N = output tokens of the request);
 - ITL = gaps between successive content chunks. A chunk may carry several tokens, so
   there are two views: per chunk (vLLM's ``itl``) and per token (each gap divided by the
-  tokens of the chunk that ended it);
+  tokens of the chunk that ended it). Per token uses the best count there is, recorded as
+  ``itl_basis``: the token ids each chunk carried (``token_ids``, exact); else the
+  server's usage total spread evenly over the chunks (``usage_mean``: each gap × chunks /
+  tokens) — unless the local tokenizer's per-chunk counts add up to that same total, which
+  then say which chunk carried how many (``tokenizer``, also used without usage); only
+  with no count at all is a chunk taken for one token (``chunks``);
 - output tok/s = Σ N / measured wall time; req/s = completed / wall time;
 - goodput = requests meeting every SLO / wall time (vLLM counts TPOT as 0 for N ≤ 1);
 - percentiles by linear interpolation between closest ranks (``numpy.percentile``'s
@@ -70,6 +75,14 @@ class RequestRecord:
     """The client's own count: streamed token ids, else the local tokenizer on the text."""
     error: str | None = None
     finish_reason: str | None = None
+    max_tokens: int | None = None
+    """The output length asked for (fixed with ignore_eos)."""
+    input_tokens_sent: int | None = None
+    """The prompt's length as the client counted it before sending (local tokenizer or the
+    server's ``/tokenize``); None when only approximate. ``input_tokens`` is what was served
+    (usage), else this."""
+    itl_basis: str | None = None
+    """How ``itl_per_token`` counts the tokens of a chunk: token_ids | usage_mean | tokenizer | chunks."""
 
     @property
     def ok(self) -> bool:
@@ -119,13 +132,21 @@ def tpot_s(rec: RequestRecord) -> float | None:
 
 
 def itl_per_token_s(rec: RequestRecord) -> list[float]:
-    """Each inter-chunk gap divided by the tokens carried by the chunk that ended it.
+    """Each inter-chunk gap divided by the tokens carried by the chunk that ended it (see ``itl_basis``).
 
-    Without per-chunk counts every chunk counts as one token (the per-chunk view).
+    ``usage_mean``: the chunk's tokens are the request's total over its chunk count. Only
+    without any count (``chunks``) is every chunk one token (the per-chunk view).
     """
+    if rec.itl_basis == "usage_mean" and rec.output_tokens:
+        per_chunk = rec.output_tokens / (len(rec.itl_s) + 1)
+        return [gap / per_chunk for gap in rec.itl_s]
     if len(rec.chunk_tokens) != len(rec.itl_s) + 1:
         return list(rec.itl_s)
     return [gap / max(1, n) for gap, n in zip(rec.itl_s, rec.chunk_tokens[1:], strict=True)]
+
+
+def _one_or_mixed(values: set[Any]) -> Any:
+    return values.pop() if len(values) == 1 else ("mixed" if values else None)
 
 
 def meets_slo(rec: RequestRecord, slo: Mapping[str, float | None]) -> bool:
@@ -177,6 +198,7 @@ def summarize_run(records: Iterable[RequestRecord], *, duration_s: float | None 
     total_out = sum(r.output_tokens or 0 for r in done)
     errors = Counter(r.error or "no content in the answer" for r in failed)
     sources = {r.token_source for r in done if r.token_source}
+    bases = {r.itl_basis for r in done if r.itl_basis and r.itl_s}
     chunks = sum(len(r.itl_s) + 1 for r in done)
     active_slo = _active_slo(slo)
     good = sum(1 for r in done if meets_slo(r, active_slo)) if active_slo else None
@@ -190,13 +212,14 @@ def summarize_run(records: Iterable[RequestRecord], *, duration_s: float | None 
         "output_throughput": rate(total_out),
         "total_input_tokens": sum(r.input_tokens or 0 for r in done),
         "total_output_tokens": total_out,
-        "token_source": sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
+        "token_source": _one_or_mixed(sources),
         "token_mismatches": sum(1 for r in done if r.usage_tokens is not None and r.tokenizer_tokens is not None
                                 and r.usage_tokens != r.tokenizer_tokens),
         "ttft_ms": stats_ms([r.ttft_s for r in done if r.ttft_s is not None]),
         "tpot_ms": stats_ms([t for t in (tpot_s(r) for r in done) if t is not None]),
         "itl_ms": stats_ms([g for r in done for g in r.itl_s]),
         "itl_per_token_ms": stats_ms([g for r in done for g in itl_per_token_s(r)]),
+        "itl_basis": _one_or_mixed(bases),
         "e2el_ms": stats_ms([r.e2el_s for r in done if r.e2el_s is not None]),
         "queue_ms": stats_ms([r.sent_s - r.scheduled_s for r in measured if r.sent_s is not None]),
         "goodput": rate(good) if good is not None else None,

@@ -11,8 +11,9 @@ everything else (model listing, capability probing, ``/metrics``) stays with the
 client, whose error types and answer record (:class:`CompletionResult`) are reused here
 so that callers see one vocabulary.
 
-Scope, deliberately narrow: ``POST`` a JSON body to ``/v1/completions`` with
-``stream: true`` over HTTP/1.1 (TLS for ``https``), keep-alive connections in a small pool,
+Scope, deliberately narrow: ``POST`` a JSON body to ``/v1/completions`` (or, for a
+chat-only endpoint, ``/v1/chat/completions``, whose content chunks are ``delta.content``)
+with ``stream: true`` over HTTP/1.1 (TLS for ``https``), keep-alive connections in a small pool,
 a response body that is chunked, sized or read to the end, and server-sent events parsed
 line by line. Every event is stamped (``time.perf_counter``) as soon as the bytes that
 complete it are read, before JSON parsing. The send time is taken before a connection is
@@ -51,15 +52,19 @@ class _Stale(Exception):
 
 
 class StreamClient:
-    """Streamed ``/v1/completions`` requests to one server (one event loop; :meth:`aclose` at the end)."""
+    """Streamed ``/v1/completions`` requests to one server (one event loop; :meth:`aclose` at the end).
 
-    def __init__(self, base_url: str, *, connect_timeout_s: float = 5.0) -> None:
+    ``chat``: send to ``/v1/chat/completions`` instead (the body then carries ``messages``).
+    """
+
+    def __init__(self, base_url: str, *, connect_timeout_s: float = 5.0, chat: bool = False) -> None:
         self.base_url = normalize_base_url(base_url)
         parts = urlsplit(self.base_url)
         self.tls = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if self.tls else 80)
-        self.path = parts.path.rstrip("/") + "/completions"
+        self.chat = chat
+        self.path = parts.path.rstrip("/") + ("/chat/completions" if chat else "/completions")
         self.connect_timeout_s = connect_timeout_s
         self._api_key = api_key_from_env()
         self._idle: list[_Conn] = []
@@ -237,7 +242,10 @@ class StreamClient:
                 if choice is None:
                     chunks.append(StreamChunk(t=t, text=""))
                     continue
-                text = choice.get("text") or ""
+                if self.chat:
+                    text = (choice.get("delta") or {}).get("content") or ""
+                else:
+                    text = choice.get("text") or ""
                 n = None
                 if isinstance(choice.get("token_ids"), list):
                     ids_given = True

@@ -19,10 +19,18 @@ answered the same way for every backend:
 * **Inner loop.** A very short call would be dominated by the timer itself (an event pair
   or a synchronize costs microseconds), so a sample times ``inner`` back-to-back calls,
   enough to last ``min_sample_s``, and reports the time per call.
-* **Repetitions.** Samples are taken until at least ``min_reps`` exist *and* ``budget_s`` of
-  wall time has been spent on them, never more than ``max_reps``. So a long call gets
-  ``min_reps`` samples and a short one as many as the budget allows.
-* **Statistics.** Median (the figure reported), min, p10, p90, mean, and the spread
+* **Repetitions, adaptive.** After ``min_reps`` samples, sampling stops as soon as the 95 %
+  confidence interval of the median is narrower than ``ci_target`` of the median (a settled
+  figure: more samples would not change what is reported), else it goes on until
+  ``budget_s`` of wall time has been spent, never beyond ``max_reps``. So a stable row costs
+  a few samples, a noisy one the whole budget, and a long call gets ``min_reps``.
+* **Statistics.** Median (the figure reported) with its distribution-free confidence
+  interval from order statistics: with ``n`` sorted samples, ``[x_(l), x_(n+1-l)]`` where
+  ``l`` is the largest rank with ``P(Binomial(n, ½) < l) ≤ 2.5 %``; its coverage is
+  ``1 − 2·P(Binomial(n, ½) < l)`` ≥ 95 % (recorded exactly; below 6 samples no rank reaches
+  95 % and ``[min, max]`` is given with its lower coverage, 1 − 2⁽¹⁻ⁿ⁾). It assumes only
+  independent samples from one distribution — no normality, which timings (right-skewed,
+  multi-modal under interference) do not have. Also min, p10, p90, mean and the spread
   ``(p90 - p10) / median``; quantiles interpolate linearly between order statistics (numpy's
   default), so they are defined for any sample count.
 
@@ -32,6 +40,7 @@ wants cold caches sizes its buffers beyond the caches, which says more than a fl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +55,29 @@ SYNC = "synchronize + perf_counter"
 
 MAX_INNER = 1 << 16
 """Most calls batched into one sample (a call that takes nanoseconds still ends a sample)."""
+
+CI_LEVEL = 0.95
+"""Confidence of the median's interval."""
+CI_TARGET = 0.02
+"""Default: sampling stops once the median's CI is narrower than 2 % of the median (±1 %)."""
+
+
+def median_ci(sorted_values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float, float]:
+    """(low, high, coverage) of the distribution-free CI of the median of sorted samples (see
+    the module docstring); coverage < ``level`` only when there are too few samples."""
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("CI of no values")
+    alpha_half = (1.0 - level) / 2.0
+
+    def below(rank: int) -> float:  # P(X < rank), X ~ Binomial(n, 1/2): the chance x_(rank) is above the median
+        return sum(math.comb(n, k) for k in range(rank)) / 2.0 ** n
+
+    rank = 1
+    while rank + 1 <= (n + 1) // 2 and below(rank + 1) <= alpha_half:
+        rank += 1
+    tail = below(rank)
+    return sorted_values[rank - 1], sorted_values[n - rank], 1.0 - 2.0 * tail
 
 
 def _events_api(backend: Backend) -> Any | None:
@@ -89,6 +121,8 @@ class Timing:
     estimate_s: float | None = None
     """Per-call time estimated during warm-up (fastest warm-up call)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ci_target: float | None = None
+    """Relative CI width sampling aimed at (None: samples measured elsewhere, no target)."""
 
     def __post_init__(self) -> None:
         if not self.samples:
@@ -129,14 +163,34 @@ class Timing:
         return (self.p90 - self.p10) / med if med > 0 else math.inf
 
     @property
+    def median_ci(self) -> tuple[float, float, float]:
+        """(low, high, coverage) of the median's distribution-free CI (:func:`median_ci`)."""
+        return median_ci(self._sorted)
+
+    @property
+    def ci_rel_width(self) -> float:
+        """(high - low) / median of the median's CI; inf when the median is not positive."""
+        lo, hi, _ = self.median_ci
+        med = self.median
+        return (hi - lo) / med if med > 0 else math.inf
+
+    @property
+    def settled(self) -> bool:
+        """The median's CI reached its target width at full confidence (False without a target)."""
+        _, _, coverage = self.median_ci
+        return (self.ci_target is not None and coverage >= CI_LEVEL and self.ci_rel_width <= self.ci_target)
+
+    @property
     def valid(self) -> bool:
         """Every sample finite and positive (the contract's condition for not failing)."""
         return all(math.isfinite(s) and s > 0 for s in self.samples)
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, Any]:
         """The contract's ``time_s`` mapping."""
+        lo, hi, coverage = self.median_ci
         return {"median": self.median, "min": self.min, "p10": self.p10, "p90": self.p90, "mean": self.mean,
-                "spread": self.spread, "n": self.n}
+                "spread": self.spread, "n": self.n, "median_ci": [lo, hi], "ci_level": coverage,
+                "ci_rel_width": self.ci_rel_width, "ci_target": self.ci_target, "settled": self.settled}
 
 
 def summarize(samples: Sequence[float], **kw: Any) -> Timing:
@@ -166,11 +220,13 @@ def _event_sample(fn: Callable[[], object], api: Any, inner: int) -> float:
 
 def time_callable(fn: Callable[[], object], backend: Backend, device_index: int = 0, *, warmup: int = 2,
                   min_reps: int = 5, max_reps: int = 200, budget_s: float = 1.0,
-                  min_sample_s: float = 1e-3) -> Timing:
+                  min_sample_s: float = 1e-3, ci_target: float | None = CI_TARGET) -> Timing:
     """Time ``fn()`` on ``backend``'s device ``device_index``; see the module docstring.
 
     ``fn`` must queue the same work on every call (its result is discarded). ``budget_s``
     bounds the repetitions' wall time once ``min_reps`` are done; warm-up comes on top.
+    ``ci_target``: stop early once the median's 95 % CI is narrower than this fraction of the
+    median (None: always spend the budget).
     """
     if min_reps < 1 or max_reps < min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps}, {max_reps}")
@@ -197,7 +253,27 @@ def time_callable(fn: Callable[[], object], backend: Backend, device_index: int 
             samples.append(_event_sample(fn, api, inner))
         else:
             samples.append(_sync_sample(fn, backend, device_index, inner))
-        if len(samples) >= min_reps and time.perf_counter() - began >= budget_s:
-            break
-    return Timing(samples=tuple(samples), inner=inner, warmup=len(warm_times),
-                  timer=EVENTS if api is not None else SYNC, estimate_s=estimate, notes=tuple(notes))
+        if len(samples) >= min_reps:
+            if time.perf_counter() - began >= budget_s:
+                break
+            # The check sorts the samples: every sample while few, every 16th beyond 64.
+            if ci_target is not None and (len(samples) < 64 or len(samples) % 16 == 0) \
+                    and _settled(samples, ci_target):
+                break
+    timing = Timing(samples=tuple(samples), inner=inner, warmup=len(warm_times),
+                    timer=EVENTS if api is not None else SYNC, estimate_s=estimate, notes=tuple(notes),
+                    ci_target=ci_target)
+    if ci_target is not None and not timing.settled:
+        coverage = timing.median_ci[2]
+        notes.append(f"median not settled: its {coverage:.0%} CI spans {timing.ci_rel_width:.1%} of it after "
+                     f"{timing.n} repetitions (target {ci_target:.0%}; budget or max_reps reached)")
+        timing = dataclasses.replace(timing, notes=tuple(notes))
+    return timing
+
+
+def _settled(samples: Sequence[float], target: float) -> bool:
+    """The median of ``samples`` has a full-confidence CI narrower than ``target`` of it."""
+    ordered = sorted(samples)
+    lo, hi, coverage = median_ci(ordered)
+    med = quantile(ordered, 0.5)
+    return coverage >= CI_LEVEL and med > 0 and (hi - lo) / med <= target

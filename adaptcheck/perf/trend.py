@@ -15,6 +15,17 @@ number set aside is reported with the fit.
 
 Reported per fit: slope (MiB/min), its standard error, intercept, R², residual noise, the
 growth the line projects over the fitted window and over an hour.
+
+The verdict is on the slope's confidence interval, not on the slope itself. Samples of a
+memory series are not independent (memory moves in steps, a warm-up leaves a curve that a
+line does not follow), so the standard error of ordinary least squares is too small. The
+lag-1 autocorrelation ρ of the residuals (time order) gives an effective sample size
+n_eff = n (1 − ρ) / (1 + ρ) and a standard error inflated by √((1 + ρ) / (1 − ρ)) (the AR(1)
+correction used for climate trends, Santer et al. 2000, and by perf.serving's drift); the
+one-sided bounds are Student-t with n_eff − 2 degrees of freedom. Lower bound above the
+growth bound: over (a leak). Upper bound within it: within. Otherwise inconclusive — the
+measurement cannot tell, and says how long a soak would (the interval narrows as the
+fitted window T grows, as T^-3/2 for the same noise).
 """
 
 from __future__ import annotations
@@ -23,7 +34,10 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from itertools import pairwise
+from typing import Any, Literal
+
+from adaptcheck.perf.stability import t_ppf
 
 OUTLIER_SIGMAS = 4.0
 """Residual (in robust standard deviations) beyond which a point is an outlier."""
@@ -34,6 +48,10 @@ MAD_TO_SIGMA = 1.4826
 MIN_SAMPLES = 5
 """Fewest samples after the warm-up for a verdict (a line through 2-4 points is two points)."""
 MAX_ITERATIONS = 5
+DEFAULT_CONFIDENCE = 0.95
+"""One-sided confidence of each bound of the slope: a flat-enough server fails, or a leaking one passes, at most 5 % of the time at the bound."""
+MAX_RHO = 0.99
+"""Cap of the residual autocorrelation (1 would mean no independent information at all)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,22 @@ class Fit:
     """Share of the variance the line explains; None when the samples do not vary at all."""
     residual_std_mib: float
     """Standard deviation of the residuals: the noise around the line."""
+    autocorrelation: float = 0.0
+    """Lag-1 autocorrelation of the residuals in time order, clamped to [0, MAX_RHO]."""
+    effective_n: float = 0.0
+    """n (1 − ρ) / (1 + ρ): how many independent samples the series is worth."""
+
+    def slope_bounds(self, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float] | None:
+        """One-sided ``confidence`` lower and upper bounds of the slope (MiB/min), autocorrelation included.
+
+        None with fewer than 3 points (no standard error).
+        """
+        if self.slope_stderr_mib_per_min is None:
+            return None
+        inflation = (1 + self.autocorrelation) / (1 - self.autocorrelation)
+        df = max(1.0, self.effective_n - 2)
+        half = t_ppf(confidence, df) * self.slope_stderr_mib_per_min * math.sqrt(inflation)
+        return self.slope_mib_per_min - half, self.slope_mib_per_min + half
 
     @property
     def growth_over_window_mib(self) -> float:
@@ -131,10 +165,34 @@ def fit_trend(times_s: Sequence[float], values: Sequence[float | None], *, after
     mt = sum(t for t, _ in kept) / n
     sxx = sum((t - mt) ** 2 for t, _ in kept)
     stderr = math.sqrt(ss_res / (n - 2) / sxx) * 60.0 if n > 2 else None
+    rho = _lag1(sorted(kept), slope, intercept)
     return Fit(n=n, outliers=len(dropped), t_start_s=min(t for t, _ in kept), t_end_s=max(t for t, _ in kept),
                slope_mib_per_min=slope * 60.0, slope_stderr_mib_per_min=stderr, intercept_mib=intercept,
                r2=1.0 - ss_res / ss_tot if ss_tot > 0 else None,
-               residual_std_mib=math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0)
+               residual_std_mib=math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0,
+               autocorrelation=rho, effective_n=n * (1 - rho) / (1 + rho))
+
+
+def _lag1(points: Sequence[tuple[float, float]], slope: float, intercept: float) -> float:
+    """Lag-1 autocorrelation of the residuals (points in time order), bias-corrected, clamped to [0, MAX_RHO].
+
+    The sample autocorrelation of residuals from a fitted line underestimates ρ by about
+    (2 + 4ρ)/n on a short series, which would make the interval too narrow (with n = 31 and
+    ρ = 0.8, 12 % of series at the bound were called over instead of 5 %); adding it back
+    brings the rate to ~5-6 % (docs/perf.md, "Soak"). Negative values are set to 0: they
+    would narrow the interval below ordinary least squares, which short noisy series would
+    do by chance alone.
+    """
+    res = [v - intercept - slope * t for t, v in points]
+    ss = sum(r * r for r in res)
+    n = len(res)
+    if ss <= 0 or n < 3:
+        return 0.0
+    r = sum(a * b for a, b in pairwise(res)) / ss
+    return min(MAX_RHO, max(0.0, r + (2 + 4 * r) / n))
+
+
+State = Literal["within", "over", "inconclusive", "not judged"]
 
 
 @dataclass(frozen=True)
@@ -142,33 +200,74 @@ class GrowthVerdict:
     """Whether one memory series stayed within the growth bound."""
 
     ok: bool | None
-    """True: within the bound; False: over it; None: not judged (too few samples)."""
+    """True: within the bound; False: over it; None: inconclusive or not judged (never a pass)."""
     reason: str
     fit: Fit | None
+    state: State = "not judged"
+    bounds: tuple[float, float] | None = None
+    """One-sided lower and upper confidence bounds of the slope (MiB/min)."""
+    confidence: float = DEFAULT_CONFIDENCE
+    decide_duration_s: float | None = None
+    """Inconclusive: about how long (from the first sample) a soak would need to decide, if the slope and noise stay."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "reason": self.reason, "fit": self.fit.to_dict() if self.fit else None}
+        return {"ok": self.ok, "state": self.state, "reason": self.reason,
+                "slope_bounds_mib_per_min": [_round(b) for b in self.bounds] if self.bounds else None,
+                "confidence": self.confidence, "decide_duration_s": _round(self.decide_duration_s),
+                "fit": self.fit.to_dict() if self.fit else None}
+
+
+def decide_duration_s(fit: Fit, bounds: tuple[float, float], bound: float) -> float | None:
+    """Soak length (from the first sample) that would likely decide, if the slope and the noise stay as they are.
+
+    With evenly spaced samples and the same noise, the slope's standard error scales as
+    T^-3/2 (Sxx grows as n T²). The window is stretched until the half-width h is half the
+    gap |slope − bound| — T0 (2h / gap)^(2/3) — so that the estimate may move by half the
+    gap and the interval still clear the bound (about 9 times in 10; tests/perf/test_trend.py
+    checks it by simulation). None when the slope sits on the bound.
+    """
+    gap = abs(fit.slope_mib_per_min - bound)
+    half = (bounds[1] - bounds[0]) / 2
+    window = fit.t_end_s - fit.t_start_s
+    if gap <= 1e-9 * max(1.0, abs(bound)) or window <= 0:
+        return None
+    return fit.t_start_s + window * max(1.0, 2 * half / gap) ** (2.0 / 3.0)
 
 
 def memory_growth_verdict(samples: Iterable[tuple[float, float | None]], bound_mib_per_min: float, *,
-                          warmup_s: float = 0.0, min_samples: int = MIN_SAMPLES) -> GrowthVerdict:
+                          warmup_s: float = 0.0, min_samples: int = MIN_SAMPLES,
+                          confidence: float = DEFAULT_CONFIDENCE) -> GrowthVerdict:
     """Judge one memory series, ``(time s, MiB)`` samples, against a growth bound (MiB/min).
 
-    The fitted slope must not exceed the bound; samples before ``warmup_s`` are left out
-    (loading, first allocations and caches filling are not growth). Fewer than
-    ``min_samples`` usable samples after the warm-up: not judged.
+    Samples before ``warmup_s`` are left out (loading, first allocations and caches filling
+    are not growth). The slope's one-sided ``confidence`` bounds decide: lower bound above
+    the bound → over; upper bound at most the bound → within; else inconclusive (not a
+    pass). Fewer than ``min_samples`` usable samples after the warm-up: not judged.
     """
     pairs = list(samples)
     usable = [(t, v) for t, v in pairs if v is not None and math.isfinite(v) and math.isfinite(t) and t >= warmup_s]
     if len(usable) < min_samples:
         return GrowthVerdict(None, f"{len(usable)} sample(s) after the {warmup_s:g} s warm-up, fewer than the "
-                             f"{min_samples} a trend needs", None)
+                             f"{min_samples} a trend needs", None, confidence=confidence)
     fit = fit_trend([t for t, _ in usable], [v for _, v in usable], after_s=warmup_s)
     if fit is None:
-        return GrowthVerdict(None, "the samples after the warm-up share one time: no trend", None)
+        return GrowthVerdict(None, "the samples after the warm-up share one time: no trend", None,
+                             confidence=confidence)
+    bounds = fit.slope_bounds(confidence)
+    if bounds is None:  # unreachable with MIN_SAMPLES ≥ 3 distinct points, kept for a caller's min_samples < 3
+        return GrowthVerdict(None, f"{fit.n} points: no standard error for the slope", fit, confidence=confidence)
+    lo, hi = bounds
     r2 = f", R² {fit.r2:.2f}" if fit.r2 is not None else ""
-    text = (f"{fit.slope_mib_per_min:+.4g} MiB/min over {fit.t_end_s - fit.t_start_s:.0f} s "
-            f"({fit.n} samples{r2}, noise {fit.residual_std_mib:.3g} MiB)")
-    if fit.slope_mib_per_min > bound_mib_per_min:
-        return GrowthVerdict(False, f"grows {text} > bound {bound_mib_per_min:g} MiB/min", fit)
-    return GrowthVerdict(True, f"{text} ≤ bound {bound_mib_per_min:g} MiB/min", fit)
+    text = (f"{fit.slope_mib_per_min:+.4g} MiB/min [{lo:+.4g}, {hi:+.4g}] over {fit.t_end_s - fit.t_start_s:.0f} s "
+            f"({fit.n} samples{r2}, noise {fit.residual_std_mib:.3g} MiB, autocorrelation {fit.autocorrelation:.2f})")
+    if lo > bound_mib_per_min:
+        return GrowthVerdict(False, f"grows {text} > bound {bound_mib_per_min:g} MiB/min", fit, "over", bounds,
+                             confidence)
+    if hi <= bound_mib_per_min:
+        return GrowthVerdict(True, f"{text} ≤ bound {bound_mib_per_min:g} MiB/min", fit, "within", bounds, confidence)
+    need = decide_duration_s(fit, bounds, bound_mib_per_min)
+    about = (f"about {max(1, math.ceil(need / 60))} min would decide" if need is not None
+             else "the slope sits on the bound: no duration decides")
+    return GrowthVerdict(None, f"{text}: inconclusive: run longer (the slope's interval [{lo:.3g}, {hi:.3g}] MiB/min "
+                         f"straddles the bound {bound_mib_per_min:g} MiB/min; {about})",
+                         fit, "inconclusive", bounds, confidence, need)

@@ -15,8 +15,15 @@ Responsible for *what* the load generator sends, decided before any clock starts
 - the output length is ``max_tokens``, made fixed by ``ignore_eos`` (the client drops or
   emulates it where a server does not accept it).
 
-Without a local tokenizer (an endpoint of unknown weights) the prompt is plain words of
-about the right length and its real length is taken from the server's ``usage``.
+Without a local tokenizer (an endpoint of unknown weights) the prompt is plain words,
+adjusted to the exact length by the server's own count where it has ``/tokenize`` (vLLM,
+SGLang: :func:`server_token_counter`), else of about the right length (its real length is
+then taken from the server's ``usage``).
+
+A chat-only endpoint (no ``/v1/completions``) gets the prompt as one user message: the
+length that counts is then that of the templated conversation, so the chat template's own
+tokens are taken off the content (local tokenizer: ``apply_chat_template``; server:
+``/tokenize`` with ``messages``).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from adaptcheck.frameworks.openai_client import EndpointError, OpenAIClient
+
 POOL_TARGET = 2000
 """Token ids sampled for the prompt pool: plenty for random text, cheap for 150k vocabularies."""
 MAX_ADJUST_ROUNDS = 12
@@ -33,6 +42,43 @@ _WORDS_TEXT = ("time year people way day man thing woman life child world school
           "country problem hand part place case week company system program question work government "
           "number night point home water room mother area money story fact month lot right study book "
           "eye job word business issue side kind head house service friend father power hour game line")
+
+
+class TokenCounter(Protocol):
+    """The server's count of a prompt's tokens (special tokens / chat template included); None: cannot say."""
+
+    def __call__(self, text: str, *, chat: bool) -> int | None: ...
+
+
+class _ServerCounter:
+    """:class:`TokenCounter` through the server's ``/tokenize``."""
+
+    def __init__(self, client: OpenAIClient) -> None:
+        self.client = client
+
+    def __call__(self, text: str, *, chat: bool) -> int | None:
+        try:
+            if chat:
+                return self.client.tokenize(messages=[{"role": "user", "content": text}])
+            return self.client.tokenize(text)
+        except EndpointError:
+            return None  # a failed count: the prompt stays approximate, usage says how long it was
+
+
+def server_token_counter(base_url: str, model: str | None = None) -> TokenCounter | None:
+    """A counter through ``base_url``'s ``/tokenize`` when the server has one (asked once, now), else None."""
+    client = OpenAIClient(base_url, model=model, timeout_s=30.0)
+    try:
+        if client.tokenize("Hello") is None:
+            return None
+    except EndpointError:
+        return None
+    return _ServerCounter(client)
+
+
+def prompt_factory(base_url: str, tokenizer: Any | None, model: str | None = None) -> PromptFactory:
+    """The factory for a server: its local tokenizer, else its ``/tokenize`` where it has one."""
+    return PromptFactory(tokenizer, None if tokenizer is not None else server_token_counter(base_url, model))
 
 
 class Tokenizer(Protocol):
@@ -75,13 +121,40 @@ def request_seed(base: int, level: int, run: int, phase: str, index: int) -> int
 class PromptFactory:
     """Builds prompts of an exact token length from random token ids (see module doc)."""
 
-    def __init__(self, tokenizer: Any | None) -> None:
+    def __init__(self, tokenizer: Any | None, counter: TokenCounter | None = None) -> None:
         self.tokenizer = tokenizer
+        self.counter = counter if tokenizer is None else None  # the local tokenizer is exact and free
+        self.chat = False
         self.num_special = 0
         self._pool: list[int] = []
         if tokenizer is not None:
             self.num_special = int(getattr(tokenizer, "num_special_tokens_to_add", lambda: 0)())
             self._pool = self._build_pool(tokenizer)
+
+    @property
+    def lengths(self) -> str:
+        """How exact the prompt lengths are (for the scenario's workload facts)."""
+        if self.tokenizer is not None:
+            return "exact (local tokenizer" + (", chat template included)" if self.chat else ")")
+        if self.counter is not None:
+            return "exact (server /tokenize" + (", chat template included)" if self.chat else ")")
+        return "approximate (no local tokenizer, no server /tokenize)"
+
+    def use_chat(self) -> None:
+        """Prompts go out as one user message (a chat-only endpoint): count the template's tokens too."""
+        if self.chat:
+            return
+        self.chat = True
+        if self.tokenizer is not None:
+            probe = " hello world"
+            try:
+                templated = self.tokenizer.apply_chat_template([{"role": "user", "content": probe}],
+                                                               add_generation_prompt=True, tokenize=True)
+                if isinstance(templated, dict) or hasattr(templated, "keys"):  # a BatchEncoding
+                    templated = templated["input_ids"]
+                self.num_special = len(templated) - len(self.tokenizer.encode(probe, add_special_tokens=False))
+            except Exception:  # noqa: BLE001 - no chat template: the server's usage says how long it was
+                self.num_special = 0
 
     @staticmethod
     def _build_pool(tok: Any) -> list[int]:
@@ -109,6 +182,8 @@ class PromptFactory:
             # About 1.3 tokens per English word in common BPE vocabularies; the server's usage says.
             vocabulary = _WORDS_TEXT.split()
             words = [rng.choice(vocabulary) for _ in range(max(1, round(n_tokens / 1.3)))]
+            if self.counter is not None:
+                return self._counted(words, n_tokens, rng, vocabulary)
             return " ".join(words), None, 0
         tok = self.tokenizer
         target = max(1, n_tokens - self.num_special)
@@ -124,6 +199,35 @@ class PromptFactory:
                 rng.choice(self._pool) for _ in range(target - len(encoded))]
         actual = len(encoded) + self.num_special
         return text, actual, actual - max(n_tokens, self.num_special + 1)
+
+    def _counted(self, words: list[str], n_tokens: int, rng: random.Random,
+                 vocabulary: list[str]) -> tuple[str, int | None, int]:
+        """Words adjusted until the server counts ``n_tokens``: cut in proportion while too long,
+        then grown by whole words while a word surely fits (at the most tokens a word took so
+        far), then by single letters (a token each in common vocabularies) up to the length."""
+        assert self.counter is not None
+        best: tuple[str, int] | None = None
+        count: int | None = None
+        for _ in range(3 * MAX_ADJUST_ROUNDS):
+            text = " ".join(words)
+            count = self.counter(text, chat=self.chat)
+            if count is None:
+                return text, None, 0
+            if best is None or abs(count - n_tokens) < abs(best[1] - n_tokens) or (
+                    abs(count - n_tokens) == abs(best[1] - n_tokens) and count < best[1]):
+                best = (text, count)
+            if count == n_tokens:
+                break
+            if count > n_tokens:
+                if len(words) == 1:
+                    break  # one word is already too long (a chat template longer than asked)
+                words = words[:max(1, min(len(words) - 1, len(words) * n_tokens // count))]
+                continue
+            per_word = max(1, -(-count // len(words)))  # ceil: a pessimistic tokens-per-word
+            more = (n_tokens - count) // per_word
+            words += [rng.choice(vocabulary) for _ in range(more)] if more > 1 else [rng.choice("aio")]
+        assert best is not None
+        return best[0], best[1], best[1] - n_tokens
 
 
 class Workload:

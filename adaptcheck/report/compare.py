@@ -145,6 +145,8 @@ def _run_text(r: RunRef) -> str:
 
 def _figure_row(f: PerfFigure, ref: CheckRef) -> FigureRow:
     noise = f"{f.spread_before:.1%} / {f.spread_after:.1%}"
+    if f.noise_kind == "run_cv":  # a serving figure: run-to-run CV, and the runs behind it
+        noise = f"CV {noise} ({f.runs_before} / {f.runs_after} runs)"
     return FigureRow(check=ref, figure=f.figure, before=value_text(f.before, f.unit), after=value_text(f.after, f.unit),
                      change=describe_change(f.change),
                      noise=noise, bound=f"±{f.bound:.1%}", verdict=_VERDICTS[f.verdict])

@@ -243,6 +243,10 @@ def _micro_row(row: dict[str, Any], peak: dict[str, Any]) -> MicroRow:
     spread = pct(t.get("spread"))
     if spread != "—" and t.get("n") is not None:
         spread += f" (n={format_value(t['n'])})"
+    ci_width = as_float(t.get("ci_rel_width"))
+    if spread != "—" and ci_width is not None and math.isfinite(ci_width):
+        # The median's order-statistic CI (docs/perf.md): what the reported figure is good to.
+        spread += f"; median ±{pct(ci_width / 2)}"
     achieved, other = _achieved(row)
     eff = as_float(row.get("efficiency"))
     ai, ridge = as_float(row.get("arithmetic_intensity")), as_float(row.get("ridge_point"))

@@ -3,9 +3,11 @@
 One ``perf.serving`` check is one scenario (docs/perf.md, "Serving outcome"). For each the
 report shows what was offered (arrival pattern, levels, lengths, repeats, SLOs), then per
 level the median run's numbers — request and output-token throughput, TTFT/TPOT/ITL/E2EL
-median, p90 and p99, error rate, goodput, client queue time — and the run-to-run spread
-against the scenario's bound, over-bound cells marked (that spread is what L4's
-"reproducible baseline" rests on). Below: the client's own overhead with its bottleneck
+median, p90 and p99, error rate, goodput, client queue time — and the run-to-run CV of
+each headline metric with its confidence interval against the scenario's bound
+(significantly-above cells marked: that is what L4's "reproducible baseline" rests on), the
+within-run drift, and the runs the host disturbed (older results: the min–max spread
+against ``max_spread``). Below: the client's own overhead with its bottleneck
 warning (a saturated load generator understates the server), server memory, a link to the
 per-request records and the charts (latency quantiles per level, throughput against level).
 
@@ -63,7 +65,7 @@ class Chart:
 class SpreadCell:
     metric: str
     value: str
-    over: bool  # over the scenario's max_spread: this level is not reproducible enough
+    over: bool  # significantly above the scenario's max_cv (older results: over max_spread)
 
 
 @dataclass
@@ -83,6 +85,9 @@ class ServingLevelRow:
     queue: str  # client queue time, median / p99 ms
     latency: list[str]  # per LATENCY_METRICS: 'median / p90 / p99'
     spread: list[SpreadCell]
+    stability: str  # 'stable after 3 runs', 'not significant after 5 runs (+1 disturbed)', '' for older results
+    drift: str  # 'TTFT −3% [−8%, +2%], TPOT +1% [−2%, +4%]', '' when not measured
+    drift_over: bool  # a drift significantly above max_drift
     tokens: str  # token source, mismatches, chunks per token
     errors: list[str]  # 'message ×count', pooled over the runs
 
@@ -100,6 +105,7 @@ class RunRow:
     out_tok_per_s: str
     ttft: str
     tpot: str
+    disturbed: str = ""  # why the host disturbed this run (left out of the statistics, repeated)
 
 
 @dataclass
@@ -196,8 +202,18 @@ def _offered(sc: dict[str, Any]) -> list[Fact]:
     else:
         facts.append(Fact("measured", f"{format_value(sc.get('num_requests'))} requests per run"))
     facts.append(Fact("warm-up", f"{format_value(sc.get('warmup_requests'))} requests (not measured)"))
-    facts.append(Fact("repeats", format_value(sc.get("repeats"))))
-    facts.append(Fact("spread bound", pct(sc.get("max_spread"))))
+    if "max_cv" in sc:
+        runs = f"{format_value(sc.get('min_runs'))} to {format_value(sc.get('max_runs'))} per level"
+        if sc.get("budget_s") is not None:
+            runs += f" (more than {format_value(sc.get('min_runs'))} within {num(sc['budget_s'])} s)"
+        facts.append(Fact("runs", runs))
+        conf = as_float(sc.get("confidence"))
+        facts.append(Fact("run-to-run CV bound", pct(sc.get("max_cv"))
+                          + (f" (fails when significantly above, {pct(conf)} confidence)" if conf else "")))
+        facts.append(Fact("drift bound", pct(sc.get("max_drift"))))
+    else:  # results from before the stability verdict
+        facts.append(Fact("repeats", format_value(sc.get("repeats"))))
+        facts.append(Fact("spread bound", pct(sc.get("max_spread"))))
     slo = as_dict(sc.get("slo"))
     if slo:
         facts.append(Fact("SLO", ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {num(v)} ms" if k.endswith("_ms")
@@ -261,11 +277,20 @@ def _level_row(lv: dict[str, Any], arrival: str, bound: float | None, spread_key
     med = as_dict(lv.get("median"))
     runs = [as_dict(r) for r in as_list(lv.get("runs"))]
     spread = as_dict(lv.get("spread"))
+    stab = as_dict(lv.get("stability"))
+    metrics = as_dict(stab.get("metrics"))
     cells = []
     for k in spread_keys:
+        if stab:
+            m = as_dict(metrics.get(k))
+            cv, lo, hi = (as_float(m.get(x)) for x in ("cv", "lo", "hi"))
+            value = f"{pct(cv)} [{pct(lo)}, {_upper(hi)}]" if cv is not None else "—"
+            cells.append(SpreadCell(metric=SPREAD_NAMES.get(k, k), value=value, over=m.get("verdict") == "unstable"))
+            continue
         f = as_float(spread.get(k))
         over = f is not None and bound is not None and (not math.isfinite(f) or f > bound)
         cells.append(SpreadCell(metric=SPREAD_NAMES.get(k, k), value=pct(f) if f is not None else "—", over=over))
+    drift, drift_over = _drift(as_dict(lv.get("drift")))
     err = as_float(med.get("error_rate"))
     goodput = num(med.get("goodput")) if med.get("goodput") is not None else "— (no SLO)"
     attained = f"{pct(med['slo_attainment'])} met SLO" if med.get("slo_attainment") is not None else ""
@@ -280,8 +305,40 @@ def _level_row(lv: dict[str, Any], arrival: str, bound: float | None, spread_key
         req_per_s=num(med.get("request_throughput")), out_tok_per_s=num(med.get("output_throughput")),
         goodput=goodput, slo_attainment=attained,
         queue=" / ".join(num(_stat(med, "queue_ms", k)) for k in ("median", "p99")) if med.get("queue_ms") else "—",
-        latency=[_triple(med, m) for m in LATENCY_METRICS], spread=cells, tokens=tokens, errors=_errors(runs),
+        latency=[_triple(med, m) for m in LATENCY_METRICS], spread=cells, stability=_stability(stab),
+        drift=drift, drift_over=drift_over, tokens=tokens, errors=_errors(runs),
     )
+
+
+STABILITY_WORDS = {"stable": "within the bound", "unstable": "significantly above the bound",
+                   "undecided": "not significant"}
+
+
+def _upper(hi: float | None) -> str:
+    return "∞" if hi is not None and (not math.isfinite(hi) or hi >= 100) else pct(hi)
+
+
+def _stability(stab: dict[str, Any]) -> str:
+    """'within the bound after 3 runs (+1 disturbed, repeated)'; '' for results without a stability verdict."""
+    if not stab:
+        return ""
+    text = f"{STABILITY_WORDS.get(str(stab.get('verdict')), str(stab.get('verdict')))} after " \
+           f"{format_value(stab.get('runs'))} runs"
+    disturbed = as_float(stab.get("disturbed_runs"))
+    return text + (f" (+{format_value(stab.get('disturbed_runs'))} disturbed, repeated)" if disturbed else "")
+
+
+def _drift(drift: dict[str, Any]) -> tuple[str, bool]:
+    """'TTFT −3% [−8%, +2%]; TPOT +1% [−2%, +4%]' and whether one is significantly above its bound."""
+    parts, over = [], False
+    for key, word in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+        d = as_dict(drift.get(key))
+        value, lo, hi = (as_float(d.get(x)) for x in ("drift", "lo", "hi"))
+        if value is None or lo is None or hi is None:
+            continue
+        parts.append(f"{word} {value:+.0%} [{lo:+.0%}, {hi:+.0%}]")
+        over = over or d.get("significant") is True
+    return "; ".join(parts), over
 
 
 def _run_rows(levels: list[dict[str, Any]], arrival: str) -> list[RunRow]:
@@ -293,7 +350,8 @@ def _run_rows(levels: list[dict[str, Any]], arrival: str) -> list[RunRow]:
                                completed=num(r.get("completed")), failed=num(r.get("failed")),
                                duration=num(r.get("duration_s")), req_per_s=num(r.get("request_throughput")),
                                out_tok_per_s=num(r.get("output_throughput")),
-                               ttft=num(_stat(r, "ttft_ms", "median")), tpot=num(_stat(r, "tpot_ms", "median"))))
+                               ttft=num(_stat(r, "ttft_ms", "median")), tpot=num(_stat(r, "tpot_ms", "median")),
+                               disturbed=str(r.get("disturbed") or "")))
     return rows
 
 
@@ -332,7 +390,7 @@ def build_scenario(c: CheckResult, status: Label, anchor: str, block: str, durat
     arrival = str(sc.get("arrival") or "")
     name = str(sc.get("name") or c.id.rsplit(".", 1)[-1])
     levels = [lv for lv in as_list(d.get("levels")) if isinstance(lv, dict)]
-    bound = as_float(sc.get("max_spread"))
+    bound = as_float(sc.get("max_cv") if "max_cv" in sc else sc.get("max_spread"))
     keys: list[str] = [k for k in SPREAD_NAMES if any(k in as_dict(lv.get("spread")) for lv in levels)]
     keys += [k for lv in levels for k in as_dict(lv.get("spread")) if k not in keys]
     keys = list(dict.fromkeys(keys))

@@ -46,6 +46,7 @@ _UNIT_SUFFIXES = {"_mib": "MiB", "_pct": "%", "_mhz": "MHz", "_c": "°C", "_w": 
 _OK = Label(key="pass", label="within bound", glyph="✓")
 _OVER = Label(key="fail", label="over bound", glyph="✗")
 _NOT_JUDGED = Label(key="skip", label="not judged", glyph="–")
+_INCONCLUSIVE = Label(key="error", label="inconclusive: run longer", glyph="?")
 _SHOWN = Label(key="na", label="shown, not bounded", glyph="○")
 
 
@@ -141,11 +142,17 @@ def _requests(req: dict[str, Any]) -> tuple[list[Fact], list[str]]:
 def _fit_row(m: dict[str, Any]) -> FitRow:
     fit = as_dict(m.get("fit"))
     ok = m.get("ok")
-    verdict = (_SHOWN if m.get("bounded") is False else _OK if ok is True else _OVER if ok is False else _NOT_JUDGED)
+    verdict = (_SHOWN if m.get("bounded") is False else _OK if ok is True else _OVER if ok is False
+               else _INCONCLUSIVE if m.get("state") == "inconclusive" else _NOT_JUDGED)
     slope = as_float(fit.get("slope_mib_per_min"))
     err = as_float(fit.get("slope_stderr_mib_per_min"))
-    slope_text = "—" if slope is None else _signed(slope) + (f" ± {format_float(err)}" if err is not None else "") \
-        + " MiB/min"
+    bounds = [as_float(b) for b in as_list(m.get("slope_bounds_mib_per_min"))]
+    if len(bounds) == 2 and None not in bounds:
+        # The interval the verdict was taken on (one-sided bounds, autocorrelation included).
+        spread = f" [{_signed(bounds[0] or 0.0)}, {_signed(bounds[1] or 0.0)}]"
+    else:  # results written before the interval existed
+        spread = f" ± {format_float(err)}" if err is not None else ""
+    slope_text = "—" if slope is None else _signed(slope) + spread + " MiB/min"
     n, out = fit.get("n"), as_float(fit.get("outliers"))
     samples = "—" if n is None else format_value(n) + (f" ({format_float(out)} outliers set aside)" if out else "")
 

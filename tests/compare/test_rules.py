@@ -132,18 +132,19 @@ def test_improvement_is_the_mirror_image_of_a_regression(spread: float, after: f
 
 
 def test_throughput_change_is_taken_as_a_time() -> None:
-    """A halved throughput is +100 %, like a doubled latency. With a 30 % spread (bound 90 %), a
-    throughput falling to a third is +200 % as a time: a regression. Taken as a fraction of the
-    baseline (−67 %, and never beyond −100 %) it would hide inside the bound."""
+    """A halved throughput is +100 %, like a doubled latency. With one run in three 30 % slow on
+    each side (run-to-run CV 21 %, bound +200 % at 3 standard errors over 3 + 3 runs), a
+    throughput falling to a fifth is +400 % as a time: a regression. Taken as a fraction of the
+    baseline (−80 %, and never beyond −100 %) it would hide inside the bound."""
     old = _serving([95, 100, 105])
     new = _serving([95, 100, 105])
     for run in new.details["levels"][0]["runs"]:
-        run["output_throughput"] = 100.0 / 3
+        run["output_throughput"] = 100.0 / 5
     for check in (old, new):
-        check.details["levels"][0]["runs"][0]["output_throughput"] *= 0.7  # spread 30 % → bound 90 %
+        check.details["levels"][0]["runs"][0]["output_throughput"] *= 0.7
     c = _figures(old, new)
     thr = next(f for f in c.perf if f.figure == "level 4: output throughput")
-    assert thr.change == pytest.approx(2.0) and thr.verdict == "regression"
+    assert thr.bound > 1.0 and thr.change == pytest.approx(4.0) and thr.verdict == "regression"
 
 
 @pytest.mark.parametrize(("old_row", "new_row", "reason"), [
@@ -166,11 +167,15 @@ def _serving(ttft: list[float], level: float = 4, **scenario: Any) -> CheckResul
     return _check("perf.serving.s", kind="perf.serving", details=details)
 
 
-def test_serving_figures_and_their_spread_over_runs() -> None:
-    # baseline TTFT runs 95/100/105 → median 100, spread 10 %; bound 30 %.
-    c = _figures(_serving([95, 100, 105]), _serving([130, 131, 132]))
+def test_serving_figures_and_their_noise_over_runs() -> None:
+    # baseline TTFT runs 95/100/105 → geometric mean 99.9, run-to-run CV 5 %; the new runs
+    # 140/141/142 (CV 0.7 %): +41 %, beyond the bound (+31 %: 3 standard errors over 3 + 3 runs).
+    c = _figures(_serving([95, 100, 105]), _serving([140, 141, 142]))
     ttft = next(f for f in c.perf if f.figure == "level 4: TTFT median")
-    assert (ttft.before, ttft.after, ttft.spread_before) == (100, 131, pytest.approx(0.10))
+    assert ttft.before == pytest.approx((95 * 100 * 105) ** (1 / 3))
+    assert ttft.after == pytest.approx((140 * 141 * 142) ** (1 / 3))
+    assert ttft.spread_before == pytest.approx(0.05, abs=0.001) and ttft.noise_kind == "run_cv"
+    assert (ttft.runs_before, ttft.runs_after) == (3, 3) and 0.1 < ttft.bound < ttft.change
     assert [r.figure for r in c.regressions] == ["level 4: TTFT median"]
     assert {f.figure for f in c.perf} == {"level 4: TTFT median", "level 4: TPOT median", "level 4: output throughput"}
 

@@ -266,3 +266,113 @@ def test_collective_row_algbw_busbw_and_efficiency() -> None:
     assert row["bound"] == "network" and row["ridge_point"] is None
     assert row["efficiency"] == pytest.approx(size / 0.01 * 1.5 / 2e9)
     assert row["extra"]["rank_median_s"] == [0.009, 0.01]
+
+
+# --- issue 14: rows that fit in the cache, the memory reference, above-peak rows, the median's CI ---
+
+def _ctx(tmp_path: Any) -> Any:
+    from adaptcheck.ladder.check import CheckContext
+    from adaptcheck.models.ladder import ModelSpec
+
+    return CheckContext(backend=CpuBackend(), device_index=0, seed=0, run_dir=tmp_path, model=ModelSpec())
+
+
+def test_last_level_cache_counts_each_shared_instance_once(tmp_path: Any) -> None:
+    from adaptcheck.perf.caches import host_llc, residency
+
+    for cpu in range(8):
+        for idx, (level, kind, size, shared) in enumerate([
+                (1, "Instruction", "32K", str(cpu)), (1, "Data", "32K", str(cpu)), (2, "Unified", "1024K", str(cpu)),
+                (3, "Unified", "32768K", "0-3" if cpu < 4 else "4-7")]):
+            d = tmp_path / f"cpu{cpu}" / "cache" / f"index{idx}"
+            d.mkdir(parents=True)
+            for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+                (d / name).write_text(f"{value}\n")
+    llc = host_llc(tmp_path)
+    assert llc is not None and (llc.level, llc.instances, llc.total_bytes) == (3, 2, 64 << 20)
+    assert "2 × 32 MiB" in llc.describe()
+    assert residency(32 << 20, llc) == "cache-resident"
+    assert residency(128 << 20, llc) == "partly cache-resident"  # 2 × the LLC: part of it still hits
+    assert residency(256 << 20, llc) is None  # ≥ 4 × the LLC: DRAM
+    assert host_llc(tmp_path / "nothing") is None and residency(1, None) is None
+
+
+def test_memory_check_labels_cache_rows_and_adds_a_dram_row(tmp_path: Any) -> None:
+    from adaptcheck.perf.caches import LastLevelCache
+    from adaptcheck.steps.perf.common import LLC_KEY, MEMORY_REFERENCE_KEY
+    from adaptcheck.steps.perf.micro import MemoryBandwidthCheck, MemoryParams
+
+    ctx = _ctx(tmp_path)
+    ctx.scratch[LLC_KEY] = LastLevelCache(level=3, total_bytes=8 << 20, instances=1, source="test")
+    ctx.scratch[MEMORY_REFERENCE_KEY] = (1e13, "test reference")  # far above any copy: no lifting
+    out = MemoryBandwidthCheck().run(ctx, MemoryParams(sizes_mib=[1.0], budget_s=0, min_reps=2, max_reps=2))
+    assert out.status.value == "pass", out.message
+    small, dram = out.details["rows"]
+    assert small["bound"] == "cache" and small["efficiency"] is None
+    assert small["extra"]["cache"].startswith("cache-resident: footprint 2 MiB < 4 × the L3 8 MiB")
+    # No listed size was well beyond the cache: a 128 MiB copy (footprint 256 MiB ≥ 4 × 8 MiB) was added.
+    assert dram["params"]["bytes"] == 128 << 20 and dram["bound"] == "memory" and dram["efficiency"] is not None
+    assert out.metrics["memory_copy_gbps"] == pytest.approx(dram["achieved"]["bytes_per_s"] / 1e9)
+    assert "in cache, not held to the memory peak: copy 1 MiB" in out.message
+
+
+def test_a_faster_dram_copy_lifts_a_disturbed_reference(tmp_path: Any) -> None:
+    from adaptcheck.perf.caches import LastLevelCache
+    from adaptcheck.steps.perf.common import LLC_KEY, MEMORY_REFERENCE_KEY
+    from adaptcheck.steps.perf.micro import MemoryBandwidthCheck, MemoryParams
+
+    ctx = _ctx(tmp_path)
+    ctx.scratch[LLC_KEY] = LastLevelCache(level=3, total_bytes=1 << 20, instances=1, source="test")
+    ctx.scratch[MEMORY_REFERENCE_KEY] = (1e6, "a reference measured while the host was busy")  # 1 MB/s
+    out = MemoryBandwidthCheck().run(ctx, MemoryParams(sizes_mib=[8.0], budget_s=0, min_reps=3, max_reps=3))
+    row = out.details["rows"][0]
+    best = row["bytes"] / row["time_s"]["min"]
+    assert out.status.value == "pass" and row["efficiency"] <= 1.0
+    assert out.details["peak"]["memory_bw"] == pytest.approx(best)
+    assert ctx.scratch[MEMORY_REFERENCE_KEY][0] == pytest.approx(best)  # later checks use it too
+    assert "lifted from 1 MB/s" in out.details["peak"]["derivation"][-1]
+
+
+def test_above_the_peak_is_flagged_and_beyond_noise_is_an_error(tmp_path: Any) -> None:
+    from adaptcheck.steps.perf.common import verdict
+
+    flops = 1e9  # PEAK fp32 = 1e11 FLOP/s: 10 ms per call is 100 %
+    noisy = summarize([0.0098, 0.0085, 0.0099, 0.0120, 0.0097, 0.0130, 0.0099, 0.0125])  # median 9.9 ms: 101 %
+    row = make_row("g", "fp32", {}, flops, 1.0, noisy, PEAK)
+    assert row["efficiency"] > 1.0
+    out = verdict(_ctx(tmp_path), "gemm", [row], PEAK, {})
+    assert out.status.value == "pass" and "above 100 % of the peak within timing noise: g fp32" in out.message
+    assert out.details["above_peak"] == ["g fp32"] and "understates" in row["extra"]["above_peak"]
+    tight = summarize([0.0080, 0.0081, 0.0079, 0.0080, 0.0080, 0.0082, 0.0080, 0.0081])  # 125 %, CI within 1 %
+    out = verdict(_ctx(tmp_path), "gemm", [make_row("g", "fp32", {}, flops, 1.0, tight, PEAK)], PEAK, {})
+    assert out.status.value == "error" and "ran at 125% of the test peak" in out.message
+
+
+def test_median_ci_ranks_and_coverage() -> None:
+    import random
+
+    from adaptcheck.perf.timing import median_ci
+
+    assert median_ci([float(i) for i in range(1, 21)])[:2] == (6.0, 15.0)  # the textbook n = 20 ranks
+    assert median_ci([float(i) for i in range(1, 101)])[:2] == (40.0, 61.0)
+    lo, hi, coverage = median_ci([1.0, 2.0, 3.0])
+    assert (lo, hi) == (1.0, 3.0) and coverage == pytest.approx(0.75)  # too few samples: [min, max], said so
+    rng = random.Random(14)
+    hits, trials = 0, 3000
+    for _ in range(trials):  # right-skewed timings: lognormal, true median exactly 1
+        lo, hi, coverage = median_ci(sorted(rng.lognormvariate(0.0, 0.5) for _ in range(15)))
+        hits += lo <= 1.0 <= hi
+    assert coverage >= 0.95 and hits / trials > 0.94
+
+
+def test_sampling_stops_once_the_median_is_settled_and_says_when_it_is_not() -> None:
+    import time
+
+    from adaptcheck.perf.timing import time_callable
+
+    began = time.perf_counter()
+    loose = time_callable(lambda: None, CPU, min_reps=3, max_reps=1000, budget_s=5.0, ci_target=10.0)
+    assert loose.n == 6 and loose.settled and time.perf_counter() - began < 2.0  # 6: first n with a 95 % CI
+    strict = time_callable(lambda: None, CPU, min_reps=3, max_reps=40, budget_s=5.0, ci_target=1e-12)
+    assert strict.n == 40 and not strict.settled and any("not settled" in n for n in strict.notes)
+    assert strict.as_dict()["settled"] is False and strict.as_dict()["ci_target"] == 1e-12

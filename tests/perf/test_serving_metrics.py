@@ -67,8 +67,8 @@ def test_run_summary_matches_the_hand_computed_figures() -> None:
     check_summary(s)
     assert list(s) == ["completed", "failed", "error_rate", "errors", "duration_s", "request_throughput",
                        "output_throughput", "total_input_tokens", "total_output_tokens", "token_source",
-                       "token_mismatches", "ttft_ms", "tpot_ms", "itl_ms", "itl_per_token_ms", "e2el_ms", "queue_ms",
-                       "goodput", "slo_attainment", "chunks_per_token"]
+                       "token_mismatches", "ttft_ms", "tpot_ms", "itl_ms", "itl_per_token_ms", "itl_basis", "e2el_ms",
+                       "queue_ms", "goodput", "slo_attainment", "chunks_per_token"]
     assert list(s["ttft_ms"]) == list(sm.STAT_KEYS)
 
 
@@ -178,7 +178,7 @@ def test_records_round_trip_as_json_lines() -> None:
     assert set(records()[0].to_dict()) == {
         "level", "run", "index", "warmup", "scheduled_s", "sent_s", "ttft_s", "e2el_s", "itl_s", "chunk_tokens",
         "input_tokens", "output_tokens", "token_source", "usage_tokens", "tokenizer_tokens", "error",
-        "finish_reason"}
+        "finish_reason", "max_tokens", "input_tokens_sent", "itl_basis"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")

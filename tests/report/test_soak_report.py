@@ -90,7 +90,7 @@ def test_a_passing_soak_shows_fit_sparklines_and_facts() -> None:
     assert s.status.key == "pass" and s.bound == "10 MiB/min" and s.block == "soak-perf.soak"
     (row,) = s.fits
     assert (row.label, row.verdict.label) == ("server RSS", "within bound")
-    assert row.slope.startswith("+0.5 ± ") and row.slope.endswith("MiB/min") and row.r2 == "1"
+    assert row.slope.startswith("+0.5 [+0.5, +0.5]") and row.slope.endswith("MiB/min") and row.r2 == "1"
     assert row.growth_hour == "+30 MiB" and row.reason == ""
     assert [sp.key for sp in s.sparks] == ["server_rss_mib", "cpu_utilization_pct", "cpu_frequency_mhz"]
     assert ("completed", "300") in [(f.label, f.value) for f in s.requests]
@@ -103,7 +103,7 @@ def test_a_passing_soak_shows_fit_sparklines_and_facts() -> None:
 def test_a_failing_soak_marks_the_series_over_bound() -> None:
     s = only(perf([soak_check(120.0, status=Status.FAIL, message="server RSS grows")]))
     (row,) = s.fits
-    assert row.verdict.key == "fail" and row.slope.startswith("+120 ± ")
+    assert row.verdict.key == "fail" and row.slope.startswith("+120 [+120, +120]")
     page = render(build_view(make_results(steps=[1, 2, 3, 4, 5], checks=[soak_check(120.0, status=Status.FAIL)])))
     block = page[page.index('id="soak-perf.soak"'):]
     assert 'class="num over-bound">+120' in block

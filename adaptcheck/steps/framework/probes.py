@@ -132,20 +132,47 @@ def _strip_eos(g: Generation, eos: set[int]) -> Generation:
     return g
 
 
-def _usage_row(name: str, gens: list[Generation], eos: set[int]) -> Row:
-    """usage.completion_tokens must equal the tokens actually returned (EOS counted as the framework lists it)."""
+def _usage_row(name: str, gens: list[Generation], eos: set[int], *, required: bool = False,
+               max_tokens: list[int] | None = None) -> Row:
+    """usage.completion_tokens must equal the tokens actually returned (EOS counted as the framework lists it).
+
+    Without token ids the count is held to what is certain: never more than ``max_tokens``,
+    exactly ``max_tokens`` when the answer says ``finish_reason: length``. ``required``
+    (an OpenAI-compatible server): an answer without usage fails the row — the OpenAI API
+    reports ``usage`` in every non-streamed answer and, with ``stream_options.include_usage``
+    (which the client sends), in the last event of a stream; billing, rate limits and
+    step 5's load accounting read it (docs/perf.md "Served lengths").
+    """
     bad = []
+    missing = [i for i, g in enumerate(gens) if g.completion_tokens is None]
     checked = 0
     for i, g in enumerate(gens):
-        if g.completion_tokens is None or g.token_ids is None:
+        if g.completion_tokens is None:
             continue
-        checked += 1
-        n = len(g.token_ids)
-        if g.completion_tokens not in (n, n - 1 if g.token_ids and g.token_ids[-1] in eos else n):
-            bad.append(f"request {i}: usage says {g.completion_tokens}, {n} tokens returned")
-    if not checked:
-        return _row(name, None, "the framework reports no usage with token ids")
+        if g.token_ids is not None:
+            checked += 1
+            n = len(g.token_ids)
+            if g.completion_tokens not in (n, n - 1 if g.token_ids and g.token_ids[-1] in eos else n):
+                bad.append(f"request {i}: usage says {g.completion_tokens}, {n} tokens returned")
+        elif max_tokens is not None:
+            checked += 1
+            want = max_tokens[i]
+            if g.completion_tokens > want or (g.finish_reason == "length" and g.completion_tokens != want):
+                bad.append(f"request {i}: usage says {g.completion_tokens} for max_tokens={want} "
+                           f"(finish {g.finish_reason!r})")
+    if required and missing:
+        stream = " (streamed, with stream_options.include_usage)" if gens[missing[0]].extra.get("stream") else ""
+        bad.insert(0, f"{len(missing)}/{len(gens)} answers carry no usage{stream}: the OpenAI API reports "
+                      "usage.completion_tokens and prompt_tokens, and load accounting relies on them")
+    if not checked and not bad:
+        why = "no usage" if missing else "usage without token ids or lengths to hold it to"
+        return _row(name, None, f"the framework reports {why}")
     return _row(name, not bad, "; ".join(bad) or f"{checked} answers: usage matches the tokens returned")
+
+
+def _speaks_openai(fw: Framework) -> bool:
+    """The framework is an OpenAI-compatible HTTP server, whose answers must carry usage."""
+    return bool(getattr(fw, "openai_api", False))
 
 
 def _tie_margin(value: float | None, dtype: str) -> float:
@@ -194,7 +221,8 @@ def single_request(ctx: CheckContext, active: Active, p: SingleRequestParams) ->
             row.update(ok=False, detail=row["detail"] + f"; usage.prompt_tokens {g.prompt_tokens} != {want} "
                        "from the model's tokenizer")
     rows.append(row)
-    rows.append(_usage_row("usage counts", [*by_len.values(), g], eos))
+    rows.append(_usage_row("usage counts", [*by_len.values(), g], eos, required=_speaks_openai(fw),
+                           max_tokens=[*by_len, p.long_max_tokens]))
     rows.append(_stop_row(active))
     rows.extend(_eos_rows(active))
     return _verdict(rows, "single requests", metrics={"requests": len(by_len) + len(tiny) + 4})
@@ -395,7 +423,8 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
     cmp = compare([_strip_eos(g, eos) for g in alone], [_strip_eos(g, eos) for g in together],
                   mode="near_tie", top_n=p.top_n, tie_margin=margin, codec=tok.codec())
     rows = [_row(f"alone vs in a batch of {len(reqs)}", cmp.ok, cmp.summary())]
-    rows.append(_usage_row("usage counts in the batch", together, eos))
+    rows.append(_usage_row("usage counts in the batch", together, eos, required=_speaks_openai(fw),
+                           max_tokens=[r.max_tokens for r in reqs]))
     metrics: dict[str, Any] = {**cmp.metrics(), "batch": len(reqs), "tie_margin": margin}
     tf_row, distribution = _scored_alone_vs_batched(ctx, active, tok)
     rows.append(tf_row)
@@ -404,7 +433,8 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
         diff = [f"request {i}: {a.text!r} vs streamed {b.text!r}" for i, (a, b) in enumerate(zip(together, streamed))
                 if a.text != b.text]
         rows.append(_row("stream vs non-stream", not diff, "; ".join(diff[:2]) or f"{len(reqs)} streamed answers identical"))
-        rows.append(_usage_row("usage counts when streaming", streamed, eos))
+        rows.append(_usage_row("usage counts when streaming", streamed, eos, required=_speaks_openai(fw),
+                               max_tokens=[r.max_tokens for r in reqs]))
     elif p.stream:
         rows.append(_row("stream vs non-stream", None, f"{fw.display_name} has no streaming API"))
     return _verdict(rows, "batch consistency", metrics=metrics,

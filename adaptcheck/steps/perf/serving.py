@@ -4,34 +4,61 @@ One ladder check per scenario (single short, single long, concurrent short, conc
 mixed lengths, stability — their sizes are ladder data). The check takes the framework
 step 4 loaded with the same load options (``vllm_serve`` by default; also
 ``transformers_serve``, or ``endpoint`` for ``--endpoint``), so a launched server is reused,
-not restarted; drives it with :mod:`adaptcheck.perf.loadgen` at every level, ``repeats``
-times; writes every request to ``<run_dir>/perf/serving/<scenario>.jsonl``; and returns
-the outcome in the shape ``docs/perf.md`` fixes.
+not restarted; drives it with :mod:`adaptcheck.perf.loadgen` at every level, from
+``min_runs`` to ``max_runs`` times (adaptive: :mod:`adaptcheck.perf.stability` decides after
+each run whether the run-to-run dispersion is settled); samples the host during every run
+(:mod:`adaptcheck.perf.hostnoise`: a run disturbed from outside is kept in the records,
+marked, left out of the statistics and repeated); writes every request to
+``<run_dir>/perf/serving/<scenario>.jsonl``; and returns the outcome in the shape
+``docs/perf.md`` fixes.
 
-Status (docs/perf.md): ``pass`` when every run finished with an error rate ≤
-``max_error_rate`` and the run-to-run spread of the median TTFT, median TPOT and output
-tok/s is ≤ ``max_spread`` at every level (the bound L4 asks for); ``fail`` naming the
-level, the metric and by how much otherwise, or when a run had to stop (server dead or
-hung: its requests are counted as errors); ``skip`` (not applicable) without a server;
-``error`` when nothing could be measured at all.
+Status (docs/perf.md, "Run-to-run stability"): ``fail`` when a run's error rate exceeds
+``max_error_rate``, a level's run-to-run CV of the median TTFT, median TPOT or output tok/s
+is significantly above ``max_cv`` (its lower confidence bound is), a per-request latency
+drifts within a run significantly beyond ``max_drift``, the served load was not the load
+asked for, or a run had to stop (server dead or hung); ``error`` when nothing could be
+measured, or when the host stayed too noisy to collect ``min_runs`` undisturbed runs at a
+level (never a pass, never the server's fail); ``pass`` otherwise — with every level's
+interval recorded, "not significant" where the runs could not settle it; ``skip`` (not
+applicable) without a server.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
+from adaptcheck.perf.hostnoise import HostLimits, HostSampler
+from adaptcheck.perf.load_audit import workload_facts
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
 from adaptcheck.perf.monitors import client_verdict, local_server_pid, tree_rss_mib
-from adaptcheck.perf.serving_metrics import level_summary
-from adaptcheck.perf.workload import PromptFactory, Shape, Workload
+from adaptcheck.perf.serving_metrics import SPREAD_METRICS as HEADLINE
+from adaptcheck.perf.serving_metrics import (
+    distributions,
+    median_summary,
+    spread,
+    tpot_s,
+)
+from adaptcheck.perf.stability import (
+    DEFAULT_CONFIDENCE,
+    Decision,
+    Dispersion,
+    Rule,
+    decide,
+    describe,
+    drift,
+)
+from adaptcheck.perf.workload import Shape, Workload, prompt_factory
 from adaptcheck.steps.framework.params import FrameworkParams
 from adaptcheck.steps.framework.probes import local_tokenizer
 from adaptcheck.steps.framework.session import (
@@ -89,6 +116,26 @@ class ServerParams(FrameworkParams):
 P = TypeVar("P", bound=ServerParams)
 
 
+class HostParams(BaseModel):
+    """When a run counts as disturbed from outside (see :class:`adaptcheck.perf.hostnoise.HostLimits`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_other_cores: float = Field(default=HostLimits.max_other_cores, gt=0, description="Cores used on average "
+                                   "during a run by processes other than adaptcheck and the server.")
+    max_steal_fraction: float = Field(default=HostLimits.max_steal_fraction, gt=0, le=1, description="Share of "
+                                      "the machine's CPU time the hypervisor stole during a run.")
+
+    def limits(self) -> HostLimits:
+        return HostLimits(max_steal_fraction=self.max_steal_fraction, max_other_cores=self.max_other_cores)
+
+
+REPLACED_PARAMS = {"max_spread": "max_cv, the run-to-run coefficient of variation bounded with a confidence "
+                                 "interval (about max_spread / 2)",
+                   "repeats": "min_runs and max_runs (runs are added until the stability verdict is settled)"}
+"""Params of the min-max spread verdict, refused with what replaces them."""
+
+
 class ServingParams(ServerParams):
     """``perf.serving``: one scenario of the serving baseline."""
 
@@ -111,9 +158,22 @@ class ServingParams(ServerParams):
                                      "requests start until then and are waited for.")
     warmup_requests: int | None = Field(default=None, ge=0, description="Requests before each measured run, "
                                         "left out of the figures (default: one per in-flight slot, 2 to 16).")
-    repeats: int = Field(default=3, ge=2, description="Measured runs per level; their spread is what is bounded.")
-    max_spread: float = Field(default=0.15, gt=0, description="Largest (max-min)/median over the runs of median "
-                              "TTFT, median TPOT and output tok/s.")
+    min_runs: int = Field(default=3, ge=2, description="Measured runs per level before the stability rule is "
+                          "applied (always measured, whatever the budget).")
+    max_runs: int = Field(default=6, ge=2, description="Most measured runs per level: runs are added while the "
+                          "run-to-run dispersion is undecided, up to this many (and within budget_s).")
+    max_cv: float = Field(default=0.15, gt=0, description="Largest run-to-run coefficient of variation of the "
+                          "median TTFT, median TPOT and output tok/s at a level; fails only when significantly "
+                          "above (docs/perf.md, Run-to-run stability).")
+    confidence: float = Field(default=DEFAULT_CONFIDENCE, gt=0.5, lt=1, description="One-sided confidence of the "
+                              "bounds of the run-to-run CV and of the drift.")
+    budget_s: float = Field(default=120.0, gt=0, description="Time the scenario's runs may take (s): a run beyond "
+                            "min_runs is added only when it is expected to end within the level's share of it.")
+    max_drift: float = Field(default=0.2, gt=0, description="Largest slow-down of per-request TTFT or TPOT from "
+                             "the start to the end of a run; fails only when significantly above.")
+    max_disturbed_runs: int = Field(default=3, ge=0, description="Runs per level disturbed from outside (host "
+                                    "noise) that are repeated; one more and the host is too noisy to certify.")
+    host: HostParams = Field(default_factory=lambda: HostParams(), description="What counts as a disturbed run.")
     max_error_rate: float = Field(default=0.0, ge=0, le=1, description="Largest fraction of failed requests in a run.")
     slo: Slo | None = Field(default=None, description="SLOs for goodput (reported, not a pass condition).")
     request_timeout_s: float = Field(default=60.0, gt=0, description="Longest one request may take.")
@@ -121,8 +181,19 @@ class ServingParams(ServerParams):
                                         "requests are then cancelled and counted as failed); default: duration_s + "
                                         "request_timeout_s, or request_timeout_s per wave of requests.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, now in REPLACED_PARAMS.items():
+                if key in data:
+                    raise ValueError(f"{key} was replaced by {now} (see docs/perf.md, Run-to-run stability)")
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> ServingParams:
+        if self.max_runs < self.min_runs:
+            raise ValueError(f"max_runs ({self.max_runs}) must be ≥ min_runs ({self.min_runs})")
         if self.mixed is not None and (self.input_tokens is not None or self.output_tokens is not None):
             raise ValueError("give mixed, or input_tokens/output_tokens, not both")
         if self.num_requests is not None and self.duration_s is not None:
@@ -151,6 +222,9 @@ class ServingParams(ServerParams):
             return self.warmup_requests
         return min(16, max(2, math.ceil(max(self.levels))))
 
+    def rule(self) -> Rule:
+        return Rule(max_cv=self.max_cv, min_runs=self.min_runs, max_runs=self.max_runs, confidence=self.confidence)
+
     def run_config(self, level: float, arrival_seed: int) -> RunConfig:
         return RunConfig(arrival=self.arrival, level=level,
                          num_requests=int(level) if self.arrival == "burst" else self.num_requests,
@@ -165,7 +239,7 @@ class ServingCheck(Check):
     kind = "perf.serving"
     step = 5
     description = ("Serving scenario: TTFT/TPOT/ITL/E2EL, throughput, goodput and errors at each level, "
-                   "repeated; the run-to-run spread is bounded.")
+                   "repeated until the run-to-run CV is settled; significant instability or drift fails.")
     params_model = ServingParams
 
     def run(self, ctx: CheckContext, params: ServingParams) -> Outcome:
@@ -223,8 +297,8 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
                                "transformers_serve or endpoint", applicable=False)
     tokenizer = served_tokenizer(active)
     seed = ctx.seed_for(ctx.check_id or params.scenario)
-    workload = Workload(params.shapes(), PromptFactory(tokenizer), seed=seed)
     client = getattr(fw, "client", None)
+    workload = Workload(params.shapes(), prompt_factory(url, tokenizer, getattr(client, "model", None)), seed=seed)
     gen = LoadGenerator(url, workload, model=getattr(client, "model", None), tokenizer=tokenizer,
                         rejected_fields=set(getattr(client, "rejected_fields", set())))
     server = getattr(fw, "server", None)
@@ -234,46 +308,183 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("")
     rss_before = tree_rss_mib(pid) if pid else None
-    by_level: list[tuple[float, list[RunResult]]] = []
-    stopped: str | None = None
-    total_runs = len(params.levels) * params.repeats
-    for li, level in enumerate(params.levels):
-        runs: list[RunResult] = []
-        by_level.append((level, runs))
-        for r in range(params.repeats):
-            done_runs = li * params.repeats + r
-            ctx.progress(done_runs, total_runs, "runs", note=f"{params.arrival} {level:g}, run {r + 1}/{params.repeats}")
-            result = gen.run(params.run_config(level, ctx.seed_for(f"{ctx.check_id}:arrival:{level:g}")),
-                             level_index=li, run=r)
-            runs.append(result)
-            with path.open("a", encoding="utf-8") as f:  # written as it goes: a killed check keeps its records
-                f.writelines(json.dumps(rec.to_dict()) + "\n" for rec in result.records)
-            if result.aborted:
-                stopped = f"level {level:g} run {r + 1}: {result.aborted}"
-                break
-        if stopped:
-            break
+    measured = _measure(ctx, params, gen, path, own_pids=[os.getpid(), *([pid] if pid else [])])
     rss_after = tree_rss_mib(pid) if pid else None
     slo = params.slo.model_dump() if params.slo else None
-    levels = [level_summary(level, [(res.records, res.duration_s) for res in runs], slo=slo)
-              for level, runs in by_level]
+    levels = [_level_entry(lv, params, slo) for lv in measured.levels]
+    by_level = [(lv.level, lv.runs) for lv in measured.levels]
     kv = [res.kv_cache_peak for _, runs in by_level for res in runs if res.kv_cache_peak is not None]
     details: dict[str, Any] = {
         "scenario": {"name": params.scenario, "arrival": params.arrival, "levels": params.levels,
                      "input_tokens": params.input_tokens, "output_tokens": params.output_tokens,
                      "mixed": [m.model_dump() for m in params.mixed] if params.mixed else None,
                      "num_requests": params.num_requests, "duration_s": params.duration_s,
-                     "warmup_requests": params.warmups(), "repeats": params.repeats,
-                     "max_spread": params.max_spread, "slo": slo},
+                     "warmup_requests": params.warmups(), "min_runs": params.min_runs,
+                     "max_runs": params.max_runs, "max_cv": params.max_cv, "confidence": params.confidence,
+                     "budget_s": params.budget_s, "max_drift": params.max_drift,
+                     "max_disturbed_runs": params.max_disturbed_runs, "host": params.host.model_dump(),
+                     "slo": slo},
         "server": framework_facts(active),
         "levels": levels,
         "records_file": rel.as_posix(),
         "client": _client(by_level, levels),
         "server_memory": {"rss_mib_before": rss_before, "rss_mib_after": rss_after,
                           "kv_cache_usage": max(kv) if kv else None},
-        "workload": _workload_facts(by_level, gen, tokenizer),
+        "workload": workload_facts(by_level, gen),
     }
-    return _verdict(params, levels, details, stopped)
+    return _verdict(params, levels, details, measured.stopped, measured.noisy)
+
+
+@dataclass
+class _Level:
+    """Every run of one level, as measured: disturbed ones included (and marked)."""
+
+    level: float
+    runs: list[RunResult] = field(default_factory=list)
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    disturbed: list[str | None] = field(default_factory=list)
+    """Per run: why the host disturbed it, or None (a run the statistics use)."""
+    walls: list[float] = field(default_factory=list)
+    """Per run: wall time including warm-up (what another run will cost)."""
+    decision: Decision | None = None
+    stop: str = ""
+    """Why no further run was measured: stable | unstable | max_runs | budget | host_noise | stopped."""
+
+    @property
+    def kept(self) -> list[RunResult]:
+        return [r for r, d in zip(self.runs, self.disturbed, strict=True) if d is None]
+
+    def values(self) -> dict[str, list[float]]:
+        """Each headline metric over the undisturbed runs."""
+        out: dict[str, list[float]] = {}
+        for key, path in HEADLINE.items():
+            vals = [v for res in self.kept if (v := _at(res.summary(), path)) is not None]
+            out[key] = vals
+        return out
+
+
+@dataclass
+class _Measured:
+    levels: list[_Level]
+    stopped: str | None = None
+    """A run had to stop (server dead or hung): where and why."""
+    noisy: str | None = None
+    """The host stayed too noisy at a level: the figures."""
+
+
+def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path: Path, *,
+             own_pids: list[int]) -> _Measured:
+    """Run every level until its stability rule is settled, its runs or its share of the budget
+    run out, the host proves too noisy, or a run has to stop."""
+    rule, limits = params.rule(), params.host.limits()
+    out = _Measured([])
+    start = time.monotonic()
+    for li, level in enumerate(params.levels):
+        lv = _Level(level)
+        out.levels.append(lv)
+        cfg = params.run_config(level, ctx.seed_for(f"{ctx.check_id}:arrival:{level:g}"))
+        # A level's share of the budget, what earlier levels left unspent included.
+        share_end = start + params.budget_s * (li + 1) / len(params.levels)
+        while True:
+            kept = len(lv.kept)
+            ctx.progress(li * params.min_runs + min(kept, params.min_runs), len(params.levels) * params.min_runs,
+                         "runs", note=f"{params.arrival} {level:g}, run {len(lv.runs) + 1} "
+                         f"({kept} kept; {params.min_runs}-{params.max_runs})")
+            sampler = HostSampler(own_pids)
+            sampler.start()
+            t0 = time.monotonic()
+            try:
+                result = gen.run(cfg, level_index=li, run=len(lv.runs))
+            finally:
+                host = sampler.stop()
+            lv.walls.append(time.monotonic() - t0)
+            reason = host.disturbed(limits)
+            lv.runs.append(result)
+            lv.hosts.append(host.to_dict())
+            lv.disturbed.append(reason)
+            with path.open("a", encoding="utf-8") as f:  # written as it goes: a killed check keeps its records
+                f.writelines(json.dumps(rec.to_dict()) + "\n" for rec in result.records)
+            if result.aborted:
+                lv.stop = "stopped"
+                out.stopped = f"level {level:g} run {len(lv.runs)}: {result.aborted}"
+                return out
+            if reason is not None:
+                if sum(d is not None for d in lv.disturbed) <= params.max_disturbed_runs:
+                    continue  # repeated: the disturbed run says nothing about the server
+                lv.stop = "host_noise"
+                if len(lv.kept) < params.min_runs:
+                    out.noisy = _noisy(lv, params, limits)
+                    return out
+                break  # enough undisturbed runs for a verdict: stop adding more
+            lv.decision = decide(lv.values(), rule)
+            n = len(lv.kept)
+            if lv.decision.decided:
+                lv.stop = lv.decision.verdict
+                break
+            if n < params.min_runs:
+                continue
+            if n >= params.max_runs:
+                lv.stop = "max_runs"
+                break
+            if time.monotonic() + statistics.fmean(lv.walls) > share_end:
+                lv.stop = "budget"
+                break
+    return out
+
+
+def _noisy(lv: _Level, params: ServingParams, limits: HostLimits) -> str:
+    """The 'host too noisy' message: which level, how many runs, the figures, what to do."""
+    reasons = [d for d in lv.disturbed if d is not None]
+    other = [h["other_cores"] for h, d in zip(lv.hosts, lv.disturbed, strict=True)
+             if d is not None and h.get("other_cores") is not None]
+    figures = f"other processes used {min(other):.2f}-{max(other):.2f} cores" if other else reasons[-1]
+    return (f"host too noisy to certify L4: level {lv.level:g}: {len(reasons)} of {len(lv.runs)} runs disturbed "
+            f"({figures}; last: {reasons[-1]}); only {len(lv.kept)} undisturbed run(s), {params.min_runs} needed; "
+            "stop other work on this machine (or move the check to a machine no other job shares) and run again")
+
+
+def _level_entry(lv: _Level, params: ServingParams, slo: dict[str, Any] | None) -> dict[str, Any]:
+    """One level of the outcome: every run (disturbed ones marked), medians, spread and distributions
+    over the undisturbed runs, the stability decision and the within-run drift."""
+    summaries = [res.summary(slo) for res in lv.runs]
+    kept = [s for s, d in zip(summaries, lv.disturbed, strict=True) if d is None]
+    base = kept or summaries  # a level of disturbed runs only (host too noisy): shown, not judged
+    entry: dict[str, Any] = {
+        "level": lv.level, "runs": summaries, "median": median_summary(base), "spread": spread(base),
+        "distributions": distributions([r for res in (lv.kept or lv.runs) for r in res.records]),
+    }
+    for s, d, h in zip(summaries, lv.disturbed, lv.hosts, strict=True):
+        s["disturbed"], s["host"] = d, h
+    values = lv.values()
+    decision = lv.decision or decide(values, params.rule())
+    entry["stability"] = {
+        "verdict": decision.verdict if decision.verdict != "too_few" else "undecided",
+        "decided": decision.decided, "runs": len(lv.kept), "disturbed_runs": len(lv.runs) - len(lv.kept),
+        "stop": lv.stop, "bound": params.max_cv, "confidence": params.confidence, "worst": decision.worst,
+        "metrics": {k: {**d.to_dict(), "verdict": d.verdict(params.max_cv), "values": values[k]}
+                    for k, d in decision.metrics.items()},
+    }
+    entry["drift"] = _drift(lv, params)
+    return entry
+
+
+def _drift(lv: _Level, params: ServingParams) -> dict[str, Any]:
+    """Per-request TTFT and TPOT against the request's place in its run, pooled over the undisturbed runs."""
+    out: dict[str, Any] = {}
+    for key, value in (("ttft_ms", lambda r: r.ttft_s), ("tpot_ms", tpot_s)):
+        runs = [[(r.sent_s, v) for r in res.measured if r.ok and r.sent_s is not None and (v := value(r)) is not None]
+                for res in lv.kept]
+        d = drift(runs, params.confidence)
+        out[key] = None if d is None else {**d.to_dict(), "bound": params.max_drift,
+                                           "significant": d.lo > params.max_drift}
+    return out
+
+
+def _at(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = summary
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _client(by_level: list[tuple[float, list[RunResult]]], levels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -302,22 +513,8 @@ def _client(by_level: list[tuple[float, list[RunResult]]], levels: list[dict[str
     return top
 
 
-def _workload_facts(by_level: list[tuple[float, list[RunResult]]], gen: LoadGenerator, tokenizer: Any) -> dict[str, Any]:
-    """Whether the lengths asked for are the lengths that were served."""
-    done = [r for _, runs in by_level for res in runs for r in res.measured if r.ok]
-    # A request's shape depends on its index only, so what was asked is known from the record.
-    short = sum(1 for r in done if (r.output_tokens or 0) < gen.workload.shape(r.index).output_tokens)
-    off = sum(1 for r in done if r.input_tokens != gen.workload.shape(r.index).input_tokens)
-    ignore_eos = ("emulated (generation_config min_new_tokens)" if "ignore_eos" in gen.rejected_fields
-                  and "generation_config" not in gen.rejected_fields else
-                  "not accepted" if "ignore_eos" in gen.rejected_fields else "native")
-    return {"ignore_eos": ignore_eos, "short_outputs": short, "input_length_off": off, "completed": len(done),
-            "prompt_lengths": "exact (local tokenizer)" if tokenizer is not None else "approximate (no local tokenizer)",
-            "rejected_fields": sorted(gen.rejected_fields)}
-
-
 def _verdict(params: ServingParams, levels: list[dict[str, Any]], details: dict[str, Any],
-             stopped: str | None) -> Outcome:
+             stopped: str | None, noisy: str | None = None) -> Outcome:
     name = params.scenario
     runs = [run for lv in levels for run in lv["runs"]]
     metrics = _metrics(levels, details)
@@ -330,25 +527,52 @@ def _verdict(params: ServingParams, levels: list[dict[str, Any]], details: dict[
         at = f"level {lv['level']:g}"
         for i, run in enumerate(lv["runs"], 1):
             rate = run["error_rate"]
-            if rate is not None and rate > params.max_error_rate:
+            # A disturbed run is not the server's evidence (its timeouts may be the host's).
+            if run.get("disturbed") is None and rate is not None and rate > params.max_error_rate:
                 top = next(iter(run["errors"]), "")
                 problems.append(f"{at} run {i}: error rate {rate:.0%} > {params.max_error_rate:.0%} ({top})")
-        for key, value in lv["spread"].items():
-            if value is not None and value > params.max_spread:
-                problems.append(f"{at}: spread of {key} {value:.0%} > {params.max_spread:.0%}")
+        stab = lv["stability"]
+        for key, m in stab["metrics"].items():
+            if m["verdict"] == "unstable":
+                problems.append(f"{at}: {describe(key, Dispersion(m['n'], m['cv'], m['lo'], m['hi']))} "
+                                f"> bound {params.max_cv:.0%}")
+        for key, d in lv["drift"].items():
+            if d is not None and d["significant"]:
+                problems.append(f"{at}: {DRIFT_NAMES[key]} drifts {d['drift']:+.0%} [{d['lo']:+.0%}, {d['hi']:+.0%}] "
+                                f"over a run > bound {params.max_drift:.0%}")
+    problems += details["workload"].get("problems", [])
     warning = details["client"]["warning"]
     if problems:
         more = f" (+{len(problems) - 2} more)" if len(problems) > 2 else ""
         return Outcome.failed(f"{name}: " + "; ".join(problems[:2]) + more
                               + (f"; WARNING {warning}" if warning else ""), details=details, metrics=metrics)
+    if noisy:
+        return Outcome.errored(f"{name}: {noisy}", details=details, metrics=metrics)
     top = levels[-1]["median"]
-    spreads = [v for lv in levels for v in lv["spread"].values() if v is not None]
+    kept = sum(lv["stability"]["runs"] for lv in levels)
+    disturbed = sum(lv["stability"]["disturbed_runs"] for lv in levels)
     return Outcome.passed(
-        f"{name}: {len(levels)} level(s) x {params.repeats} runs; at {params.arrival} {levels[-1]['level']:g}: "
-        f"TTFT p50 {_fmt(top['ttft_ms']['median'])} ms, TPOT p50 {_fmt(top['tpot_ms']['median'])} ms, "
-        f"{_fmt(top['output_throughput'])} tok/s; largest spread {max(spreads, default=0):.0%} "
-        f"(bound {params.max_spread:.0%})" + (f"; WARNING {warning}" if warning else ""),
+        f"{name}: {len(levels)} level(s), {kept} runs" + (f" (+{disturbed} disturbed, repeated)" if disturbed else "")
+        + f"; at {params.arrival} {levels[-1]['level']:g}: TTFT p50 {_fmt(top['ttft_ms']['median'])} ms, "
+        f"TPOT p50 {_fmt(top['tpot_ms']['median'])} ms, {_fmt(top['output_throughput'])} tok/s; "
+        + _stability_line(levels, params) + (f"; WARNING {warning}" if warning else ""),
         details=details, metrics=metrics)
+
+
+DRIFT_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT"}
+
+
+def _stability_line(levels: list[dict[str, Any]], params: ServingParams) -> str:
+    """A passing scenario's stability in a few words: settled, or the widest interval left open."""
+    open_ = [(lv, key, m) for lv in levels for key, m in lv["stability"]["metrics"].items()
+             if m["verdict"] != "stable"]
+    if not open_:
+        worst = max((m["hi"] for lv in levels for m in lv["stability"]["metrics"].values()), default=0.0)
+        return f"run-to-run CV within {params.max_cv:.0%} at every level (upper bounds ≤ {worst:.0%})"
+    lv, key, m = max(open_, key=lambda x: x[2]["cv"])
+    return (f"run-to-run CV not significant vs bound {params.max_cv:.0%} at {len({id(x[0]) for x in open_})} "
+            f"level(s), largest level {lv['level']:g}: "
+            f"{describe(key, Dispersion(m['n'], m['cv'], m['lo'], m['hi']))} after {m['n']} runs")
 
 
 def _fmt(value: float | None) -> str:
@@ -365,7 +589,9 @@ def _metrics(levels: list[dict[str, Any]], details: dict[str, Any]) -> dict[str,
         "itl_ms_median": top["itl_ms"]["median"], "e2el_ms_median": top["e2el_ms"]["median"],
         "ttft_ms_p99": top["ttft_ms"]["p99"], "output_tok_per_s": top["output_throughput"],
         "request_per_s": top["request_throughput"], "error_rate": top["error_rate"], "goodput": top["goodput"],
-        "max_spread": max((v for lv in levels for v in lv["spread"].values() if v is not None), default=None),
+        "max_cv": max((m["cv"] for lv in levels for m in lv["stability"]["metrics"].values()), default=None),
+        "max_cv_upper": max((m["hi"] for lv in levels for m in lv["stability"]["metrics"].values()), default=None),
+        "disturbed_runs": sum(lv["stability"]["disturbed_runs"] for lv in levels),
         "client_cpu_percent": details["client"]["cpu_percent"],
         "client_overhead_us_per_token": details["client"]["overhead_us_per_token"],
     }

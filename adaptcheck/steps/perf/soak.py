@@ -10,14 +10,18 @@ telemetry (:mod:`adaptcheck.perf.telemetry`). Every request is written to
 
 Status (docs/perf.md, "Soak"): ``pass`` only when no request failed (``max_error_rate``,
 default 0) and the least-squares memory trend after ``warmup_s``
-(:func:`adaptcheck.perf.trend.memory_growth_verdict`) stays within
-``max_growth_mib_per_min`` for every memory series sampled — server RSS, and device memory
-used on an accelerator (on the CPU backend the "device" memory is the whole host's, moved by
-every process: it is shown, not bounded) — and no uncorrectable-error counter of the device
-rose. ``fail`` names the series, its slope and the bound (or the errors). ``skip`` when
-there is no server to soak, or when no memory series could be sampled: a soak without
-memory evidence is not a pass, and the skip stays *applicable* (L5 still lacks its soak).
-``error`` when no request completed at all.
+(:func:`adaptcheck.perf.trend.memory_growth_verdict`) is significantly within
+``max_growth_mib_per_min`` (the upper confidence bound of the slope at most the bound) for
+every memory series sampled — server RSS, and device memory used on an accelerator (on the
+CPU backend the "device" memory is the whole host's, moved by every process: it is shown,
+not bounded) — and no uncorrectable-error counter of the device rose. ``fail`` names the
+series, its slope, interval and the bound (its lower confidence bound above the bound), or
+the errors. ``error`` when a slope's interval straddles the bound ("inconclusive: run
+longer", with the duration that would decide): the soak measured, but too briefly to say,
+which is neither a pass nor a fault of the server — and, unlike a skip, shows as an error
+in CI (JUnit) and blocks L5. ``skip`` when there is no server to soak, or when no memory
+series could be sampled: a soak without memory evidence is not a pass, and the skip stays
+*applicable* (L5 still lacks its soak). ``error`` also when no request completed at all.
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ class SoakParams(ServerParams):
                             "allocations, caches filling).")
     max_growth_mib_per_min: float = Field(default=10.0, ge=0, description="Largest fitted memory growth (MiB per "
                                           "minute) of server RSS and of device memory used.")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="One-sided confidence of each bound of the "
+                              "fitted slope: the lower bound above max_growth_mib_per_min fails, the upper bound "
+                              "within it passes, an interval across it is inconclusive (an error: run longer).")
     max_error_rate: float = Field(default=0.0, ge=0, le=1, description="Largest fraction of failed requests "
                                   "(default 0: none may fail).")
     request_timeout_s: float = Field(default=60.0, gt=0, description="Longest one request may take.")
@@ -156,6 +163,7 @@ def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
         "soak": {"duration_s": params.duration_s, "arrival": params.arrival, "level": params.level,
                  "mixed": [m.model_dump() for m in params.mixed], "sample_interval_s": params.sample_interval_s,
                  "warmup_s": params.warmup_s, "max_growth_mib_per_min": params.max_growth_mib_per_min,
+                 "confidence": params.confidence,
                  "max_error_rate": params.max_error_rate, "request_timeout_s": params.request_timeout_s},
         "server": framework_facts(active),
         "server_process": {"pid": pid, "found_by": found_by, "on_this_host": local},
@@ -191,12 +199,13 @@ def _memory(telemetry: Telemetry, params: SoakParams, *, accelerator: bool) -> l
         if not values or all(v is None for v in values):
             continue
         verdict = memory_growth_verdict(zip(series.t_s, values, strict=True), params.max_growth_mib_per_min,
-                                        warmup_s=params.warmup_s)
+                                        warmup_s=params.warmup_s, confidence=params.confidence)
         entry: dict[str, Any] = {"series": key, "source": source,
                                  "label": SERIES_LABELS[key] if bounded else "host memory used (whole machine)",
                                  "bounded": bounded, **verdict.to_dict()}
         if not bounded:
             entry["ok"] = None
+            entry["state"] = "not bounded"
             entry["reason"] = f"not bounded (every process on the host moves it): {_trend_text(verdict)}"
         out.append(entry)
     return out
@@ -220,7 +229,8 @@ def _counters(telemetry: Telemetry) -> list[dict[str, Any]]:
 
 def soak_verdict(params: SoakParams, details: dict[str, Any]) -> Outcome:
     """The outcome of a soak from its ``details`` (the docs/perf.md shape): pass, fail naming
-    what broke, skip when memory growth could not be judged, error when nothing was served."""
+    what broke, error when a memory trend is inconclusive or nothing was served, skip when
+    memory growth could not be judged."""
     req = details["requests"]
     aborted = req.get("aborted")
     failed = int(req["failed"]) + int(req["warmup_failed"])
@@ -244,6 +254,12 @@ def soak_verdict(params: SoakParams, details: dict[str, Any]) -> Outcome:
     head = f"soak {params.duration_s:g} s, {total} requests"
     if problems:
         return Outcome.failed(f"{head}: " + "; ".join(problems), details=details, metrics=metrics)
+    # Too short to tell a leak from noise or warm-up: an error (never a pass), saying how long would do.
+    undecided = [m for m in details["memory"] if m["bounded"] and m.get("state") == "inconclusive"]
+    if undecided:
+        return Outcome.errored(f"{head}, 0 errors, but memory growth inconclusive: "
+                               + "; ".join(f"{m['label']} ({m['series']}) {m['reason']}" for m in undecided),
+                               details=details, metrics=metrics)
     if not judged:
         why = [m["reason"] for m in details["memory"] if m["bounded"]] or [
             "no memory series could be sampled (the server is not on this machine and no device reports memory)"]
@@ -263,4 +279,6 @@ def _metrics(details: dict[str, Any], failed: int, total: int) -> dict[str, Any]
         prefix = "server_rss" if m["series"] == "server_rss_mib" else f"{m['source']}_memory"
         out[f"{prefix}_slope_mib_per_min"] = fit.get("slope_mib_per_min")
         out[f"{prefix}_r2"] = fit.get("r2")
+        bounds = m.get("slope_bounds_mib_per_min") or [None, None]
+        out[f"{prefix}_slope_lo_mib_per_min"], out[f"{prefix}_slope_hi_mib_per_min"] = bounds
     return out

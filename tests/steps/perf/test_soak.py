@@ -100,6 +100,7 @@ def test_a_leaking_server_fails_naming_rss_growth(leaking: tuple[Outcome, Path])
     per_min = 2.0 * req["completed"] / req["duration_s"] * 60
     assert fit["slope_mib_per_min"] > 100 and fit["slope_mib_per_min"] == pytest.approx(per_min, rel=0.5)
     assert fit["r2"] > 0.9
+    assert m["state"] == "over" and m["slope_bounds_mib_per_min"][0] > 10
     assert req["failed"] == 0 and outcome.metrics["server_rss_slope_mib_per_min"] == fit["slope_mib_per_min"]
 
 
@@ -107,7 +108,8 @@ def test_a_flat_server_passes(flat: tuple[Outcome, Path]) -> None:
     outcome, _ = flat
     assert outcome.status == Status.PASS, outcome.message
     m = rss(outcome)
-    assert m["ok"] is True and m["fit"]["slope_mib_per_min"] < 10
+    assert m["ok"] is True and m["state"] == "within" and m["fit"]["slope_mib_per_min"] < 10
+    assert m["slope_bounds_mib_per_min"][1] <= 10  # the whole interval, not just the slope, within the bound
     assert "0 errors" in outcome.message and "server RSS" in outcome.message
     assert outcome.details["requests"]["completed"] > 30
 
@@ -119,7 +121,7 @@ def test_the_details_have_the_contract_shape(flat: tuple[Outcome, Path]) -> None
             "kv_cache_peak"} <= set(d)
     assert d["soak"] == {"duration_s": 15, "arrival": "concurrency", "level": 2, "mixed": MIX,
                          "sample_interval_s": 0.5, "warmup_s": 4, "max_growth_mib_per_min": 10,
-                         "max_error_rate": 0.0, "request_timeout_s": 30}
+                         "confidence": 0.95, "max_error_rate": 0.0, "request_timeout_s": 30}
     assert d["server_process"]["found_by"] == "listening on the endpoint's port" and d["server_process"]["pid"] > 0
     tel = d["telemetry"]
     host = tel["host"]

@@ -1,0 +1,252 @@
+"""adaptcheck.perf.cpu_clock and the peak built on it: the hand-encoded loop is what the
+assembler says, it measures a plausible clock on this machine (cycles really are chain ×
+iterations), every way it cannot run falls back with a reason, and a peak whose FLOP per
+cycle is wrong shows up as an efficiency above 100 % that the micro-benchmark verdict turns
+into an error rather than a pass.
+
+Speeds are not asserted beyond orders of magnitude: the CI machine is shared.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.ladder.check import CheckContext, Status
+from adaptcheck.models.ladder import ModelSpec
+from adaptcheck.perf import cpu_clock
+from adaptcheck.perf.cpu_clock import (
+    CHAIN,
+    ExecutableCode,
+    VectorClock,
+    choose_width,
+    loop_code,
+    measure_here,
+    measure_vector_clock,
+    unsupported_reason,
+    widths_for,
+)
+from adaptcheck.perf.cpu_peak import (
+    derive_cpu_peak,
+    parse_cpu_facts,
+    with_memory_reference,
+)
+from adaptcheck.perf.micro import gemm_callable, gemm_flops, make_row
+from adaptcheck.perf.timing import summarize
+from adaptcheck.steps.perf.common import verdict
+
+RECORDINGS = Path(__file__).resolve().parents[1] / "recordings" / "cpuinfo"
+X86_LINUX = unsupported_reason() is None
+needs_x86 = pytest.mark.skipif(not X86_LINUX, reason="the loop is x86-64 Linux machine code")
+
+
+def _flags() -> frozenset[str]:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    m = re.search(r"^flags\s*:\s*(.*)$", text, re.MULTILINE)
+    return frozenset(m.group(1).split()) if m else frozenset()
+
+
+def _cpu_mhz() -> float | None:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    m = re.search(r"^cpu MHz\s*:\s*([0-9.]+)", text, re.MULTILINE)
+    return float(m.group(1)) if m else None
+
+
+def _best_width() -> str:
+    return widths_for(_flags())[-1]  # ymm where AVX2 exists, else xmm: runs on any x86-64 CI
+
+
+# --- the encoding --------------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) not installed")
+@pytest.mark.parametrize(("width", "mnemonic"), [("zmm", "vpaddd zmm0,zmm0,zmm1"), ("ymm", "vpaddd ymm0,ymm0,ymm1"),
+                                                 ("xmm", "paddd  xmm0,xmm1")])
+def test_the_loop_disassembles_to_the_intended_instructions(tmp_path: Path, width: str, mnemonic: str) -> None:
+    blob = tmp_path / "loop.bin"
+    blob.write_bytes(loop_code(width, chain=3))
+    out = subprocess.run(["objdump", "-D", "-b", "binary", "-m", "i386:x86-64", "-M", "intel", str(blob)],
+                         capture_output=True, text=True, check=True).stdout
+    ins = [re.sub(r"\s+#.*$", "", line.split("\t")[-1]).strip() for line in out.splitlines()
+           if re.match(r"^\s+[0-9a-f]+:\t", line)]
+    tail = (["vzeroupper"] if width != "xmm" else []) + ["ret"]
+    assert ins == [mnemonic] * 3 + ["dec    rdi", "jne    0x0"] + tail  # jnz back to the first add
+
+
+def test_the_back_branch_reaches_the_loop_start() -> None:
+    code = loop_code("ymm")
+    at = code.index(bytes.fromhex("0f85"), CHAIN * 4)
+    rel = int.from_bytes(code[at + 2:at + 6], "little", signed=True)
+    assert at + 6 + rel == 0 and len(code) == CHAIN * 4 + 3 + 6 + 3 + 1
+
+
+# --- measuring -----------------------------------------------------------------------------------
+
+@needs_x86
+def test_the_loop_takes_chain_times_iterations_cycles() -> None:
+    """Twice the dependent adds per iteration take twice the CPU time: the loop is bound by
+    the 1-cycle add latency (not by the front end or the branch), so cycles = chain × iters."""
+    width = _best_width()
+
+    def best(chain: int) -> float:
+        code = ExecutableCode(loop_code(width, chain=chain))
+        try:
+            times = []
+            for _ in range(5):
+                t0 = time.thread_time()
+                code.fn(200_000)
+                times.append(time.thread_time() - t0)
+            return min(times)
+        finally:
+            code.close()
+
+    ratio = best(128) / best(64)
+    assert 1.7 < ratio < 2.3, ratio
+
+
+@needs_x86
+def test_measures_a_plausible_clock_on_every_core() -> None:
+    import os
+
+    cpus = cpu_clock.one_cpu_per_core(sorted(os.sched_getaffinity(0)))
+    clock = measure_here([_best_width()], cpus, reps=3, rep_s=0.01)
+    assert clock.ghz is not None and 0.5 < clock.ghz < 7.0
+    assert clock.threads == len(cpus) and clock.reps >= 3
+    mhz = _cpu_mhz()
+    if mhz:  # same order of magnitude as what the machine reports (a VM's 'cpu MHz' is often the base)
+        assert 0.5 < clock.ghz * 1e3 / mhz < 3.0
+
+
+@needs_x86
+def test_the_child_process_measures_and_the_peak_uses_it() -> None:
+    clock = measure_vector_clock(_flags())
+    assert clock.measured, clock.reason
+    assert clock.ghz == clock.by_width[clock.width]
+    assert clock.width == ("zmm" if "avx512f" in _flags() and "2-cycle" not in clock.reason else clock.width)
+    facts = parse_cpu_facts(Path("/proc/cpuinfo").read_text(), usable_logical=clock.threads, vector_clock=clock)
+    assert facts.freq_source == "vector loop" and facts.freq_ghz == clock.ghz
+    peak = derive_cpu_peak(facts)
+    clock_line = peak.derivation[1]
+    assert clock_line.startswith(f"clock: {clock.ghz:.3f} GHz all-core vector clock, measured")
+    assert "cpu MHz" in clock_line  # the reported clock is shown beside the measured one
+
+
+# --- fallbacks -----------------------------------------------------------------------------------
+
+def test_not_x86_or_not_linux_falls_back_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "aarch64" in (unsupported_reason("aarch64", "Linux") or "")
+    assert "Darwin" in (unsupported_reason("x86_64", "Darwin") or "")
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    clock = measure_vector_clock(frozenset({"asimd"}))
+    assert clock.ghz is None and "aarch64" in clock.reason
+
+
+@needs_x86
+def test_a_loop_that_dies_of_sigill_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An instruction the kernel does not enable kills the child, never the worker."""
+    script = ("from adaptcheck.perf.cpu_clock import ExecutableCode\n"
+              "ExecutableCode(bytes.fromhex('0f0b')).fn(1)\n")  # ud2: the architected SIGILL
+    monkeypatch.setattr(cpu_clock, "child_command", lambda widths, cpus: [sys.executable, "-c", script])
+    clock = measure_vector_clock(frozenset({"avx512f", "avx2"}))
+    assert clock.ghz is None and "SIGILL" in clock.reason
+
+
+def test_refused_executable_memory_falls_back(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    def refuse(self: ExecutableCode, code: bytes) -> None:
+        raise OSError(errno.EACCES, "mprotect to read+execute refused: Permission denied")
+
+    monkeypatch.setattr(ExecutableCode, "__init__", refuse)
+    assert cpu_clock._child_main(["ymm", "0"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ghz"] is None and "executable memory refused" in data["reason"]
+
+
+def test_the_fallback_clock_is_the_reported_one_and_says_why() -> None:
+    text = (RECORDINGS / "epyc_9r14_aws_m7a_first_block.txt").read_text()
+    facts = parse_cpu_facts(text, usable_logical=2, vector_clock=cpu_clock.fallback("executable memory refused: X"))
+    assert facts.freq_source == "cpu MHz" and facts.freq_ghz == pytest.approx(3.698291)
+    line = derive_cpu_peak(facts).derivation[1]
+    assert "'cpu MHz'" in line and "vector loop not run: executable memory refused: X" in line
+    assert "may exceed 100 %" in line
+
+
+def test_a_measured_clock_replaces_the_reported_one() -> None:
+    text = (RECORDINGS / "epyc_9r14_aws_m7a_first_block.txt").read_text()
+    clock = VectorClock(ghz=3.5, width="zmm", by_width={"zmm": 3.5, "ymm": 3.52}, threads=2, cpus=(0, 1), reps=3,
+                        iters=1000, rep_ghz={"zmm": [3.4, 3.5, 3.45]})
+    facts = parse_cpu_facts(text, usable_logical=2, max_freq_khz="3700000", vector_clock=clock)
+    peak = derive_cpu_peak(facts)
+    assert peak.flops["fp32"] == pytest.approx(2 * 3.5e9 * 32)  # Zen 4: 32 FLOP/cycle/core
+    assert "cpuinfo_max_freq says 3.700 GHz" in peak.derivation[1] and "also ymm 3.520 GHz" in peak.derivation[1]
+
+
+def test_width_choice() -> None:
+    assert choose_width({"zmm": 3.0, "ymm": 3.4}) == ("zmm", "")  # the AVX-512 clock offset is kept
+    assert choose_width({"zmm": 3.6, "ymm": 3.5}) == ("zmm", "")  # the kernels' width, not the lower of two
+    width, note = choose_width({"zmm": 1.7, "ymm": 3.4})  # half: a 2-cycle zmm add, not a clock
+    assert width == "ymm" and "2-cycle" in note
+    assert choose_width({"xmm": 3.0}) == ("xmm", "")
+    assert widths_for(frozenset({"avx2"})) == ["ymm"] and widths_for(frozenset()) == ["xmm"]
+
+
+# --- a wrong FLOP-per-cycle figure is caught -----------------------------------------------------
+
+def _ctx(tmp_path: Path) -> CheckContext:
+    return CheckContext(backend=CpuBackend(), device_index=0, seed=0, run_dir=tmp_path, model=ModelSpec())
+
+
+def _fp32_gemm_best_rate(size: int = 512, reps: int = 20) -> float:
+    """Best of many single-thread fp32 GEMMs: short calls on one core, so on a shared machine
+    some run undisturbed (load only ever makes a call slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fn = gemm_callable("fp32", size, size, size, CpuBackend().torch_device(0))
+        fn()
+        best = math.inf
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return gemm_flops(size, size, size) / best
+
+
+@needs_x86
+def test_the_derived_peak_holds_and_a_wrong_flops_per_cycle_is_caught(tmp_path: Path) -> None:
+    flags = _flags()
+    if "avx2" not in flags:
+        pytest.skip("needs an AVX2 CPU for a meaningful fp32 GEMM rate")
+    clock = measure_vector_clock(flags)
+    assert clock.measured, clock.reason
+    text = Path("/proc/cpuinfo").read_text()
+    rate = _fp32_gemm_best_rate()  # one thread: held to a one-core peak
+    right = derive_cpu_peak(parse_cpu_facts(text, usable_logical=1, vector_clock=clock))
+    assert rate / right.flops["fp32"] <= 1.0, (rate, right.derivation)
+    # The same machine with its vector flags hidden: 8 FLOP/cycle instead of 32-64, a peak
+    # 4-8 × too low. The fp32 GEMM then "beats" it, and the verdict refuses to pass.
+    stripped = re.sub(r"\b(avx\S*|fma)\b", "", text)
+    wrong = with_memory_reference(derive_cpu_peak(parse_cpu_facts(stripped, usable_logical=1,
+                                                                  vector_clock=clock)), 50e9, "measured", "test")
+    assert wrong.flops["fp32"] < right.flops["fp32"] / 3
+    t = gemm_flops(512, 512, 512) / rate
+    row = make_row("prefill m=512 n=512 k=512", "fp32", {"m": 512, "n": 512, "k": 512},
+                   gemm_flops(512, 512, 512), 3 * 2 ** 20, summarize([t] * 8), wrong)
+    assert row["efficiency"] > 1.05
+    out = verdict(_ctx(tmp_path), "gemm", [row], wrong, {})
+    assert out.status == Status.ERROR and "understates this device" in out.message
+    assert out.details["above_peak"] == ["prefill m=512 n=512 k=512 fp32"]
