@@ -465,14 +465,67 @@ def _level_entry(lv: _Level, params: ServingParams, slo: dict[str, Any] | None) 
                     for k, d in decision.metrics.items()},
     }
     entry["drift"] = _drift(lv, params)
+    _mark_saturated(entry, params)
     return entry
 
 
+def _mark_saturated(entry: dict[str, Any], params: ServingParams) -> None:
+    """An open-loop level the server cannot keep up with: its TTFT is queueing time, not the server's.
+
+    With Poisson arrivals a server slower than the offered rate falls behind for the whole
+    run, so every request waits longer than the one before (a significant TTFT drift) and the
+    median TTFT of a run depends on how far the queue happened to grow: neither is
+    instability, both are the level exceeding the server's capacity (seen here: vLLM and
+    transformers serve on 2 cores at 8 req/s of mixed lengths). The level is marked
+    ``saturated`` with the offered and served rates; its TTFT dispersion and drift are shown
+    but not judged. TPOT and output tok/s, which a saturated server still delivers at its
+    capacity, are judged as at any level, so a server that slows down still fails.
+    """
+    ttft = entry["drift"].get("ttft_ms")
+    if params.arrival != "poisson" or not ttft or not ttft["significant"]:
+        return
+    served = entry["median"].get("request_throughput")
+    entry["saturated"] = {
+        "offered_req_per_s": entry["level"], "served_req_per_s": served,
+        "reason": (f"level {entry['level']:g}: saturated (served {_fmt(served)} req/s of {entry['level']:g} offered, "
+                   f"TTFT grows {ttft['drift']:+.0%} over a run as the queue builds): TTFT not judged at this level"),
+    }
+    ttft["significant"], ttft["judged"] = False, False
+    metric = entry["stability"]["metrics"].get("ttft_ms_median")
+    if metric is not None:
+        metric["judged"] = False
+        if metric["verdict"] == "unstable":
+            metric["verdict"] = "undecided"
+    stab = entry["stability"]
+    if stab["verdict"] == "unstable" and not any(m["verdict"] == "unstable" for m in stab["metrics"].values()):
+        stab["verdict"] = "undecided"
+
+
+def _steady(res: RunResult, params: ServingParams) -> list[Any]:
+    """A run's requests that show its steady state, for the drift.
+
+    A closed loop's first wave starts on an idle server, its requests queue behind each other
+    from zero (TTFT 30, 145, 250, 350 ms on transformers serve at 4 in flight, then ~370 ms
+    for the rest of the run), and its last wave drains it (fewer streams share each step):
+    both are edges of the run, not a drift, so the first and last ``slots`` requests are left
+    out. A burst is one wave: it has no steady state to drift.
+    """
+    done = sorted(res.measured, key=lambda r: r.index)
+    if params.arrival == "burst":
+        return []
+    if params.arrival == "concurrency":
+        slots = max(1, math.ceil(res.level))
+        return done[slots:len(done) - slots] if len(done) > 2 * slots else []
+    return done
+
+
 def _drift(lv: _Level, params: ServingParams) -> dict[str, Any]:
-    """Per-request TTFT and TPOT against the request's place in its run, pooled over the undisturbed runs."""
+    """Per-request TTFT and TPOT against the request's place in its run, pooled over the undisturbed runs
+    (each run's steady state only: see :func:`_steady`)."""
     out: dict[str, Any] = {}
     for key, value in (("ttft_ms", lambda r: r.ttft_s), ("tpot_ms", tpot_s)):
-        runs = [[(r.sent_s, v) for r in res.measured if r.ok and r.sent_s is not None and (v := value(r)) is not None]
+        runs = [[(r.sent_s, v) for r in _steady(res, params)
+                 if r.ok and r.sent_s is not None and (v := value(r)) is not None]
                 for res in lv.kept]
         d = drift(runs, params.confidence)
         out[key] = None if d is None else {**d.to_dict(), "bound": params.max_drift,
@@ -533,7 +586,7 @@ def _verdict(params: ServingParams, levels: list[dict[str, Any]], details: dict[
                 problems.append(f"{at} run {i}: error rate {rate:.0%} > {params.max_error_rate:.0%} ({top})")
         stab = lv["stability"]
         for key, m in stab["metrics"].items():
-            if m["verdict"] == "unstable":
+            if m["verdict"] == "unstable" and m.get("judged", True):
                 problems.append(f"{at}: {describe(key, Dispersion(m['n'], m['cv'], m['lo'], m['hi']))} "
                                 f"> bound {params.max_cv:.0%}")
         for key, d in lv["drift"].items():
@@ -555,7 +608,9 @@ def _verdict(params: ServingParams, levels: list[dict[str, Any]], details: dict[
         f"{name}: {len(levels)} level(s), {kept} runs" + (f" (+{disturbed} disturbed, repeated)" if disturbed else "")
         + f"; at {params.arrival} {levels[-1]['level']:g}: TTFT p50 {_fmt(top['ttft_ms']['median'])} ms, "
         f"TPOT p50 {_fmt(top['tpot_ms']['median'])} ms, {_fmt(top['output_throughput'])} tok/s; "
-        + _stability_line(levels, params) + (f"; WARNING {warning}" if warning else ""),
+        + _stability_line(levels, params)
+        + "".join(f"; {lv['saturated']['reason']}" for lv in levels if lv.get("saturated"))
+        + (f"; WARNING {warning}" if warning else ""),
         details=details, metrics=metrics)
 
 
@@ -565,9 +620,10 @@ DRIFT_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT"}
 def _stability_line(levels: list[dict[str, Any]], params: ServingParams) -> str:
     """A passing scenario's stability in a few words: settled, or the widest interval left open."""
     open_ = [(lv, key, m) for lv in levels for key, m in lv["stability"]["metrics"].items()
-             if m["verdict"] != "stable"]
+             if m["verdict"] != "stable" and m.get("judged", True)]
     if not open_:
-        worst = max((m["hi"] for lv in levels for m in lv["stability"]["metrics"].values()), default=0.0)
+        worst = max((m["hi"] for lv in levels for m in lv["stability"]["metrics"].values() if m.get("judged", True)),
+                    default=0.0)
         return f"run-to-run CV within {params.max_cv:.0%} at every level (upper bounds ≤ {worst:.0%})"
     lv, key, m = max(open_, key=lambda x: x[2]["cv"])
     return (f"run-to-run CV not significant vs bound {params.max_cv:.0%} at {len({id(x[0]) for x in open_})} "
