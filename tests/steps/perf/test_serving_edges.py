@@ -1,0 +1,135 @@
+"""perf.serving's drift sees each run's steady state, and a saturated open-loop level is not called unstable.
+
+Built from records shaped like the ones measured on this machine (issue 14): transformers
+serve at 4 in flight with 512-token prompts queues the first wave of a closed loop behind
+each other (TTFT 30, 145, 249, 352 ms, then ~370 ms), which read as a +72 % drift before
+the edges were left out; and at 8 req/s of mixed lengths it served 7.2-7.5 req/s, so its
+TTFT grew through every run.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from adaptcheck.perf.loadgen import RunResult
+from adaptcheck.perf.serving_metrics import RequestRecord
+from adaptcheck.steps.perf import serving
+from adaptcheck.steps.perf.serving import (
+    ServingParams,
+    _drift,
+    _Level,
+    _mark_saturated,
+    _steady,
+)
+
+FIRST_WAVE_MS = [30.0, 145.0, 249.0, 352.0]
+
+
+def _record(run: int, index: int, sent_s: float, ttft_ms: float, tpot_ms: float = 3.0) -> RequestRecord:
+    out = 32
+    return RequestRecord(level=4, run=run, index=index, warmup=False, scheduled_s=sent_s, sent_s=sent_s,
+                         ttft_s=ttft_ms / 1000, e2el_s=(ttft_ms + tpot_ms * (out - 1)) / 1000,
+                         itl_s=[tpot_ms / 1000] * (out - 1), chunk_tokens=[1] * out, input_tokens=512,
+                         output_tokens=out, token_source="usage", usage_tokens=out, finish_reason="length",
+                         max_tokens=out)
+
+
+def _closed_loop_run(run: int, rng: random.Random, *, drift: float = 0.0, n: int = 48) -> RunResult:
+    """A flat (or drifting) server at 4 in flight, with the idle-start first wave."""
+    records = []
+    for i in range(n):
+        base = FIRST_WAVE_MS[i] if i < 4 else 370.0 * (1 + drift * i / (n - 1))
+        records.append(_record(run, i, 0.5 + 0.11 * max(0, i - 3), base * rng.lognormvariate(0, 0.05)))
+    return RunResult(level=4, run=run, records=records, duration_s=6.0, client=None)
+
+
+def _level(runs: list[RunResult]) -> _Level:
+    return _Level(level=runs[0].level, runs=runs, hosts=[{} for _ in runs], disturbed=[None] * len(runs))
+
+
+def _params(arrival: str, levels: list[float]) -> ServingParams:
+    return ServingParams(scenario="t", arrival=arrival, levels=levels, input_tokens=512, output_tokens=32)
+
+
+def test_steady_state_leaves_out_a_closed_loops_first_and_last_wave() -> None:
+    res = _closed_loop_run(0, random.Random(0), n=20)
+    assert [r.index for r in _steady(res, _params("concurrency", [4]))] == list(range(4, 16))
+    assert [r.index for r in _steady(res, _params("poisson", [4.0]))] == list(range(20))
+    burst = ServingParams(scenario="t", arrival="burst", levels=[4], input_tokens=512, output_tokens=32)
+    assert _steady(res, burst) == []
+
+
+def test_a_flat_closed_loop_with_its_idle_start_wave_shows_no_drift() -> None:
+    rng = random.Random(1)
+    lv = _level([_closed_loop_run(r, rng) for r in range(3)])
+    ttft = _drift(lv, _params("concurrency", [4]))["ttft_ms"]
+    assert ttft is not None and not ttft["significant"], ttft
+    assert abs(ttft["drift"]) < 0.05, ttft
+    # The same records with the first wave counted (as before the fix) read as a +50 % drift
+    # on a flat server: what made a healthy machine fail L4 at random.
+    counted = _drift(lv, _params("poisson", [4.0]))["ttft_ms"]
+    assert counted is not None and counted["drift"] > 0.3, counted
+
+
+def test_a_real_drift_is_still_caught_with_the_edges_left_out() -> None:
+    rng = random.Random(2)
+    lv = _level([_closed_loop_run(r, rng, drift=0.5) for r in range(3)])
+    ttft = _drift(lv, _params("concurrency", [4]))["ttft_ms"]
+    assert ttft is not None and ttft["significant"] and ttft["lo"] > 0.2, ttft
+
+
+def _entry(arrival_drift: float, ttft_verdict: str = "unstable", tpot_verdict: str = "stable") -> dict[str, Any]:
+    metric = {"n": 3, "cv": 1.1, "lo": 0.56, "hi": 9.0, "values": [389.0, 158.0, 64.0]}
+    return {
+        "level": 8.0, "median": {"request_throughput": 7.3},
+        "stability": {"verdict": "unstable" if "unstable" in (ttft_verdict, tpot_verdict) else "stable",
+                      "metrics": {"ttft_ms_median": {**metric, "verdict": ttft_verdict},
+                                  "tpot_ms_median": {**metric, "cv": 0.3, "lo": 0.27, "verdict": tpot_verdict}}},
+        "drift": {"ttft_ms": {"n": 144, "drift": arrival_drift, "lo": 2.8, "hi": 39.0, "rho": 0.57, "bound": 0.2,
+                              "significant": True},
+                  "tpot_ms": {"n": 144, "drift": 0.1, "lo": -0.03, "hi": 0.25, "rho": 0.3, "bound": 0.2,
+                              "significant": False}},
+    }
+
+
+def test_a_saturated_poisson_level_has_its_ttft_shown_but_not_judged() -> None:
+    entry = _entry(11.3)
+    _mark_saturated(entry, _params("poisson", [8.0]))
+    assert entry["saturated"]["served_req_per_s"] == 7.3
+    assert "saturated (served 7.3 req/s of 8 offered" in entry["saturated"]["reason"]
+    assert entry["drift"]["ttft_ms"]["significant"] is False and entry["drift"]["ttft_ms"]["judged"] is False
+    assert entry["stability"]["metrics"]["ttft_ms_median"]["judged"] is False
+    assert entry["stability"]["verdict"] == "undecided"
+
+
+def test_saturation_never_excuses_tpot_nor_a_closed_loop() -> None:
+    entry = _entry(11.3, tpot_verdict="unstable")
+    _mark_saturated(entry, _params("poisson", [8.0]))
+    assert entry["stability"]["metrics"]["tpot_ms_median"]["verdict"] == "unstable"
+    assert entry["stability"]["verdict"] == "unstable"
+    closed = _entry(0.7)
+    _mark_saturated(closed, _params("concurrency", [4]))
+    assert "saturated" not in closed and closed["drift"]["ttft_ms"]["significant"] is True
+
+
+def test_the_verdict_passes_a_saturated_level_and_says_so() -> None:
+    params = _params("poisson", [8.0])
+    entry = _entry(11.3)
+    _mark_saturated(entry, params)
+    entry.update(runs=[{"completed": 48, "error_rate": 0.0, "errors": {}}],
+                 median={"request_throughput": 7.3, "ttft_ms": {"median": 98.0}, "tpot_ms": {"median": 2.7},
+                         "itl_ms": {"median": 2.7}, "e2el_ms": {"median": 200.0, "p99": 900.0},
+                         "output_throughput": 270.0, "error_rate": 0.0, "goodput": None})
+    entry["median"]["ttft_ms"]["p99"] = 900.0
+    entry["stability"].update(runs=3, disturbed_runs=0)
+    details = {"workload": {"problems": []}, "client": {"warning": "", "cpu_percent": None,
+                                                        "overhead_us_per_token": None}}
+    outcome = serving._verdict(params, [entry], details, None)
+    assert outcome.status == "pass", outcome.message
+    assert "saturated (served 7.3 req/s of 8 offered" in outcome.message
+    # Without the saturation mark the same level fails on its TTFT: the mark is what passes it.
+    failing = _entry(11.3)
+    failing.update({k: entry[k] for k in ("runs", "median")})
+    failing["stability"].update(runs=3, disturbed_runs=0)
+    assert serving._verdict(_params("concurrency", [8]), [failing], details, None).status == "fail"
