@@ -156,7 +156,12 @@ def runs_bound(a: RunsFigure, b: RunsFigure, noise_multiplier: float) -> float:
         return 0.0
     se = sd * math.sqrt(1 / a.n + 1 / b.n)
     q = statistics.NormalDist().cdf(noise_multiplier)
-    return math.expm1(t_ppf(q, a.n + b.n - 2) * se)
+    if q >= 1.0:  # a multiplier beyond ~8.2 sigma: no figure can be told from the noise
+        return math.inf
+    # Few runs and a large multiplier give a t quantile in the millions: the bound is then
+    # unbounded, not an overflow.
+    exponent = t_ppf(q, a.n + b.n - 2) * se
+    return math.expm1(exponent) if exponent < 700 else math.inf
 
 
 class PerfComparer:
