@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import platform
 import re
 import shutil
@@ -42,7 +41,7 @@ from adaptcheck.perf.cpu_peak import (
     parse_cpu_facts,
     with_memory_reference,
 )
-from adaptcheck.perf.micro import gemm_callable, gemm_flops, make_row
+from adaptcheck.perf.micro import gemm_flops, make_row
 from adaptcheck.perf.timing import summarize
 from adaptcheck.steps.perf.common import verdict
 
@@ -206,24 +205,36 @@ def _ctx(tmp_path: Path) -> CheckContext:
     return CheckContext(backend=CpuBackend(), device_index=0, seed=0, run_dir=tmp_path, model=ModelSpec())
 
 
-def _fp32_gemm_best_rate(size: int = 512, reps: int = 20) -> float:
-    """Best of many single-thread fp32 GEMMs: short calls on one core, so on a shared machine
-    some run undisturbed (load only ever makes a call slower)."""
-    import torch
+_GEMM_RATE = """
+import math, os, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+import torch
+torch.set_num_threads(1)
+from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.perf.micro import gemm_callable, gemm_flops
+size, reps = int(sys.argv[1]), int(sys.argv[2])
+fn = gemm_callable("fp32", size, size, size, CpuBackend().torch_device(0))
+fn()
+best = math.inf
+for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t0)
+print(gemm_flops(size, size, size) / best)
+"""
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        fn = gemm_callable("fp32", size, size, size, CpuBackend().torch_device(0))
-        fn()
-        best = math.inf
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    return gemm_flops(size, size, size) / best
+
+def _fp32_gemm_best_rate(size: int = 512, reps: int = 20) -> float:
+    """Best of many single-thread fp32 GEMMs on one pinned core: short calls, so on a shared
+    machine some run undisturbed (load only ever makes a call slower).
+
+    In a fresh interpreter: an in-process vLLM loaded earlier in the test session binds this
+    process's threads and then ignores ``torch.set_num_threads(1)`` (seen in CI: a "one-core"
+    GEMM at 139 % of the one-core peak, because it ran on two).
+    """
+    done = subprocess.run([sys.executable, "-c", _GEMM_RATE, str(size), str(reps)], capture_output=True,
+                          text=True, timeout=300, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 @needs_x86

@@ -194,8 +194,12 @@ def test_auto_picks_the_endpoint_when_given_else_the_first_installed_server(
 def test_registered_and_run_by_the_cli(vllm_server: ManagedServer, served_model: Path,
                                        write_ladder: Callable[..., Path], tmp_path: Path) -> None:
     ladder = write_ladder([{"id": "perf.serving.single_short", "step": 5, "kind": "perf.serving",
-                            "params": {"framework": "endpoint", "scenario": "single_short", "max_cv": 5.0,
-                                       **TINY}}], timeout_s=300)
+                            "params": {"framework": "endpoint", "scenario": "single_short",
+                                       # What this test asks is that the CLI runs the check, not how
+                                       # stable a loaded CI machine is: 6-token answers read late by a
+                                       # busy client arrive in one piece (TPOT ≈ 0 in one run, seen in CI).
+                                       **TINY, "output_tokens": 16, "max_cv": 1e6, "max_drift": 1e6}}],
+                          timeout_s=300)
     out = tmp_path / "run"
     proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out), "--quiet",
                     "--endpoint", vllm_server.base_url, "--model", str(served_model)], timeout=600)
