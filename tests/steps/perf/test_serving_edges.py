@@ -133,3 +133,37 @@ def test_the_verdict_passes_a_saturated_level_and_says_so() -> None:
     failing.update({k: entry[k] for k in ("runs", "median")})
     failing["stability"].update(runs=3, disturbed_runs=0)
     assert serving._verdict(_params("concurrency", [8]), [failing], details, None).status == "fail"
+
+
+def _poisson_runs(ttft_ms: list[float], tpot_ms: float = 4.5) -> _Level:
+    runs = []
+    for run, ttft in enumerate(ttft_ms):
+        records = [_record(run, i, 0.25 * i, ttft * (1 + 0.01 * (i % 3)), tpot_ms) for i in range(16)]
+        runs.append(RunResult(level=4.0, run=run, records=records, duration_s=4.5, client=None))
+    return _level(runs)
+
+
+def test_an_open_loop_ttft_is_shown_with_its_interval_but_not_judged() -> None:
+    # Seed 5 of the quick ladder here: median TTFT 47, 93, 29 ms over three runs replaying the
+    # same arrivals, TPOT and tok/s within 6 % and 1 %: queueing, not an unstable server.
+    lv = _poisson_runs([47.3, 93.2, 29.1])
+    entry = serving._level_entry(lv, _params("poisson", [4.0]), None)
+    ttft = entry["stability"]["metrics"]["ttft_ms_median"]
+    assert ttft["judged"] is False and ttft["lo"] > 0.25 and "queueing" in ttft["why_not_judged"]
+    assert entry["stability"]["metrics"]["tpot_ms_median"].get("judged", True) is True
+    assert entry["stability"]["verdict"] != "unstable"
+    # The same runs in a closed loop are judged, and fail.
+    closed = serving._level_entry(_poisson_runs([47.3, 93.2, 29.1]), _params("concurrency", [4]), None)
+    assert closed["stability"]["metrics"]["ttft_ms_median"]["verdict"] == "unstable"
+    assert closed["stability"]["verdict"] == "unstable"
+
+
+def test_an_open_loop_tpot_that_doubles_every_other_run_still_fails() -> None:
+    runs = []
+    for run in range(6):
+        tpot = 4.5 * (2 if run % 2 else 1)
+        records = [_record(run, i, 0.25 * i, 40.0, tpot) for i in range(16)]
+        runs.append(RunResult(level=4.0, run=run, records=records, duration_s=4.5 * (2 if run % 2 else 1), client=None))
+    entry = serving._level_entry(_level(runs), _params("poisson", [4.0]), None)
+    assert entry["stability"]["metrics"]["tpot_ms_median"]["verdict"] == "unstable"
+    assert entry["stability"]["verdict"] == "unstable"
