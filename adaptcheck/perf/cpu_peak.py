@@ -45,7 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adaptcheck.backends.cpu import parse_lscpu_like
-from adaptcheck.perf.cpu_clock import VectorClock, vector_clock_cached
+from adaptcheck.perf.cpu_clock import (
+    VectorClock,
+    remeasure_vector_clock,
+    vector_clock_cached,
+)
 from adaptcheck.perf.peaks import Peak, fmt_rate
 
 AMX_BF16_FLOP_PER_CYCLE = 1024
@@ -134,6 +138,17 @@ def read_cpu_facts(*, measure_clock: bool = True) -> CpuFacts:
         flags = parse_cpu_facts(cpuinfo, usable_logical=usable).flags
         clock = vector_clock_cached(flags)
     return parse_cpu_facts(cpuinfo, usable_logical=usable, max_freq_khz=maxf, vector_clock=clock)
+
+
+def remeasure_cpu_clock() -> bool:
+    """Measure this machine's vector clock again (the best of all measurements is kept, and
+    :func:`read_cpu_facts` returns it from now on). False when no clock can be measured here."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return remeasure_vector_clock(parse_cpu_facts(cpuinfo, usable_logical=usable).flags).measured
 
 
 def vector_unit(facts: CpuFacts) -> tuple[int, int, int, str]:

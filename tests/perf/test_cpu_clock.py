@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,8 +43,14 @@ from adaptcheck.perf.cpu_peak import (
     with_memory_reference,
 )
 from adaptcheck.perf.micro import gemm_flops, make_row
+from adaptcheck.perf.peaks import Peak
 from adaptcheck.perf.timing import summarize
-from adaptcheck.steps.perf.common import verdict
+from adaptcheck.steps.perf.common import (
+    MEMORY_REFERENCE_KEY,
+    recheck_clock,
+    resolve_peak,
+    verdict,
+)
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings" / "cpuinfo"
 X86_LINUX = unsupported_reason() is None
@@ -261,3 +268,99 @@ def test_the_derived_peak_holds_and_a_wrong_flops_per_cycle_is_caught(tmp_path: 
     out = verdict(_ctx(tmp_path), "gemm", [row], wrong, {})
     assert out.status == Status.ERROR and "understates this device" in out.message
     assert out.details["above_peak"] == ["prefill m=512 n=512 k=512 fp32"]
+
+
+# --- a clock measured low is re-measured, a wrong ceiling is not hidden --------------------------
+
+def _clock(by_width: dict[str, float], measurements: int = 1) -> VectorClock:
+    width, note = cpu_clock.choose_width(by_width)
+    return VectorClock(ghz=by_width[width], width=width, by_width=by_width, threads=2, cpus=(0, 1), reps=3,
+                       iters=1000, rep_ghz={w: [g * 0.95, g, g * 0.9] for w, g in by_width.items()}, wall_s=0.2,
+                       reason=note, measurements=measurements)
+
+
+def test_merging_keeps_the_best_figure_per_width_and_pools_the_repetitions() -> None:
+    low = _clock({"zmm": 2.30, "ymm": 3.65})  # the disturbed measurement of issue 14
+    good = _clock({"zmm": 3.45, "ymm": 3.58})
+    merged = cpu_clock.merge_clocks(low, good)
+    assert merged.by_width == {"zmm": 3.45, "ymm": 3.65} and merged.width == "zmm" and merged.ghz == 3.45
+    assert merged.reps == 6 and merged.measurements == 2 and "best of 2 measurements" in merged.reason
+    assert cpu_clock.merge_clocks(good, low).ghz == 3.45  # order does not matter: never lowered
+    failed = cpu_clock.fallback("the vector loop did not finish within 30 s")
+    assert cpu_clock.merge_clocks(good, failed) is good and cpu_clock.merge_clocks(failed, good) is good
+
+
+def _planted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, factor: float) -> CheckContext:
+    """The process's cached clock replaced by the real one × ``factor`` (a disturbed measurement)."""
+    flags = _flags()
+    real = measure_vector_clock(flags)
+    assert real.measured, real.reason
+    low = VectorClock(**{**real.__dict__, "ghz": real.ghz * factor,
+                         "by_width": {w: g * factor for w, g in real.by_width.items()}})
+    monkeypatch.setitem(cpu_clock._BEST, flags, low)  # restored after the test
+    ctx = _ctx(tmp_path)
+    ctx.scratch[MEMORY_REFERENCE_KEY] = (50e9, "test")  # the copy reference is not under test
+    return ctx
+
+
+def _row_at(rate: float, peak: Peak) -> dict[str, Any]:
+    """An fp32 GEMM row (compute-bound: 2048³) achieving ``rate`` FLOP/s, held to ``peak``."""
+    flops = gemm_flops(2048, 2048, 2048)
+    return make_row("prefill m=2048 n=2048 k=2048", "fp32", {"m": 2048, "n": 2048, "k": 2048}, flops,
+                    3 * 2048 * 2048 * 4, summarize([flops / rate] * 8), peak)
+
+
+@needs_x86
+def test_a_row_above_a_peak_from_a_disturbed_clock_re_measures_it(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    ctx = _planted(monkeypatch, tmp_path, 1 / 3)
+    low_peak = resolve_peak(ctx, None)
+    assert low_peak is not None and low_peak.entry == "derived:cpu"
+    true_fp32 = low_peak.flops["fp32"] * 3
+    rows = [_row_at(0.6 * true_fp32, low_peak)]
+    assert rows[0]["efficiency"] > 1.5  # 60 % of the true peak reads as 180 % of the low one
+    assert verdict(ctx, "gemm", [dict(r) for r in rows], low_peak, {}).status == Status.ERROR
+    peak = recheck_clock(ctx, low_peak, rows, None)
+    assert peak is not None and peak.flops["fp32"] > 2 * low_peak.flops["fp32"]
+    assert any("clock re-measured" in ln for ln in peak.derivation)
+    assert rows[0]["bound"] == "compute" and rows[0]["efficiency"] < 1.0, rows[0]
+    out = verdict(ctx, "gemm", rows, peak, {})
+    assert out.status == Status.PASS, out.message
+    assert cpu_clock._BEST[_flags()].measurements == 2  # the process keeps the better clock from now on
+
+
+@needs_x86
+def test_re_measuring_does_not_hide_a_ceiling_that_is_wrong(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A peaks entry whose fp32 figure is 4 × too low: re-measuring the clock cannot lift it."""
+    ctx = _planted(monkeypatch, tmp_path, 1.0)
+    honest = resolve_peak(ctx, None)
+    assert honest is not None
+    peaks = tmp_path / "peaks.yaml"
+    peaks.write_text(f"""schema_version: 1
+entries:
+  - id: wrong_cpu
+    match: "."
+    backends: [cpu]
+    dense_tflops: {{fp32: {honest.flops['fp32'] / 4e12!r}}}
+    vendor: test
+    source: a planted defect
+    verified: false
+""")
+    wrong = resolve_peak(ctx, str(peaks))
+    assert wrong is not None and wrong.entry == "derived:cpu+wrong_cpu"
+    rows = [_row_at(0.6 * honest.flops["fp32"], wrong)]
+    peak = recheck_clock(ctx, wrong, rows, str(peaks))
+    assert rows[0]["efficiency"] > 2.0
+    out = verdict(ctx, "gemm", rows, peak, {})
+    assert out.status == Status.ERROR and "understates this device" in out.message
+
+
+@needs_x86
+def test_a_row_below_the_peak_leaves_the_clock_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ctx = _planted(monkeypatch, tmp_path, 1.0)
+    peak = resolve_peak(ctx, None)
+    assert peak is not None
+    rows = [_row_at(0.7 * peak.flops["fp32"], peak)]
+    assert recheck_clock(ctx, peak, rows, None) is peak
+    assert cpu_clock._BEST[_flags()].measurements == 1
+

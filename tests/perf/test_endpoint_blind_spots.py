@@ -236,7 +236,11 @@ def test_a_chat_only_endpoint_is_driven_through_chat(transformers_server: Manage
         gen, result = drive(url, tokenizer, input_tokens=40)
         outcome = serve_check(context(tmp_path / "chat", served_model, url, "perf.serving.chat"),
                               scenario="chat", input_tokens=40, output_tokens=6, num_requests=2, min_runs=2,
-                              max_runs=2, warmup_requests=1)
+                              max_runs=2, warmup_requests=1,
+                              # Two runs of two requests relayed by an in-process proxy: on a loaded CI
+                              # host the proxy can deliver a run's chunks in one burst (TPOT ~0), which
+                              # is the proxy's timing, not the route's. Stability has its own tests.
+                              max_cv=1e6)
     assert gen.api == "chat" and not result.aborted
     assert all(r.ok and r.output_tokens == 8 for r in result.measured), [r.error for r in result.measured]
     # The chat template's tokens are counted into the prompt: served at the length asked.

@@ -32,9 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.perf.caches import DRAM_FACTOR, LastLevelCache, device_llc, residency
-from adaptcheck.perf.cpu_peak import with_memory_reference
+from adaptcheck.perf.cpu_peak import remeasure_cpu_clock, with_memory_reference
 from adaptcheck.perf.micro import MIB, TimingOptions, finite_positive, memory_reference
-from adaptcheck.perf.peaks import Peak, efficiency, fmt_rate, peak_for
+from adaptcheck.perf.peaks import Peak, efficiency, fmt_rate, peak_for, roofline
 from adaptcheck.perf.timing import timer_name
 
 MEMORY_REFERENCE_KEY = "perf.memory_reference"
@@ -147,6 +147,41 @@ def raise_reference(ctx: CheckContext, peak: Peak | None, rows: list[dict[str, A
     for r in rows:
         if r.get("status") == "ok" and r.get("bound") == "memory" and r.get("efficiency") is not None:
             r["efficiency"] = efficiency("memory", new, None, None, (r.get("achieved") or {}).get("bytes_per_s"))
+    return new
+
+
+def recheck_clock(ctx: CheckContext, peak: Peak | None, rows: list[dict[str, Any]],
+                  peaks_file: str | None) -> Peak | None:
+    """Where a compute row ran above a CPU peak derived from the measured vector clock,
+    measure the clock again (keeping the best of both: :func:`~adaptcheck.perf.cpu_clock.remeasure_vector_clock`)
+    and hold every row with FLOPs to the new peak. Once per check: a row still above the
+    peak afterwards is the ceiling's defect and :func:`verdict` says so.
+
+    Why: the clock is measured once per worker, in ~0.3 s; a moment when the host's SMT
+    sibling or another guest ran vector work gives a low clock (issue 14: 2.30 GHz zmm, ymm
+    3.65 GHz beside it, then a GEMM at 124 % of the peak; 3.45 GHz on the other runs)."""
+    if peak is None or not peak.entry.startswith("derived:cpu") or not any(
+            r.get("status") == "ok" and r.get("bound") == "compute" and (r.get("efficiency") or 0) > 1.0
+            for r in rows):
+        return peak
+    if not remeasure_cpu_clock():
+        return peak  # no clock was measured (fallback to cpufreq/cpuinfo): nothing to redo
+    new = resolve_peak(ctx, peaks_file)
+    if new is None:
+        return peak
+    before = next((ln for ln in peak.derivation if ln.startswith("clock:")), "clock: ?")
+    first = before.removeprefix("clock: ").split(" GHz")[0]
+    note = f"clock re-measured after a compute row ran above the peak (the first measurement gave {first} GHz)"
+    new = new.replace(derivation=(*new.derivation, note))
+    for i, r in enumerate(rows):
+        if r.get("status") != "ok" or r.get("flops") is None or r.get("bound") == "cache":
+            continue
+        key = (r.get("extra") or {}).get("peak_dtype") or r.get("dtype")
+        _, ridge, bound = roofline(r["flops"], r.get("bytes"), new, key)
+        ach = r.get("achieved") or {}
+        r["ridge_point"], r["bound"] = ridge, bound
+        r["efficiency"] = efficiency(bound, new, key, ach.get("flops_per_s"), ach.get("bytes_per_s"))
+        rows[i] = hold_to_memory(ctx, r)
     return new
 
 
