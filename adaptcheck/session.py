@@ -12,63 +12,37 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-import adaptcheck
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import get_backend, select_backend
 from adaptcheck.errors import DeviceError, IntegrityError, InvalidInputError, UsageError
 from adaptcheck.ladder.loader import load_ladder, parse_ladder
 from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
 from adaptcheck.models.ladder import CheckSpec, LadderSpec
-from adaptcheck.models.environment import Environment
 from adaptcheck.models.results import (
     CheckResult,
     DeviceRef,
     LadderRef,
-    PlannedCheck,
     RunResults,
     utcnow,
 )
 from adaptcheck.paths import default_reports_dir
-from adaptcheck.runlock import LOCK_FILE, RunLock, acquire as acquire_lock
-from adaptcheck.steps.grade import compute_grade
-
-RUN_META = "run.json"
-LADDER_SNAPSHOT = "ladder.yaml"
-JOURNAL = "checks.jsonl"
-WORKER_LOG = "worker.log"
-RESULTS = "results.json"
-BASELINE = "baseline.json"
-"""``--baseline``: a verbatim copy of the earlier run's results, so the folder is self-contained
-(and resumable); the ``perf.regression`` check reads it."""
-REPORT = "report.html"
-
-
-class RunMeta(BaseModel):
-    """``run.json``: everything needed to resume or reproduce a run."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    run_id: str = Field(description="Run id.")
-    started_at: datetime = Field(description="Start (UTC).")
-    command: list[str] = Field(description="Command line.")
-    ladder: LadderRef = Field(description="Ladder reference; its text is in ladder.yaml beside this file.")
-    seed: int = Field(description="Seed.")
-    steps: list[int] = Field(description="Steps selected.")
-    device: DeviceRef = Field(description="Device under test.")
-    device_index: int = Field(default=0, description="Device index used.")
-    op_provider: str | None = Field(default=None, description="--ops: provider for every step-3 op check.")
-    model: str | None = Field(default=None, description="--model: model used instead of the ladder's ('embedded:NAME' or a local path).")
-    endpoint: str | None = Field(default=None, description="--endpoint: base URL of an OpenAI-compatible server under test "
-                                 "(credentials redacted: a resume is given --endpoint again).")
-    endpoint_model: str | None = Field(default=None, description="--endpoint-model: served model name to request.")
-    baseline: str | None = Field(default=None, description="--baseline: the results file given (copied to baseline.json "
-                                 "beside this file).")
+from adaptcheck.runfolder import (
+    BASELINE,
+    JOURNAL,
+    LADDER_SNAPSHOT,
+    RUN_META,
+    WORKER_LOG,
+    RunMeta,
+    assemble,
+    stored_meta,
+    with_run_model,
+    write_outputs,
+)
+from adaptcheck.runlock import LOCK_FILE, RunLock
+from adaptcheck.runlock import acquire as acquire_lock
 
 
 @dataclass
@@ -176,11 +150,6 @@ def _device_ref(backend: Backend, index: int, count: int) -> DeviceRef:
         name = f"{backend.display_name} (name unavailable: {type(exc).__name__})"
     return DeviceRef(backend=backend.name, display_name=backend.display_name,
                      torch_device=str(backend.torch_device(index)), device_name=name, device_count=count)
-
-
-def _planned(spec: LadderSpec) -> list[PlannedCheck]:
-    return [PlannedCheck(id=c.id, step=c.step, kind=c.kind, description=c.description, tags=c.tags,
-                         timeout_s=spec.timeout_for(c)) for c in spec.checks]
 
 
 def new_run_dir(out: Path | None, run_id: str) -> tuple[Path, RunLock]:
@@ -363,64 +332,6 @@ def _run_locked(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend
     return results
 
 
-def with_run_model(spec: LadderSpec, meta: RunMeta) -> LadderSpec:
-    """The ladder as this run executes it: ``--model`` replaces the ladder's model."""
-    if meta.model is None:
-        return spec
-    return spec.model_copy(update={"model": spec.model.model_copy(update={"name": meta.model})})
-
-
-def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]], complete: bool) -> RunResults:
-    """Results in ladder order, the environment lifted out of the capture check, the grade computed."""
-    checks: list[CheckResult] = []
-    environment: Environment | None = None
-    for c in spec.checks:
-        for r in done.get(c.id, []):
-            env = r.details.pop("environment", None) if r.kind == "matrix.capture" else None
-            if env is not None:
-                environment = Environment.model_validate(env)
-            checks.append(r)
-    planned = _planned(spec)
-    all_done = all(c.id in done for c in spec.checks if c.step in meta.steps)
-    return RunResults(
-        adaptcheck_version=adaptcheck.__version__, run_id=meta.run_id, started_at=meta.started_at,
-        finished_at=utcnow() if complete and all_done else None, complete=complete and all_done,
-        command=meta.command, ladder=meta.ladder, seed=meta.seed, steps=meta.steps, device=meta.device,
-        environment=environment, planned=planned, grade_rules=spec.grade, checks=checks, model=spec.model,
-        grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count, spec.model.precision),
-    )
-
-
-def regrade(results: RunResults) -> RunResults:
-    """Recompute the grade from the file's own checks and rules (what ``adaptcheck grade`` trusts)."""
-    grade = compute_grade(results.grade_rules, results.planned, results.checks, results.steps,
-                          results.device.device_count, results.model.precision)
-    return results.model_copy(update={"grade": grade})
-
-
-def write_outputs(results: RunResults, run_dir: Path) -> None:
-    """Scrub the run folder, then write results.json and the HTML report rendered from it."""
-    from adaptcheck.report import write_report
-    from adaptcheck.steps.matrix.redact import scrub_text, scrub_tree
-
-    # One redaction for every file of the run: what the worker and its servers wrote directly
-    # (worker.log, server logs, perf/*/*.jsonl) is scrubbed in place, before results.json is
-    # sealed with its digest and the report is rendered (neither then holds a secret).
-    scrub_tree(run_dir)
-    # Last line of defence: a secret's value must not leave the machine through a message.
-    results = RunResults.model_validate_json(scrub_text(results.model_dump_json()))
-    results.save(run_dir / RESULTS)
-    write_report(results, run_dir / REPORT)
-
-
-def stored_meta(meta: RunMeta) -> RunMeta:
-    """``meta`` as run.json keeps it: every string scrubbed (``--endpoint http://user:token@host``
-    → ``http://***REDACTED***@host``, and the same in the command line)."""
-    from adaptcheck.steps.matrix.redact import scrub_text
-
-    return RunMeta.model_validate_json(scrub_text(meta.model_dump_json()))
-
-
 def resume_endpoint(stored: str | None, given: str | None) -> str | None:
     """The endpoint a resumed run talks to: run.json's, or ``--endpoint`` given again.
 
@@ -428,7 +339,7 @@ def resume_endpoint(stored: str | None, given: str | None) -> str | None:
     resumed only with ``--resume DIR --endpoint URL``; the URL must redact to the stored
     value (the same server), and the API key comes from ``$ADAPTCHECK_API_KEY`` as always.
     """
-    from adaptcheck.steps.matrix.redact import REDACTED, scrub_text, scrub_url_credentials
+    from adaptcheck.redact import REDACTED, scrub_text, scrub_url_credentials
 
     if given is None:
         if stored is not None and REDACTED in stored:

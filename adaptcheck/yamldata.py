@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from adaptcheck.errors import InvalidInputError
+from adaptcheck.paths import data_dir
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -202,3 +203,19 @@ def line_of(root: yaml.Node, loc: list[Any]) -> int:
             node = node.value[part]
             line = node.start_mark.line
     return line + 1
+
+
+# --- the shipped data files of matrices/ -----------------------------------------------------------
+
+class MatrixError(InvalidInputError):
+    """A compatibility-matrix data file is malformed; the message names the file and line."""
+
+
+def matrices_file(name: str) -> Path:
+    """A shipped file of ``matrices/`` (works for a checkout and for an installed wheel)."""
+    return data_dir("matrices") / name
+
+
+def load_model(path: Path, model: type[M], error: type[InvalidInputError] = MatrixError) -> M:
+    """Read ``path`` (size-bounded) and validate it as ``model``; every problem is one ``error`` line."""
+    return parse_model(read_text(path, error), str(path), model, error)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from adaptcheck.integrity import Integrity, verify_file
-from adaptcheck.steps.matrix.redact import REDACTED
+from adaptcheck.redact import REDACTED
 from tests.conftest import ladder_text, run_cli
 
 HUB_PAT = "hubPAT-planted-91823"
@@ -59,7 +59,7 @@ class _Recorder(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         return
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         type(self).seen.append(self.headers.get("Authorization", ""))
         body = b'{"error": {"message": "unauthorized"}}'
         self.send_response(401)

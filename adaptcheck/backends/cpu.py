@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import ClassVar, TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult
 from adaptcheck.models.environment import DeviceInfo
@@ -51,7 +51,7 @@ class CpuBackend(Backend):
             return ProbeResult.no(f"torch is not importable: {exc}")
         return ProbeResult(True, "", 1)
 
-    def torch_device(self, index: int = 0) -> "torch.device":
+    def torch_device(self, index: int = 0) -> torch.device:
         import torch
 
         return torch.device("cpu")

@@ -26,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from adaptcheck.backends.base import ProbeResult, run_tool
-from adaptcheck.backends.cuda import clean_text, cuda_api_probe, leading_number, module_present, read_first_line, \
-    torch_version_tag
+from adaptcheck.backends.cuda import (
+    clean_text,
+    cuda_api_probe,
+    leading_number,
+    module_present,
+    read_first_line,
+    torch_version_tag,
+)
 from adaptcheck.backends.rocm import RocmBackend
 from adaptcheck.models.environment import DeviceInfo
 

@@ -23,8 +23,17 @@ from pathlib import Path
 
 from adaptcheck.backends import cuda as _cuda
 from adaptcheck.backends.base import ProbeResult
-from adaptcheck.backends.cuda import CudaBackend, clean_text, cuda_api_probe, maca_install_evidence, metax_torch_tag, \
-    nccl_version, read_first_line, torch_build_label, torch_or_reason
+from adaptcheck.backends.cuda import (
+    CudaBackend,
+    clean_text,
+    cuda_api_probe,
+    maca_install_evidence,
+    metax_torch_tag,
+    nccl_version,
+    read_first_line,
+    torch_build_label,
+    torch_or_reason,
+)
 from adaptcheck.models.environment import DeviceInfo
 
 _HEADER_FIELDS = {

@@ -23,8 +23,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
-from adaptcheck.backends.cuda import clean_text, cuda_api_probe, leading_number, nccl_version, read_first_line, \
-    torch_build_label, torch_or_reason
+from adaptcheck.backends.cuda import (
+    clean_text,
+    cuda_api_probe,
+    leading_number,
+    nccl_version,
+    read_first_line,
+    torch_build_label,
+    torch_or_reason,
+)
 from adaptcheck.models.environment import DeviceInfo
 
 ROCM_DIRS: tuple[str, ...] = ("/opt/rocm",)

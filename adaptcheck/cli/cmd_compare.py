@@ -9,7 +9,6 @@ checks, so the grade change printed first is the one ``adaptcheck grade`` would 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from pydantic import ValidationError
@@ -23,7 +22,7 @@ from adaptcheck.compare import (
 )
 from adaptcheck.compare.model import RunRef
 from adaptcheck.errors import UsageError
-from adaptcheck.session import regrade
+from adaptcheck.runfolder import regrade
 from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 
 SHOWN_IMPROVEMENTS = 10
@@ -91,13 +90,13 @@ def compare(
     baseline: Path = typer.Argument(..., metavar="BASELINE.json", help="results.json of the earlier run."),
     new: Path = typer.Argument(..., metavar="NEW.json", help="results.json of the run to judge."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table (human, stderr) or json/yaml (the comparison on stdout)."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write the comparison as a self-contained HTML page."),
-    noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", help="A performance figure regresses when worse by more than this × the larger measured run-to-run spread (default 3)."),
-    min_tolerance: Optional[float] = typer.Option(None, "--min-tolerance", help="Floor of that bound, as a fraction, for spreads measured as ~0 (default 0.02)."),
-    error_growth: Optional[float] = typer.Option(None, "--error-growth", help="An error metric regresses only when it grew by more than this factor (default 2) ..."),
-    min_error_delta: Optional[float] = typer.Option(None, "--min-error-delta", help="... and ratio_to_tolerance by more than this many tolerances (default 0.1)."),
-    min_logprob_delta: Optional[float] = typer.Option(None, "--min-logprob-delta", help="... and max_logprob_abs_diff by more than this many nats (default 0.1)."),
-    max_agreement_drop: Optional[float] = typer.Option(None, "--max-agreement-drop", help="Largest drop of token_agreement that is not a regression (default 0.05)."),
+    html: Path | None = typer.Option(None, "--html", help="Also write the comparison as a self-contained HTML page."),
+    noise_multiplier: float | None = typer.Option(None, "--noise-multiplier", help="A performance figure regresses when worse by more than this × the larger measured run-to-run spread (default 3)."),
+    min_tolerance: float | None = typer.Option(None, "--min-tolerance", help="Floor of that bound, as a fraction, for spreads measured as ~0 (default 0.02)."),
+    error_growth: float | None = typer.Option(None, "--error-growth", help="An error metric regresses only when it grew by more than this factor (default 2) ..."),
+    min_error_delta: float | None = typer.Option(None, "--min-error-delta", help="... and ratio_to_tolerance by more than this many tolerances (default 0.1)."),
+    min_logprob_delta: float | None = typer.Option(None, "--min-logprob-delta", help="... and max_logprob_abs_diff by more than this many nats (default 0.1)."),
+    max_agreement_drop: float | None = typer.Option(None, "--max-agreement-drop", help="Largest drop of token_agreement that is not a regression (default 0.05)."),
     allow_unverified: bool = typer.Option(False, ALLOW_OPTION, help=ALLOW_HELP),
 ) -> None:
     """Compare NEW.json against BASELINE.json: the grade change and the checks that caused it first;
@@ -115,7 +114,7 @@ def compare(
                                  baseline_check=old_check, new_check=new_check)
     _print(out, comparison)
     if html is not None:
-        from adaptcheck.report.compare import write_compare_report
+        from adaptcheck.report.render import write_compare_report
 
         write_compare_report(comparison, html)
         out.info(f"report: {html}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from adaptcheck.backends.registry import select_backend
@@ -11,11 +9,13 @@ from adaptcheck.cli.output import Format, Output
 
 
 def env(
-    device: Optional[str] = typer.Option(None, "--device", "-d", help="Backend to describe (default: auto-selected)."),
+    device: str | None = typer.Option(None, "--device", "-d", help="Backend to describe (default: auto-selected)."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml."),
 ) -> None:
     """Capture and print the compatibility matrix (secrets redacted)."""
-    from adaptcheck.steps.matrix.capture import capture_environment  # imports torch: only when asked
+    from adaptcheck.steps.matrix.capture import (
+        capture_environment,  # imports torch: only when asked
+    )
 
     out = Output(fmt)
     backend, _ = select_backend(device)

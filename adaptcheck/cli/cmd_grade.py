@@ -8,16 +8,15 @@ forged file — unless ``--allow-unverified``, which grades it and marks every o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.render import print_grade
 from adaptcheck.errors import GradeBelowRequired, UsageError
+from adaptcheck.grade import level_at_least
 from adaptcheck.models.ladder import LEVELS
-from adaptcheck.session import regrade
-from adaptcheck.steps.grade import level_at_least
+from adaptcheck.runfolder import regrade
 from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 
 
@@ -30,9 +29,9 @@ def check_level(level: str) -> str:
 
 def grade(
     results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="results.json written by 'adaptcheck run'."),
-    require: Optional[str] = typer.Option(None, "--require", "-r", help="Exit 1 unless the grade is at least this level (L1-L5)."),
+    require: str | None = typer.Option(None, "--require", "-r", help="Exit 1 unless the grade is at least this level (L1-L5)."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path."),
+    junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path."),
     allow_unverified: bool = typer.Option(False, ALLOW_OPTION, help=ALLOW_HELP),
 ) -> None:
     """Print the grade and the blockers for the next level, one per line.

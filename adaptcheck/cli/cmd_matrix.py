@@ -21,7 +21,12 @@ from adaptcheck.fleet import (
     output_format,
     write_matrix,
 )
-from adaptcheck.fleet.models import KNOWN_GOOD_MIN_LEVEL, Combination, FleetMatrix, SkippedInput
+from adaptcheck.fleet.models import (
+    KNOWN_GOOD_MIN_LEVEL,
+    Combination,
+    FleetMatrix,
+    SkippedInput,
+)
 from adaptcheck.fleet.stack import summary
 from adaptcheck.trusted import ALLOW_OPTION
 

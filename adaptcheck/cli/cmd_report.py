@@ -13,7 +13,7 @@ import typer
 
 from adaptcheck.cli.output import Output
 from adaptcheck.report import write_report
-from adaptcheck.session import regrade
+from adaptcheck.runfolder import regrade
 from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 
 

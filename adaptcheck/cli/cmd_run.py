@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,27 +11,28 @@ from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.progress import RichProgress
 from adaptcheck.cli.render import print_grade, print_summary
 from adaptcheck.errors import GradeBelowRequired
+from adaptcheck.grade import level_at_least
 from adaptcheck.models.results import RunResults
 from adaptcheck.report import details_path
-from adaptcheck.session import RESULTS, REPORT, RunOptions, parse_steps, resume_run, start_run
-from adaptcheck.steps.grade import level_at_least
+from adaptcheck.runfolder import REPORT, RESULTS
+from adaptcheck.session import RunOptions, parse_steps, resume_run, start_run
 
 
 def run(
-    device: Optional[str] = typer.Option(None, "--device", "-d", help="Backend to test (see 'adaptcheck backends'); default: the one available accelerator, else cpu."),
+    device: str | None = typer.Option(None, "--device", "-d", help="Backend to test (see 'adaptcheck backends'); default: the one available accelerator, else cpu."),
     ladder: str = typer.Option("standard", "--ladder", "-l", help="Built-in ladder name (quick, standard) or a YAML path."),
-    steps: Optional[str] = typer.Option(None, "--steps", help="Run only these steps, e.g. '1,2' or '2-3' (the grade names the others as not run)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder (default: reports/<run id>/)."),
+    steps: str | None = typer.Option(None, "--steps", help="Run only these steps, e.g. '1,2' or '2-3' (the grade names the others as not run)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run folder (default: reports/<run id>/)."),
     seed: int = typer.Option(0, "--seed", help="Seed for every generated input, and for the embedded model's weights (each seed is a different random model)."),
-    ops: Optional[str] = typer.Option(None, "--ops", help="Op provider for step 3 (name or 'module:object'), instead of the ladder's."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: a local Hugging Face folder or 'embedded:NAME' (never downloaded)."),
-    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Also test this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1); API key from $ADAPTCHECK_API_KEY or $OPENAI_API_KEY."),
-    endpoint_model: Optional[str] = typer.Option(None, "--endpoint-model", help="Served model name to request from --endpoint (default: the first it lists)."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="results.json of an earlier run of this machine: the ladder's perf.regression check compares this run against it (copied into the run folder). Refused (exit 5) when edited after its run or without digest, unless --allow-unverified."),
+    ops: str | None = typer.Option(None, "--ops", help="Op provider for step 3 (name or 'module:object'), instead of the ladder's."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: a local Hugging Face folder or 'embedded:NAME' (never downloaded)."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Also test this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1); API key from $ADAPTCHECK_API_KEY or $OPENAI_API_KEY."),
+    endpoint_model: str | None = typer.Option(None, "--endpoint-model", help="Served model name to request from --endpoint (default: the first it lists)."),
+    baseline: Path | None = typer.Option(None, "--baseline", help="results.json of an earlier run of this machine: the ladder's perf.regression check compares this run against it (copied into the run folder). Refused (exit 5) when edited after its run or without digest, unless --allow-unverified."),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Use a --baseline edited after its run or without digest; the perf.regression evidence then says the baseline was unverified."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Finish an interrupted run in this folder (other options are taken from it; give --endpoint again when its URL had credentials)."),
-    require: Optional[str] = typer.Option(None, "--require", help="Exit 1 unless the grade is at least this level (L1-L5)."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path, for CI."),
+    resume: Path | None = typer.Option(None, "--resume", help="Finish an interrupted run in this folder (other options are taken from it; give --endpoint again when its URL had credentials)."),
+    require: str | None = typer.Option(None, "--require", help="Exit 1 unless the grade is at least this level (L1-L5)."),
+    junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path, for CI."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table (human, stderr) or json/yaml (results on stdout)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or tables on stderr."),
 ) -> None:

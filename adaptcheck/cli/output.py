@@ -17,7 +17,6 @@ safe dumper double-quotes and escapes them (``\e``).
 from __future__ import annotations
 
 import json
-import re
 import sys
 from enum import Enum
 from typing import Any
@@ -27,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from adaptcheck.steps.matrix.redact import scrub_text
+from adaptcheck.redact import scrub_text
+from adaptcheck.terminal import error_line, shown
 
 
 class Format(str, Enum):
@@ -39,32 +39,6 @@ class Format(str, Enum):
 
 
 STATUS_STYLE = {"pass": "green", "fail": "red", "error": "bold red", "skip": "yellow", "n/a": "dim"}
-
-# C0 controls but \t and \n, DEL, C1 controls, and the bidi embeddings/overrides/isolates that
-# reorder what the terminal shows (U+200E/F marks are harmless and kept).
-_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_UNSAFE_KEEP_NEWLINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def _escaped(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def terminal_safe(text: str, newlines: bool = True) -> str:
-    """``text`` with every control a terminal would act on replaced by its escaped text.
-
-    Newlines stay when ``newlines`` (a multi-line message), else they are escaped too (a
-    one-line error, a table cell); tabs always stay. See the module doc for why escaped
-    text rather than removal.
-    """
-    return (_UNSAFE_KEEP_NEWLINE if newlines else _UNSAFE).sub(_escaped, text)
-
-
-def shown(text: str, newlines: bool = True) -> str:
-    """What any string printed to the terminal becomes: secrets scrubbed, controls made inert."""
-    return terminal_safe(scrub_text(text), newlines)
-
 
 class Output:
     """Human output on stderr, data on stdout."""
@@ -118,9 +92,7 @@ class Output:
 
     def error(self, text: str) -> None:
         """A one-line error (always shown, even with --quiet); plain text so it is never wrapped."""
-        line = shown(text.replace("\n", " "), newlines=False)
-        sys.stderr.write(f"adaptcheck: error: {line}\n")
-        sys.stderr.flush()
+        error_line(text)
 
 
 def _escape(text: str) -> str:

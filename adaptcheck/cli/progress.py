@@ -11,13 +11,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.text import Text
 
 from adaptcheck.cli.output import STATUS_STYLE, Output
 from adaptcheck.models.ladder import CheckSpec
 from adaptcheck.models.results import CheckResult, Status
-from adaptcheck.session import Progress as RunProgress, RunHeader
+from adaptcheck.session import Progress as RunProgress
+from adaptcheck.session import RunHeader
 
 
 class RichProgress(RunProgress):

@@ -1,15 +1,16 @@
 """One rank of ``adaptcheck cluster collectives``: step 4's exact collectives across nodes.
 
-Launched on every node by torchrun (docs/cluster.md); also runnable as
-``python -m adaptcheck.cluster.collectives`` (torchrun's ``-m`` form). Each rank:
+Launched on every node by torchrun (docs/cluster.md), as the ``adaptcheck`` console script
+or in torchrun's module form ``-m adaptcheck cluster collectives``; the CLI parses and calls
+:func:`run_cluster_collectives` (this library never imports the CLI). Each rank:
 
 1. reads its place from the launcher (:class:`~.env.RankEnv`) and selects the backend
    (``--device``, default as ``adaptcheck run``), driving device ``LOCAL_RANK``;
 2. joins the process group (``env://``: torchrun's store, or MASTER_ADDR/PORT);
 3. runs every (op, dtype, size) through step 4's
-   :func:`~adaptcheck.steps.framework.collectives_worker.run_case` — exact expectations,
+   :func:`~adaptcheck.collectives.worker.run_case` — exact expectations,
    values encoding rank and index — and, with ``--bench``, times them with
-   :func:`~adaptcheck.steps.framework.collectives_worker.run_bench_case`;
+   :func:`~adaptcheck.collectives.worker.run_bench_case`;
 4. sends its records to every rank (a gloo side group, so gathering plain Python objects
    never depends on the device library), so all ranks reach the same verdict and exit with
    the same code: torchrun then stops every node together instead of leaving a passing node
@@ -41,19 +42,13 @@ import adaptcheck
 from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
 from adaptcheck.cluster.models import MultinodeCollectives, Settings
 from adaptcheck.cluster.verdict import Payload, RunInfo, build_report
+from adaptcheck.collectives.exact import DEFAULT_DTYPES, ITEMSIZE, OPS, DtypeName
+from adaptcheck.collectives.plan import CollectivesParams, Plan, make_plan
 from adaptcheck.errors import DeviceError, UsageError
 from adaptcheck.models.results import utcnow
 from adaptcheck.perf.collectives import elements_for_bytes
 from adaptcheck.perf.micro import MIB
-from adaptcheck.steps.framework.collectives import (
-    DEFAULT_DTYPES,
-    ITEMSIZE,
-    OPS,
-    CollectivesParams,
-    DtypeName,
-    Plan,
-    make_plan,
-)
+from adaptcheck.terminal import error_line
 
 if TYPE_CHECKING:
     from adaptcheck.backends.base import Backend
@@ -208,7 +203,7 @@ def plan_bench(backend: Backend, options: ClusterCollectivesOptions,
 def _prepare(options: ClusterCollectivesOptions, environ: dict[str, str]) -> tuple[_Rank, Any]:
     """Everything that can be wrong before touching the network: usage (2), device (4)."""
     from adaptcheck.backends.registry import select_backend
-    from adaptcheck.steps.framework.collectives_worker import load_impl
+    from adaptcheck.collectives.worker import load_impl
 
     env = RankEnv.from_environ(environ)
     backend, probe = select_backend(options.device)
@@ -248,7 +243,7 @@ def run_cluster_collectives(options: ClusterCollectivesOptions,
     """
     import torch.distributed as dist
 
-    from adaptcheck.steps.framework.collectives_worker import (
+    from adaptcheck.collectives.worker import (
         bind_device,
         run_bench_case,
         run_case,
@@ -258,13 +253,11 @@ def run_cluster_collectives(options: ClusterCollectivesOptions,
     env, backend = me.env, me.backend
 
     def expire(reason: str, code: int) -> None:
-        from adaptcheck.cli.output import Output
-
         why = (": a node never started, a wrong MASTER_ADDR/endpoint, or a firewall between nodes (--join-timeout)"
                if code == EXIT_RENDEZVOUS else ": a peer hung, died or became unreachable (--timeout)")
         try:
             report = me.give_up(reason + why, code)
-            Output().error(report.message)
+            error_line(report.message)
         finally:
             sys.stdout.flush()
             os._exit(code)
@@ -331,14 +324,3 @@ def _lost_peer(payload: Payload, phase: str, exc: BaseException) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m adaptcheck.cluster.collectives ARGS`` ≡ ``adaptcheck cluster collectives ARGS``."""
-    from adaptcheck.cli.app import main as cli_main
-
-    cli_main(["cluster", "collectives", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    main()

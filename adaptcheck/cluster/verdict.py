@@ -1,9 +1,9 @@
 """Gathered per-rank outcomes → :class:`~.models.MultinodeCollectives` (pure, no torch.distributed).
 
 Each rank sends rank 0 one :data:`Payload`: who it is (host, node, device) and its records
-from :func:`~adaptcheck.steps.framework.collectives_worker.run_case` /
-:func:`~adaptcheck.steps.framework.collectives_worker.run_bench_case`. The exactness verdict
-is step 4's own (:func:`~adaptcheck.steps.framework.collectives.summarize`: a wrong element
+from :func:`~adaptcheck.collectives.worker.run_case` /
+:func:`~adaptcheck.collectives.worker.run_bench_case`. The exactness verdict
+is step 4's own (:func:`~adaptcheck.collectives.plan.summarize`: a wrong element
 anywhere fails; what the library calls unsupported costs what ``on_unsupported`` says), so a
 multi-node run and ``framework.collectives`` on one machine never disagree on the same
 records. Bandwidths follow nccl-tests (:mod:`adaptcheck.perf.collectives`), ``t`` being the
@@ -29,16 +29,11 @@ from adaptcheck.cluster.models import (
     Settings,
     SlowestRank,
 )
+from adaptcheck.collectives.exact import ITEMSIZE
+from adaptcheck.collectives.launch import LaunchResult, RankExit
+from adaptcheck.collectives.plan import Plan, merge_rows, summarize
 from adaptcheck.perf.collectives import busbw_factor, full_tensor_bytes
 from adaptcheck.perf.timing import summarize as timing_of
-from adaptcheck.steps.framework.collectives import (
-    ITEMSIZE,
-    LaunchResult,
-    Plan,
-    RankExit,
-    merge_rows,
-    summarize,
-)
 
 Payload = dict[str, Any]
 """One rank's gathered outcome: ``rank``, ``local_rank``, ``node_rank``, ``hostname``, ``device``,

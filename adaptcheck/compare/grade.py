@@ -35,7 +35,7 @@ def _label(check: CheckResult | None) -> str:
 
 
 def _clears(check: CheckResult | None) -> bool:
-    """Whether the check lets its conditions hold (as :func:`adaptcheck.steps.grade.evaluate_condition` reads it)."""
+    """Whether the check lets its conditions hold (as :func:`adaptcheck.grade.evaluate_condition` reads it)."""
     return check is not None and (check.status is Status.PASS or check.not_applicable)
 
 

@@ -4,7 +4,7 @@ An entry pins exactly what the combination ran: ``==`` on every key version (``r
 the value escaped where it is not a normal PEP 440 version, e.g. CANN's ``8.0.RC2``), the backend,
 the architecture and an anchored, escaped regex of the device names. Before anything is
 written each entry must match the environment of the run it came from
-(:func:`adaptcheck.steps.matrix.known_good.differences` is empty) — an entry that would not
+(:func:`adaptcheck.compat.known_good.differences` is empty) — an entry that would not
 even match its own machine is refused, not shipped — and the written file is read back
 with :func:`load_known_good`, the loader the ``matrix.known_good`` check uses.
 """
@@ -17,6 +17,13 @@ from pathlib import Path
 
 import yaml
 
+from adaptcheck.atomic import write_text_atomic
+from adaptcheck.compat import versions as V
+from adaptcheck.compat.known_good import (
+    KnownGoodEntry,
+    differences,
+    load_known_good,
+)
 from adaptcheck.fleet.merge import merge
 from adaptcheck.fleet.models import (
     KNOWN_GOOD_MIN_LEVEL,
@@ -24,15 +31,8 @@ from adaptcheck.fleet.models import (
     KnownGoodExport,
     Refusal,
 )
-from adaptcheck.atomic import write_text_atomic
 from adaptcheck.fleet.stack import summary
 from adaptcheck.models.results import RunResults
-from adaptcheck.steps.matrix import versions as V
-from adaptcheck.steps.matrix.known_good import (
-    KnownGoodEntry,
-    differences,
-    load_known_good,
-)
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
 HEADER = ("# Known-good stacks measured on this site, written by 'adaptcheck matrix export-known-good'.\n"

@@ -29,10 +29,10 @@ from adaptcheck.fleet.models import (
     StackKey,
 )
 from adaptcheck.fleet.stack import key_id, stack_key
+from adaptcheck.grade import level_at_least
 from adaptcheck.integrity import VerifyResult
 from adaptcheck.models.results import RunResults, utcnow
-from adaptcheck.session import RESULTS, regrade
-from adaptcheck.steps.grade import level_at_least
+from adaptcheck.runfolder import RESULTS, regrade
 from adaptcheck.trusted import load_verified
 
 

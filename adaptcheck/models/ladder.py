@@ -58,7 +58,7 @@ class ConditionSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _selects_something(self) -> "ConditionSpec":
+    def _selects_something(self) -> ConditionSpec:
         if not (self.checks or self.steps or self.tags):
             raise ValueError("a condition must select checks by 'checks', 'steps' or 'tags'")
         return self
@@ -122,7 +122,7 @@ class LadderSpec(Strict):
         return v
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> "LadderSpec":
+    def _unique_ids(self) -> LadderSpec:
         seen: set[str] = set()
         for i, c in enumerate(self.checks):
             if c.id in seen:

@@ -198,7 +198,7 @@ class RunResults(BaseModel):
         return self.digest
 
     @classmethod
-    def load(cls, path: Path) -> "RunResults":
+    def load(cls, path: Path) -> RunResults:
         """Read and validate a results file; any problem is a one-line InvalidInputError."""
         # Bounded: size, nesting and integer length are limited (adaptcheck.safejson).
         raw = safejson.load_file(Path(path), what="results file", missing_hint="pass the results.json of a run")

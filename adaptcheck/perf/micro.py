@@ -3,7 +3,7 @@
 Responsibility: GEMM per dtype over LLM-shaped problems, device memory copy, host↔device
 copies and the result-row shape they share (``docs/perf.md``). Attention lives in
 :mod:`adaptcheck.perf.attention`; collectives are timed by the rank processes of
-:mod:`adaptcheck.steps.framework.collectives_worker`. Everything is device-generic torch on
+:mod:`adaptcheck.collectives.worker`. Everything is device-generic torch on
 ``backend.torch_device(index)``, timed by :func:`adaptcheck.perf.timing.time_callable`.
 
 Work and traffic per repetition (the minimum a perfect kernel needs):

@@ -8,10 +8,8 @@ Responsibility:
   a regex searched in the device name, the backends it applies to, **dense** TFLOP/s per
   dtype (never the 2:4-sparsity figures datasheets print first), memory, host-link and
   device-interconnect bandwidth, a required ``source`` and a ``verified`` flag.
-* :func:`peak_for` — the first entry, in file order, whose backend and regex match. On the
-  CPU backend the peak is *derived* from what the machine reports
-  (:mod:`adaptcheck.perf.cpu_peak`); a matching CPU entry may replace derived figures (a
-  datasheet memory bandwidth, say).
+* :func:`find_entry` — the first entry, in file order, whose backend and regex match (the
+  lookup that also derives the host CPU's peak is :mod:`adaptcheck.perf.peak_lookup`).
 * :func:`roofline` and :func:`efficiency` — arithmetic intensity vs the ridge point of the
   dtype (peak FLOP/s ÷ peak memory bandwidth) gives the bound (``compute`` or ``memory``);
   efficiency is the achieved rate over the peak of the resource that bounds it.
@@ -31,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adaptcheck.steps.matrix.datafile import (
+from adaptcheck.yamldata import (
     MatrixError,
     load_model,
     matrices_file,
@@ -172,36 +170,6 @@ def find_entry(peaks: PeaksFile, backend_name: str, device_name: str) -> PeakEnt
         if backend_name in entry.backends and re.search(entry.match, device_name, re.IGNORECASE):
             return entry
     return None
-
-
-def peak_for(backend_name: str, device_name: str, path: Path | str | None = None, *, host_cpu: bool | None = None,
-             cpu_facts: Any | None = None) -> Peak | None:
-    """The peak for a device: the first matching ``peaks.yaml`` entry (or ``path``'s), or for
-    the host CPU (``host_cpu``; default: the backend is named 'cpu') the derived peak
-    (``cpu_facts``: recorded :class:`~adaptcheck.perf.cpu_peak.CpuFacts`, else read from this
-    machine) with a matching CPU entry's figures on top. None when nothing is known."""
-    entry = find_entry(load_peaks(path), backend_name, device_name)
-    if not (host_cpu if host_cpu is not None else backend_name == "cpu"):
-        return entry_to_peak(entry, device_name) if entry else None
-    from adaptcheck.perf.cpu_peak import derive_cpu_peak, read_cpu_facts
-
-    derived = derive_cpu_peak(cpu_facts if cpu_facts is not None else read_cpu_facts())
-    return merge_cpu_entry(derived, entry) if entry else derived
-
-
-def merge_cpu_entry(derived: Peak, entry: PeakEntry) -> Peak:
-    """A CPU entry's figures replace the derived ones they name; the rest stay derived."""
-    spec = entry_to_peak(entry, derived.device)
-    flops = {**derived.flops, **spec.flops}
-    lines = [*derived.derivation,
-             f"peaks entry {entry.id!r} ({entry.source}) replaces: "
-             + ", ".join([*(f"{k} flops" for k in spec.flops), *(["memory bandwidth"] if spec.memory_bw else [])])]
-    return derived.replace(
-        entry=f"derived:cpu+{entry.id}", flops=flops, derivation=tuple(lines), notes=entry.notes,
-        memory_bw=spec.memory_bw or derived.memory_bw,
-        interconnect_bw=spec.interconnect_bw or derived.interconnect_bw or spec.memory_bw,
-        memory_bw_basis="spec" if spec.memory_bw else derived.memory_bw_basis,
-        source=f"{derived.source}; {entry.source}", verified=derived.verified and entry.verified)
 
 
 def roofline(flops: float | None, bytes_moved: float | None, peak: Peak | None,

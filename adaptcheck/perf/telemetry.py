@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.hostfacts import cpu_frequency_mhz, cpu_times
 from adaptcheck.perf.monitors import tree_rss_mib
-from adaptcheck.steps.matrix.telemetry import cpu_frequency_mhz, cpu_times
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -13,9 +13,7 @@ collapsed table below.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from adaptcheck.atomic import write_text_atomic
 from adaptcheck.compare import SELF_KIND, Comparison
 from adaptcheck.compare.model import PerfFigure, RunRef
 from adaptcheck.compare.perf import describe_change, value_text
@@ -218,11 +216,3 @@ def build_compare(results: RunResults, anchors: dict[str, str]) -> CompareView |
             continue  # hand-edited or older details: the check's own entry still shows them raw
         return build_compare_view(comparison, anchors, check=status_label(status_key(c)))
     return None
-
-
-def write_compare_report(comparison: Comparison, path: Path) -> None:
-    """The comparison as a self-contained HTML page (UTF-8, written atomically)."""
-    from adaptcheck.report.render import render_template
-
-    write_text_atomic(path, render_template(PAGE_TEMPLATE, v=ComparePage(compare=build_compare_view(comparison))),
-                      what="the comparison page")

@@ -32,10 +32,10 @@ from datetime import timezone
 from pathlib import Path
 
 from adaptcheck.atomic import write_text_atomic
+from adaptcheck.grade import level_at_least
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.redact import scrub_text
 from adaptcheck.report.view import STEP_NAMES
-from adaptcheck.steps.grade import level_at_least
-from adaptcheck.steps.matrix.redact import scrub_text
 
 # A failure body is for reading in a CI page, not for archiving: the full details are in results.json.
 MAX_BODY_CHARS = 20_000

@@ -19,6 +19,9 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from adaptcheck.atomic import write_text_atomic
+from adaptcheck.compare import Comparison
+from adaptcheck.report.compare import PAGE_TEMPLATE, ComparePage, build_compare_view
 from adaptcheck.report.view import ReportView
 
 # Next to this module, inside the package, so the template ships in the wheel.
@@ -93,3 +96,9 @@ def render(view: ReportView, page: str = "main", main_file: str = MAIN_FILE, det
         print_script=Markup(PRINT_SCRIPT),
         script_csp=script_hash(PRINT_SCRIPT),
     )
+
+
+def write_compare_report(comparison: Comparison, path: Path) -> None:
+    """The comparison as a self-contained HTML page (UTF-8, written atomically)."""
+    write_text_atomic(path, render_template(PAGE_TEMPLATE, v=ComparePage(compare=build_compare_view(comparison))),
+                      what="the comparison page")

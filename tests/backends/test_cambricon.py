@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck.backends.cambricon import CambriconBackend, parse_cnmon_table, parse_neuware_version
+from adaptcheck.backends.cambricon import (
+    CambriconBackend,
+    parse_cnmon_table,
+    parse_neuware_version,
+)
 from tests.backends.fakes import install_fake_module, install_fake_tool
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck.backends.cuda import CudaBackend, parse_nvidia_smi_xml, parse_nvidia_smi_xml_header
+from adaptcheck.backends.cuda import (
+    CudaBackend,
+    parse_nvidia_smi_xml,
+    parse_nvidia_smi_xml_header,
+)
 from adaptcheck.backends.registry import discover
 from tests.backends.fakes import install_fake_tool, install_fake_torch
 

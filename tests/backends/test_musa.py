@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck.backends.musa import MusaBackend, parse_mthreads_gmi_table, parse_musa_version_json
+from adaptcheck.backends.musa import (
+    MusaBackend,
+    parse_mthreads_gmi_table,
+    parse_musa_version_json,
+)
 from tests.backends.fakes import install_fake_module, install_fake_tool
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"

@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from adaptcheck.backends.registry import discover
-from adaptcheck.backends.rocm import RocmBackend, fp8_flavour_for_arch, merge_metric, parse_amd_smi_metric, \
-    parse_amd_smi_static, parse_rocm_smi_json
+from adaptcheck.backends.rocm import (
+    RocmBackend,
+    fp8_flavour_for_arch,
+    merge_metric,
+    parse_amd_smi_metric,
+    parse_amd_smi_static,
+    parse_rocm_smi_json,
+)
 from tests.backends.fakes import install_fake_tool, install_fake_torch
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from adaptcheck.backends import xpu
-from adaptcheck.backends.xpu import XpuBackend, merge_detail, oneapi_version_from_path, parse_xpu_smi_discovery
+from adaptcheck.backends.xpu import (
+    XpuBackend,
+    merge_detail,
+    oneapi_version_from_path,
+    parse_xpu_smi_discovery,
+)
 from tests.backends.fakes import install_fake_module, install_fake_tool
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings" / "xpu-smi"

@@ -227,7 +227,7 @@ def _dup_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 
 def _run_without_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     from adaptcheck.models.results import DeviceRef, LadderRef, utcnow
-    from adaptcheck.session import RUN_META, RunMeta
+    from adaptcheck.runfolder import RUN_META, RunMeta
 
     run = tmp / "run1"
     run.mkdir()
@@ -278,7 +278,7 @@ def _run_edited_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 
     from adaptcheck.models.results import DeviceRef, LadderRef, utcnow
     from adaptcheck.paths import data_dir
-    from adaptcheck.session import LADDER_SNAPSHOT, RUN_META, RunMeta
+    from adaptcheck.runfolder import LADDER_SNAPSHOT, RUN_META, RunMeta
 
     run = tmp / "run2"
     run.mkdir()
@@ -380,7 +380,7 @@ def test_table_is_complete_and_well_formed() -> None:
         if r.run != "in-process":
             assert not set(r.setups) & IN_PROCESS_ONLY, f"{r.id}: setup patches this process; run it in-process"
     # The doc's setup list names every setup (and nothing else).
-    doc_setups = set(re.findall(r"^\| `([a-z0-9-]+)` \|", DOC.read_text(encoding="utf-8"), re.M))
+    doc_setups = set(re.findall(r"^\| `([a-z0-9-]+)` \|", DOC.read_text(encoding="utf-8"), re.MULTILINE))
     assert doc_setups == set(SETUPS)
 
 
@@ -390,7 +390,7 @@ def test_covered_rows_name_a_test_that_exists(row: Row) -> None:
     assert row.covered_by is not None
     file, _, name = row.covered_by.partition("::")
     source = (ROOT / file).read_text(encoding="utf-8")
-    assert re.search(rf"^def {re.escape(name)}\(", source, re.M), f"{row.id}: {row.covered_by} does not exist"
+    assert re.search(rf"^def {re.escape(name)}\(", source, re.MULTILINE), f"{row.id}: {row.covered_by} does not exist"
 
 
 @pytest.mark.parametrize("row", [r for r in RUNNABLE if r.run in ("in-process", "both")], ids=lambda r: r.id)

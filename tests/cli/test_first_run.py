@@ -11,8 +11,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from adaptcheck.cli.progress import ReasonFolder, RichProgress, id_pattern, progress_text
 from adaptcheck.cli.output import Format, Output
+from adaptcheck.cli.progress import (
+    ReasonFolder,
+    RichProgress,
+    id_pattern,
+    progress_text,
+)
 from adaptcheck.ladder.estimate import estimate
 from adaptcheck.ladder.loader import load_ladder
 from adaptcheck.models.results import CheckResult, Status
@@ -23,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bash_blocks(text: str) -> list[str]:
-    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)]
 
 
 def _venv_of(command: str) -> str:
@@ -153,7 +158,7 @@ def test_run_prints_the_header_first(tmp_path: Path) -> None:
     assert head[0].startswith("adaptcheck run: 4 checks of ladder quick"), head
     joined = "\n".join(head)
     for word in ("device", "model", "output", "expected"):
-        assert re.search(rf"^  {word}\s", joined, flags=re.M), (word, head)
+        assert re.search(rf"^  {word}\s", joined, flags=re.MULTILINE), (word, head)
     assert str(tmp_path / "run") in joined
 
 

@@ -26,8 +26,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adaptcheck.steps.framework.collectives import OPS, free_port, loopback_interface
-from adaptcheck.steps.framework.collectives_worker import TorchCollectives
+from adaptcheck.collectives.exact import OPS
+from adaptcheck.collectives.launch import free_port, loopback_interface
+from adaptcheck.collectives.worker import TorchCollectives
 
 REPO = Path(__file__).resolve().parents[2]
 ME = "tests.cluster.test_multinode"
@@ -78,7 +79,7 @@ def torchrun_node(node_rank: int, port: int, out: Path, args: list[str], *, nnod
     if node_rank == 0 and CONSOLE_SCRIPT.exists():
         target = [str(CONSOLE_SCRIPT), "cluster", "collectives"]  # the form docs/cluster.md gives
     else:
-        target = ["-m", "adaptcheck.cluster.collectives"]
+        target = ["-m", "adaptcheck", "cluster", "collectives"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", "1",
            "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
            "--rdzv-conf", f"timeout={rdzv_timeout_s}", *target, "--out", str(out), *args]
@@ -158,7 +159,7 @@ def direct_rank(rank: int, port: int, out: Path, args: list[str], world_size: in
     """A rank started as a non-torchrun launcher (srun, mpirun, a script) would: env set by hand."""
     env = _env(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                GROUP_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    return subprocess.Popen([sys.executable, "-m", "adaptcheck.cluster.collectives", "--out", str(out), *args],
+    return subprocess.Popen([sys.executable, "-m", "adaptcheck", "cluster", "collectives", "--out", str(out), *args],
                             cwd=out.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

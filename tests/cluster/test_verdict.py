@@ -25,8 +25,8 @@ from adaptcheck.cluster.verdict import (
     rank_infos,
     slowest_rank,
 )
+from adaptcheck.collectives.plan import Plan
 from adaptcheck.errors import UsageError
-from adaptcheck.steps.framework.collectives import Plan
 
 TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
                 "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",

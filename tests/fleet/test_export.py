@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adaptcheck.fleet import export_known_good
-from adaptcheck.fleet.export import device_regex, pin
-from adaptcheck.models.results import RunResults
-from adaptcheck.steps.matrix.known_good import (
+from adaptcheck.compat.known_good import (
     KnownGoodEntry,
     _fits,
     differences,
     load_known_good,
     match_known_good,
 )
+from adaptcheck.fleet import export_known_good
+from adaptcheck.fleet.export import device_regex, pin
+from adaptcheck.models.results import RunResults
 
 from .runs import FleetRuns, derive, fleet_runs_fixture, load  # noqa: F401 - a fixture
 
@@ -101,7 +101,7 @@ def test_reexport_replaces_by_id_and_keeps_other_entries(fleet_runs: FleetRuns, 
 
 
 def test_an_invalid_existing_file_is_not_overwritten(fleet_runs: FleetRuns, tmp_path: Path) -> None:
-    from adaptcheck.steps.matrix.datafile import MatrixError
+    from adaptcheck.yamldata import MatrixError
 
     out = tmp_path / "kg.yaml"
     out.write_text("schema_version: 1\nentries: [{id: x}]\n")

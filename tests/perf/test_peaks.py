@@ -14,6 +14,7 @@ from adaptcheck.perf.cpu_peak import (
     parse_cpu_facts,
     with_memory_reference,
 )
+from adaptcheck.perf.peak_lookup import peak_for
 from adaptcheck.perf.peaks import (
     Peak,
     PeaksError,
@@ -21,7 +22,6 @@ from adaptcheck.perf.peaks import (
     find_entry,
     load_peaks,
     parse_peaks,
-    peak_for,
     roofline,
 )
 

@@ -19,9 +19,9 @@ import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.backends.cuda import CudaBackend
+from adaptcheck.hostfacts import cpu_frequency_mhz
 from adaptcheck.perf.telemetry import STOP_WAIT_S, TelemetrySampler
 from adaptcheck.perf.trend import fit_trend
-from adaptcheck.steps.matrix.telemetry import cpu_frequency_mhz
 from tests.backends.fakes import fake_bin, install_fake_tool
 
 __all__ = ["fake_bin"]  # the fixture, used by name below

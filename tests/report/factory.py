@@ -9,8 +9,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from adaptcheck.grade import compute_grade
 from adaptcheck.models.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
-from adaptcheck.models.ladder import ModelSpec, ConditionSpec, GradeSpec, LevelSpec
+from adaptcheck.models.ladder import ConditionSpec, GradeSpec, LevelSpec, ModelSpec
 from adaptcheck.models.results import (
     CheckResult,
     DeviceRef,
@@ -19,7 +20,6 @@ from adaptcheck.models.results import (
     RunResults,
     Status,
 )
-from adaptcheck.steps.grade import compute_grade
 
 XSS_SCRIPT = "<script>alert(1)</script>"
 XSS_ATTR = '"><img src=x onerror=alert(1)>'

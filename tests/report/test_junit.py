@@ -27,7 +27,7 @@ CHECKS = [
     {"id": "second", "step": 2, "kind": "dummy.fail"},
     {"id": "third", "step": 2, "kind": "dummy.raise"},
     {"id": "smoke.streams_events", "step": 2, "kind": "smoke.streams_events"},  # n/a on CPU
-    {"id": "later", "step": 3, "kind": "placeholder.not_implemented", "params": {"step": 3, "what": "a <b> & c"}},
+    {"id": "later", "step": 3, "kind": "dummy.skip", "params": {"why": "not implemented: a <b> & c"}},
     {"id": "perf.never", "step": 5, "kind": "dummy.pass"},  # its step is not selected
 ]
 
@@ -89,7 +89,7 @@ def test_each_outcome_maps_to_its_element(produced: dict[str, Path]) -> None:
     assert isinstance(na, Skipped) and na.message.startswith("n/a: ")
     assert cases["smoke.streams_events"].classname == "adaptcheck.step2.smoke"
     (skip,) = cases["later"].result
-    assert isinstance(skip, Skipped) and skip.message == "not implemented in this adaptcheck version: a <b> & c"
+    assert isinstance(skip, Skipped) and skip.message == "not implemented: a <b> & c"
     (not_run,) = cases["perf.never"].result
     assert isinstance(not_run, Skipped) and not_run.message.startswith("not run: step 5 was not selected")
     (below,) = cases["grade"].result

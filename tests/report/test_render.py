@@ -30,7 +30,7 @@ def _details(**kw: object) -> str:
     return render(build_view(make_results(**kw)), "details")  # type: ignore[arg-type]
 
 
-def _hostile_results():  # noqa: ANN202 - test helper
+def _hostile_results():
     env = make_environment(
         hostname=XSS_SCRIPT, os=XSS_ATTR,
         env_vars={"EVIL": XSS_ATTR}, notes={"driver_version": XSS_SCRIPT},
@@ -118,9 +118,9 @@ def test_hostile_text_survives_as_visible_text() -> None:
 def test_no_network_references() -> None:
     view = build_view(_hostile_results())
     page = render(view) + render(view, "details") + _page() + _details()
-    assert not re.search(r"""(?:src|href|action|srcset|poster|data)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
-    assert not re.search(r"@import", page, re.I)
-    assert not re.search(r"url\(\s*['\"]?\s*(?:https?:)?//", page, re.I)
+    assert not re.search(r"""(?:src|href|action|srcset|poster|data)\s*=\s*["']?\s*(?:https?:)?//""", page, re.IGNORECASE)
+    assert not re.search(r"@import", page, re.IGNORECASE)
+    assert not re.search(r"url\(\s*['\"]?\s*(?:https?:)?//", page, re.IGNORECASE)
     assert "<link" not in page and "<iframe" not in page
     hrefs = [v for _, k, v in _parse(page).attrs if k == "href"]
     # Only fragments, of this page or of the other page of the report beside it.
@@ -165,7 +165,7 @@ def test_each_check_block_shows_its_status_text() -> None:
     page = _details()
     for cid, label in (("smoke.matmul", "pass"), ("ops.rmsnorm", "error"), ("framework.batch", "skip"),
                        ("smoke.streams_events", "n/a"), ("perf.gemm", "not run")):
-        block = re.search(rf'<article class="check" id="check-{re.escape(cid)}">(.*?)</article>', page, re.S)
+        block = re.search(rf'<article class="check" id="check-{re.escape(cid)}">(.*?)</article>', page, re.DOTALL)
         assert block, cid
         assert f"</span> {label}</span>" in block.group(1), cid
 

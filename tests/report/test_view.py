@@ -14,7 +14,7 @@ from adaptcheck.report.view import ReportView, build_view
 from .factory import make_environment, make_results
 
 
-def _check(view: ReportView, cid: str):  # noqa: ANN202 - test helper
+def _check(view: ReportView, cid: str):
     return next(c for g in view.check_groups for c in g.checks if c.id == cid)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from adaptcheck.models.numerics import ModelNumericsPolicy
-from adaptcheck.steps.matrix.datafile import load_model, matrices_file
+from adaptcheck.yamldata import load_model, matrices_file
 
 
 class _File(BaseModel):

@@ -25,9 +25,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from adaptcheck.compat.versions import distribution_version as dist_version
 from adaptcheck.models.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
-from adaptcheck.steps.matrix.redact import redact_env, scrub_text
-from adaptcheck.steps.matrix.versions import distribution_version as dist_version
+from adaptcheck.redact import redact_env, scrub_text
 
 if TYPE_CHECKING:
     from adaptcheck.backends.base import Backend

@@ -23,18 +23,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck.ladder.check import Check, CheckContext, NoParams, Outcome
-from adaptcheck.models.environment import Environment
-from adaptcheck.steps.matrix.capture import capture_environment
-from adaptcheck.steps.matrix.known_good import (
+from adaptcheck.compat.known_good import (
     KNOWN_GOOD_ENV,
     extra_known_good_files,
     load_known_good_sources,
     match_known_good,
     stack_value,
 )
-from adaptcheck.steps.matrix.rules import RuleInputs, Verdict, evaluate_all, load_rules
-from adaptcheck.steps.matrix.telemetry import host_sample
+from adaptcheck.compat.rules import RuleInputs, Verdict, evaluate_all, load_rules
+from adaptcheck.hostfacts import host_sample
+from adaptcheck.ladder.check import Check, CheckContext, NoParams, Outcome
+from adaptcheck.models.environment import Environment
+from adaptcheck.steps.matrix.capture import capture_environment
 
 _SCRATCH_KEY = "matrix.environment"
 

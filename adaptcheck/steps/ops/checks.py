@@ -36,7 +36,7 @@ class OpCheckParams(BaseModel):
     budget_s: float = Field(default=20.0, gt=0, description="Time budget; cases are shrunk to fit it.")
 
     @model_validator(mode="after")
-    def _known(self) -> "OpCheckParams":
+    def _known(self) -> OpCheckParams:
         op = get_op(self.op)  # UnknownNameError carries the suggestion; pydantic reports it
         bad = [d for d in self.dtypes if d not in op.dtypes]
         if bad:

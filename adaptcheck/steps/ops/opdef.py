@@ -34,7 +34,7 @@ class CaseBase(BaseModel):
 
     name: str = Field(description="Case name shown in the report, e.g. 'long_k'.")
 
-    def scaled(self, factor: float) -> "CaseBase":
+    def scaled(self, factor: float) -> CaseBase:
         """A smaller case for a slow device: ``factor`` < 1 is the fraction of work to keep.
 
         Ops override this for their large dimensions (K, sequence length, vocabulary …);
@@ -55,7 +55,7 @@ class OpInputs:
     """Keyword arguments: torch tensors and plain Python scalars."""
     notes: dict[str, Any] = field(default_factory=dict)
     """What is special about these inputs (shown in the report)."""
-    compare_mask: "torch.Tensor | None" = None
+    compare_mask: torch.Tensor | None = None
     """Optional bool mask over the first output: only these positions are compared (e.g. rows
     of a greedy sample whose top-1/top-2 gap is clear)."""
 
@@ -69,8 +69,8 @@ class OpDef:
     description: str
     signature: str
     case_model: type[CaseBase]
-    make_inputs: Callable[[Any, str, "torch.Generator"], OpInputs]
-    reference: Callable[..., "np.ndarray | tuple[np.ndarray, ...]"]
+    make_inputs: Callable[[Any, str, torch.Generator], OpInputs]
+    reference: Callable[..., np.ndarray | tuple[np.ndarray, ...]]
     outputs: tuple[str, ...]
     tolerance: tuple[str, ...]
     """Tolerance class per output (same length as ``outputs``)."""

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adaptcheck.errors import UnknownNameError, did_you_mean
 from adaptcheck.models.numerics import ModelNumericsPolicy
-from adaptcheck.steps.matrix.datafile import load_model, matrices_file
+from adaptcheck.yamldata import load_model, matrices_file
 
 
 class Limit(BaseModel):
@@ -40,7 +40,7 @@ class ToleranceClass(BaseModel):
     max_code_distance: int | None = Field(default=None, ge=0, description="codes: allowed code distance.")
 
     @model_validator(mode="after")
-    def _complete(self) -> "ToleranceClass":
+    def _complete(self) -> ToleranceClass:
         need = {"allclose": ("rtol", "atol"), "normalized": ("max_normalized", "min_cosine")}.get(self.mode, ())
         for dtype, limit in self.limits.items():
             missing = [f for f in need if getattr(limit, f) is None]

@@ -1,8 +1,8 @@
 """``perf.collectives``: algbw / busbw of the collectives vLLM uses, timed by rank processes.
 
-Reuses step 4's launcher (:func:`adaptcheck.steps.framework.collectives.launch`: one process
+Reuses step 4's launcher (:func:`adaptcheck.collectives.launch.launch`: one process
 per rank, loopback rendezvous, deadline, no rank left behind) with the worker's bench mode
-(:func:`~adaptcheck.steps.framework.collectives_worker.run_bench_case`). On a host CPU, 2
+(:func:`~adaptcheck.collectives.worker.run_bench_case`). On a host CPU, 2
 gloo ranks share the machine (a stand-in that exercises the whole path); on an accelerator,
 one rank per device, and one device means not applicable.
 
@@ -20,18 +20,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from adaptcheck.collectives.exact import ITEMSIZE
+from adaptcheck.collectives.launch import LaunchResult, class_ref, import_root, launch
+from adaptcheck.collectives.plan import resolve_world_size
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.collectives import collective_row, elements_for_bytes
 from adaptcheck.perf.micro import MIB, not_run_row
 from adaptcheck.perf.timing import SYNC, summarize
-from adaptcheck.steps.framework.collectives import (
-    ITEMSIZE,
-    LaunchResult,
-    class_ref,
-    import_root,
-    launch,
-    resolve_world_size,
-)
 from adaptcheck.steps.perf.common import TimedParams, headline, resolve_peak, verdict
 
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]

@@ -34,7 +34,8 @@ from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.perf.caches import DRAM_FACTOR, LastLevelCache, device_llc, residency
 from adaptcheck.perf.cpu_peak import remeasure_cpu_clock, with_memory_reference
 from adaptcheck.perf.micro import MIB, TimingOptions, finite_positive, memory_reference
-from adaptcheck.perf.peaks import Peak, efficiency, fmt_rate, peak_for, roofline
+from adaptcheck.perf.peak_lookup import peak_for
+from adaptcheck.perf.peaks import Peak, efficiency, fmt_rate, roofline
 from adaptcheck.perf.timing import timer_name
 
 MEMORY_REFERENCE_KEY = "perf.memory_reference"

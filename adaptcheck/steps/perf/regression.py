@@ -50,7 +50,7 @@ def current_results(run_dir: Path) -> RunResults:
     environment lifted out of the capture check, in ladder order."""
     from adaptcheck.ladder.loader import parse_ladder
     from adaptcheck.ladder.runner import JournalWriter
-    from adaptcheck.session import (
+    from adaptcheck.runfolder import (
         JOURNAL,
         LADDER_SNAPSHOT,
         RUN_META,
@@ -100,7 +100,7 @@ class RegressionCheck(Check):
     params_model = RegressionParams
 
     def run(self, ctx: CheckContext, params: RegressionParams) -> Outcome:
-        from adaptcheck.session import BASELINE
+        from adaptcheck.runfolder import BASELINE
 
         path = ctx.run_dir / BASELINE
         if not path.is_file():

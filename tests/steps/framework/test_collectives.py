@@ -34,33 +34,37 @@ import torch.distributed as dist
 from pydantic import ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
-from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
-from adaptcheck.steps.framework.collectives import (
+from adaptcheck.collectives.exact import (
     OPS,
-    CollectivesCheck,
-    CollectivesParams,
-    LaunchResult,
-    Plan,
-    RankExit,
     broadcast_source,
     buffer_sizes,
     build_input,
     classify_exception,
     compare,
     expected_output,
-    import_root,
-    last_line,
-    make_plan,
-    resolve_world_size,
-    stuck_frame,
-    summarize,
     torch_dtype,
     value_scale,
 )
-from adaptcheck.steps.framework.collectives_worker import TorchCollectives
+from adaptcheck.collectives.launch import (
+    LaunchResult,
+    RankExit,
+    import_root,
+    last_line,
+    stuck_frame,
+)
+from adaptcheck.collectives.plan import (
+    CollectivesParams,
+    Plan,
+    make_plan,
+    resolve_world_size,
+    summarize,
+)
+from adaptcheck.collectives.worker import TorchCollectives
+from adaptcheck.ladder.check import CheckContext, Outcome
+from adaptcheck.ladder.registry import get_check_class
+from adaptcheck.models.ladder import ModelSpec
+from adaptcheck.models.results import Status
+from adaptcheck.steps.framework.collectives import CollectivesCheck
 from tests.conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[3]
@@ -183,7 +187,7 @@ def assert_no_rank_left(outcome: Outcome) -> None:
     assert pids, "the ranks never reported their pids"
     assert live_processes_mentioning(outcome.details["logs_dir"]) == []
     for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or "collectives_worker" not in Path(
+        assert not Path(f"/proc/{pid}").exists() or "collectives.worker" not in Path(
             f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
 
 
@@ -289,7 +293,7 @@ def test_every_wrong_collective_is_caught(op: str, defect: str, dtype: str, ws: 
 
 
 def test_inputs_are_positive_distinct_per_rank_and_outputs_start_as_sentinel() -> None:
-    from adaptcheck.steps.framework.collectives import output_buffer
+    from adaptcheck.collectives.exact import output_buffer
 
     a, b = build_input("all_gather", 4, 0, 1000, "fp32"), build_input("all_gather", 4, 1, 1000, "fp32")
     assert int(a.min()) >= 1 and int(b.min()) >= 1
@@ -551,7 +555,7 @@ def test_a_defect_in_each_op_is_caught_on_the_rank_it_hurts(tmp_path: Path) -> N
 
 
 def test_the_correct_implementation_passes_through_the_impl_hook_too(tmp_path: Path) -> None:
-    out = run_check(tmp_path, impl="adaptcheck.steps.framework.collectives_worker:TorchCollectives",
+    out = run_check(tmp_path, impl="adaptcheck.collectives.worker:TorchCollectives",
                     ops=["all_to_all", "broadcast"])
     assert out.status == Status.PASS, out.message
 
@@ -661,7 +665,7 @@ def _alive(pid: int) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    return state != "Z" and "collectives_worker" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    return state != "Z" and "collectives.worker" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
 
 
 # --- the CLI end to end -------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.compat.rules import Verdict
 from adaptcheck.ladder.check import CheckContext, NoParams, Outcome
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.models.ladder import ModelSpec
@@ -24,7 +25,6 @@ from adaptcheck.steps.matrix.checks import (
     summarize,
     verdict_outcome,
 )
-from adaptcheck.steps.matrix.rules import Verdict
 
 from .factories import cuda_env, make_env
 

@@ -11,9 +11,9 @@ from importlib import metadata
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.compat.rules import RuleInputs, Verdict, evaluate, load_rules
 from adaptcheck.models.environment import Environment
 from adaptcheck.steps.matrix.capture import capture_environment
-from adaptcheck.steps.matrix.rules import RuleInputs, Verdict, evaluate, load_rules
 
 DIST = "adaptcheck-dummy-vllm-plugin"
 EP = "adaptcheck_dummy"

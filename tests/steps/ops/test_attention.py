@@ -15,7 +15,11 @@ from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
-from adaptcheck.steps.ops.families.attention import CacheWriteCase, PagedCase, PrefillCase
+from adaptcheck.steps.ops.families.attention import (
+    CacheWriteCase,
+    PagedCase,
+    PrefillCase,
+)
 from adaptcheck.steps.ops.providers.base import DictProvider
 from adaptcheck.steps.ops.torch_impl import attention as ta
 

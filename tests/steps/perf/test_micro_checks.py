@@ -15,12 +15,12 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.collectives.launch import LaunchResult, RankExit
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.perf.timing import SYNC
-from adaptcheck.steps.framework.collectives import LaunchResult, RankExit
 from adaptcheck.steps.perf.collectives import bench_rows, rank_failures
 from adaptcheck.steps.perf.common import LLC_KEY, MEMORY_REFERENCE_KEY
 from adaptcheck.steps.perf.micro import (

@@ -17,7 +17,7 @@ from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.ladder.runner import JournalWriter
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import CheckResult, RunResults, Status
-from adaptcheck.session import BASELINE, JOURNAL, LADDER_SNAPSHOT, RUN_META, RunMeta
+from adaptcheck.runfolder import BASELINE, JOURNAL, LADDER_SNAPSHOT, RUN_META, RunMeta
 from adaptcheck.steps.perf.regression import (
     NO_BASELINE,
     RegressionCheck,
@@ -28,7 +28,7 @@ from tests.compare.helpers import gemm_row, load_pair, scale_row_time, sealed_te
 from tests.conftest import ladder_text
 
 # One journal record carries every result of the recorded run; this check is planned last.
-LADDER = [{"id": "recorded", "step": 5, "kind": "placeholder.not_implemented", "params": {"step": 5, "what": "x"}},
+LADDER = [{"id": "recorded", "step": 5, "kind": "dummy.skip"},
           {"id": "perf.regression", "step": 5, "kind": "perf.regression"}]
 
 

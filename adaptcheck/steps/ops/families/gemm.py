@@ -46,7 +46,7 @@ class GemmCase(CaseBase):
     def work(self) -> float:
         return 2.0 * self.m * self.n * self.k
 
-    def scaled(self, factor: float) -> "GemmCase":
+    def scaled(self, factor: float) -> GemmCase:
         # Shrink M and N first: K is what the long-K cases are about.
         side = math.sqrt(max(factor, 0.0))
         m, n = max(1, int(self.m * side)), max(1, int(self.n * side))

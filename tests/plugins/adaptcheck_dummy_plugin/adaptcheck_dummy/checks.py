@@ -41,6 +41,21 @@ class RaiseCheck(Check):
         raise ValueError("raised on purpose")
 
 
+class SkipParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    why: str = "skipped on purpose"
+
+
+class SkipCheck(Check):
+    kind = "dummy.skip"
+    step = 0
+    description = "Always skips with the reason given (escaping tests put markup in it)."
+    params_model = SkipParams
+
+    def run(self, ctx: CheckContext, params: SkipParams) -> Outcome:
+        return Outcome.skipped(params.why)
+
+
 class CrashParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     how: str = "segfault"

@@ -9,17 +9,17 @@ import pytest
 import yaml
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.compat.known_good import (
+    KNOWN_GOOD_ENV,
+    extra_known_good_files,
+    load_known_good_sources,
+)
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.paths import data_dir
 from adaptcheck.steps.matrix.checks import KnownGoodCheck, KnownGoodParams
-from adaptcheck.steps.matrix.datafile import MatrixError
-from adaptcheck.steps.matrix.known_good import (
-    KNOWN_GOOD_ENV,
-    extra_known_good_files,
-    load_known_good_sources,
-)
+from adaptcheck.yamldata import MatrixError
 
 from .factories import make_env
 

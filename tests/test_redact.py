@@ -8,14 +8,14 @@ import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.steps.matrix.capture import capture_environment
-from adaptcheck.steps.matrix.redact import (
+from adaptcheck.redact import (
     REDACTED,
     is_secret_name,
     redact_env,
     scrub_text,
     scrub_url_credentials,
 )
+from adaptcheck.steps.matrix.capture import capture_environment
 
 
 @pytest.mark.parametrize("name", [

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from adaptcheck.compat.known_good import KnownGoodFile, load_known_good
+from adaptcheck.compat.rules import RulesFile, load_rules
 from adaptcheck.paths import data_dir
-from adaptcheck.steps.matrix.datafile import MatrixError, parse_model
-from adaptcheck.steps.matrix.known_good import KnownGoodFile, load_known_good
-from adaptcheck.steps.matrix.rules import RulesFile, load_rules
+from adaptcheck.yamldata import MatrixError, parse_model
 
 
 def test_shipped_files_are_valid_and_sourced() -> None:
@@ -46,7 +46,7 @@ rules:
 
 def _rules_error(text: str) -> str:
     with pytest.raises(MatrixError) as info:
-        parse_model(textwrap.dedent(text), "my_rules.yaml", RulesFile)
+        parse_model(textwrap.dedent(text), "my_rules.yaml", RulesFile, MatrixError)
     return str(info.value)
 
 
@@ -115,7 +115,7 @@ entries:
 
 def _kg_error(text: str) -> str:
     with pytest.raises(MatrixError) as info:
-        parse_model(text, "kg.yaml", KnownGoodFile)
+        parse_model(text, "kg.yaml", KnownGoodFile, MatrixError)
     return str(info.value)
 
 

@@ -1,11 +1,11 @@
 """Rank side of ``framework.collectives``: one process = one rank = one device.
 
-Started by :func:`adaptcheck.steps.framework.collectives.launch` as
-``python -m adaptcheck.steps.framework.collectives_worker CONFIG_JSON`` with RANK,
+Started by :func:`adaptcheck.collectives.launch.launch` as
+``python -m adaptcheck.collectives.worker CONFIG_JSON`` with RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment. It joins the process group
 with the backend's ``dist_backend`` on ``backend.torch_device(rank)``, runs every
 (op, dtype, size) through a :class:`TorchCollectives` (or the ``impl`` override), checks the
-result exactly against :func:`~.collectives.expected_output`, and appends one JSON line per
+result exactly against :func:`~adaptcheck.collectives.exact.expected_output`, and appends one JSON line per
 event to its results file, flushed at once — so when a rank hangs or dies, the launcher
 still knows which op it was in.
 
@@ -27,17 +27,17 @@ import time
 from datetime import timedelta
 from typing import IO, TYPE_CHECKING, Any
 
-from adaptcheck.steps.framework.collectives import (
+from adaptcheck.collectives.exact import (
     broadcast_source,
     buffer_sizes,
     build_input,
     classify_exception,
     compare,
     expected_output,
-    load_object,
     output_buffer,
     torch_dtype,
 )
+from adaptcheck.collectives.launch import load_object
 
 if TYPE_CHECKING:
     import torch

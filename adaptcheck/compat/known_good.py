@@ -30,9 +30,9 @@ from typing import Literal
 from packaging.specifiers import SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adaptcheck.compat import versions as V
 from adaptcheck.models.environment import Environment
-from adaptcheck.steps.matrix import versions as V
-from adaptcheck.steps.matrix.datafile import MatrixError, load_model, matrices_file
+from adaptcheck.yamldata import MatrixError, load_model, matrices_file
 
 KNOWN_GOOD_ENV = "ADAPTCHECK_KNOWN_GOOD"
 """Environment variable listing site known-good files read in addition to the base file."""

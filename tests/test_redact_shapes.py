@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from adaptcheck.errors import UsageError
-from adaptcheck.session import resume_endpoint
-from adaptcheck.steps.matrix.redact import (
+from adaptcheck.redact import (
     REDACTED,
     is_secret_name,
     redact_env,
@@ -21,6 +20,7 @@ from adaptcheck.steps.matrix.redact import (
     scrub_url_credentials,
     secret_values,
 )
+from adaptcheck.session import resume_endpoint
 
 
 @pytest.mark.parametrize("name", [

@@ -8,15 +8,15 @@ import sys
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
-from adaptcheck.models.environment import DeviceInfo
-from adaptcheck.steps.matrix.capture import capture_environment
-from adaptcheck.steps.matrix.datafile import parse_model
-from adaptcheck.steps.matrix.known_good import (
+from adaptcheck.compat.known_good import (
     KnownGoodFile,
     differences,
     load_known_good,
     match_known_good,
 )
+from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.steps.matrix.capture import capture_environment
+from adaptcheck.yamldata import parse_model
 
 from .factories import cuda_env, make_env
 

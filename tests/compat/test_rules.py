@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaptcheck.steps.matrix.rules import (
+from adaptcheck.compat.rules import (
     CudaDriverRule,
     DependenciesRule,
     ExtensionRule,

@@ -33,9 +33,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adaptcheck.compat import versions as V
 from adaptcheck.models.environment import Environment
-from adaptcheck.steps.matrix import versions as V
-from adaptcheck.steps.matrix.datafile import load_model, matrices_file
+from adaptcheck.yamldata import load_model, matrices_file
 
 VerdictName = Literal["ok", "warn", "incompatible", "not_applicable"]
 _SEVERITY = {"not_applicable": 0, "ok": 1, "warn": 2, "incompatible": 3}

@@ -1,0 +1,121 @@
+"""The run folder: its file names, ``run.json``'s schema, and results assembled and graded.
+
+What the session writes and what every later reader (``adaptcheck grade``/``report``/
+``compare``, ``perf.regression`` mid-run, ``adaptcheck fleet``) reads back, so they agree
+on names and on how a grade is computed without importing the session that ran it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import adaptcheck
+from adaptcheck.grade import compute_grade
+from adaptcheck.models.environment import Environment
+from adaptcheck.models.ladder import LadderSpec
+from adaptcheck.models.results import (
+    CheckResult,
+    DeviceRef,
+    LadderRef,
+    PlannedCheck,
+    RunResults,
+    utcnow,
+)
+
+RUN_META = "run.json"
+LADDER_SNAPSHOT = "ladder.yaml"
+JOURNAL = "checks.jsonl"
+WORKER_LOG = "worker.log"
+RESULTS = "results.json"
+BASELINE = "baseline.json"
+"""``--baseline``: a verbatim copy of the earlier run's results, so the folder is self-contained
+(and resumable); the ``perf.regression`` check reads it."""
+REPORT = "report.html"
+
+
+class RunMeta(BaseModel):
+    """``run.json``: everything needed to resume or reproduce a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(description="Run id.")
+    started_at: datetime = Field(description="Start (UTC).")
+    command: list[str] = Field(description="Command line.")
+    ladder: LadderRef = Field(description="Ladder reference; its text is in ladder.yaml beside this file.")
+    seed: int = Field(description="Seed.")
+    steps: list[int] = Field(description="Steps selected.")
+    device: DeviceRef = Field(description="Device under test.")
+    device_index: int = Field(default=0, description="Device index used.")
+    op_provider: str | None = Field(default=None, description="--ops: provider for every step-3 op check.")
+    model: str | None = Field(default=None, description="--model: model used instead of the ladder's ('embedded:NAME' or a local path).")
+    endpoint: str | None = Field(default=None, description="--endpoint: base URL of an OpenAI-compatible server under test "
+                                 "(credentials redacted: a resume is given --endpoint again).")
+    endpoint_model: str | None = Field(default=None, description="--endpoint-model: served model name to request.")
+    baseline: str | None = Field(default=None, description="--baseline: the results file given (copied to baseline.json "
+                                 "beside this file).")
+
+
+def planned_checks(spec: LadderSpec) -> list[PlannedCheck]:
+    return [PlannedCheck(id=c.id, step=c.step, kind=c.kind, description=c.description, tags=c.tags,
+                         timeout_s=spec.timeout_for(c)) for c in spec.checks]
+
+
+def with_run_model(spec: LadderSpec, meta: RunMeta) -> LadderSpec:
+    """The ladder as this run executes it: ``--model`` replaces the ladder's model."""
+    if meta.model is None:
+        return spec
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"name": meta.model})})
+
+
+def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]], complete: bool) -> RunResults:
+    """Results in ladder order, the environment lifted out of the capture check, the grade computed."""
+    checks: list[CheckResult] = []
+    environment: Environment | None = None
+    for c in spec.checks:
+        for r in done.get(c.id, []):
+            env = r.details.pop("environment", None) if r.kind == "matrix.capture" else None
+            if env is not None:
+                environment = Environment.model_validate(env)
+            checks.append(r)
+    planned = planned_checks(spec)
+    all_done = all(c.id in done for c in spec.checks if c.step in meta.steps)
+    return RunResults(
+        adaptcheck_version=adaptcheck.__version__, run_id=meta.run_id, started_at=meta.started_at,
+        finished_at=utcnow() if complete and all_done else None, complete=complete and all_done,
+        command=meta.command, ladder=meta.ladder, seed=meta.seed, steps=meta.steps, device=meta.device,
+        environment=environment, planned=planned, grade_rules=spec.grade, checks=checks, model=spec.model,
+        grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count, spec.model.precision),
+    )
+
+
+def regrade(results: RunResults) -> RunResults:
+    """Recompute the grade from the file's own checks and rules (what ``adaptcheck grade`` trusts)."""
+    grade = compute_grade(results.grade_rules, results.planned, results.checks, results.steps,
+                          results.device.device_count, results.model.precision)
+    return results.model_copy(update={"grade": grade})
+
+
+def write_outputs(results: RunResults, run_dir: Path) -> None:
+    """Scrub the run folder, then write results.json and the HTML report rendered from it."""
+    from adaptcheck.redact import scrub_text, scrub_tree
+    from adaptcheck.report import write_report
+
+    # One redaction for every file of the run: what the worker and its servers wrote directly
+    # (worker.log, server logs, perf/*/*.jsonl) is scrubbed in place, before results.json is
+    # sealed with its digest and the report is rendered (neither then holds a secret).
+    scrub_tree(run_dir)
+    # Last line of defence: a secret's value must not leave the machine through a message.
+    results = RunResults.model_validate_json(scrub_text(results.model_dump_json()))
+    results.save(run_dir / RESULTS)
+    write_report(results, run_dir / REPORT)
+
+
+def stored_meta(meta: RunMeta) -> RunMeta:
+    """``meta`` as run.json keeps it: every string scrubbed (``--endpoint http://user:token@host``
+    → ``http://***REDACTED***@host``, and the same in the command line)."""
+    from adaptcheck.redact import scrub_text
+
+    return RunMeta.model_validate_json(scrub_text(meta.model_dump_json()))
