@@ -8,8 +8,7 @@ vendor names.
 
 from __future__ import annotations
 
-from importlib import metadata
-
+from adaptcheck import plugins
 from adaptcheck.backends.base import Backend, BackendInfo, ProbeResult
 from adaptcheck.errors import DeviceError, UnknownNameError, did_you_mean
 
@@ -19,18 +18,15 @@ ENTRY_POINT_GROUP = "adaptcheck.backends"
 def discover() -> dict[str, BackendInfo]:
     """Every backend registered in the entry-point group, by name (import errors kept)."""
     found: dict[str, BackendInfo] = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = getattr(ep, "dist", None)
-        source = f"{dist.name} {dist.version}" if dist is not None else ep.value
-        info = BackendInfo(name=ep.name, source=source)
-        try:
-            cls = ep.load()
-            if not (isinstance(cls, type) and issubclass(cls, Backend)):
-                raise TypeError(f"{ep.value} is not a Backend subclass")
-            info.cls = cls
-        except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
-            info.load_error = f"{type(exc).__name__}: {exc}"
-        found[ep.name] = info
+    for name, plugin in plugins.load_all(ENTRY_POINT_GROUP).items():
+        info = BackendInfo(name=name, source=plugin.source)
+        if plugin.error:
+            info.load_error = plugin.error
+        elif not (isinstance(plugin.obj, type) and issubclass(plugin.obj, Backend)):
+            info.load_error = f"TypeError: {plugin.value} is not a Backend subclass"
+        else:
+            info.cls = plugin.obj
+        found[name] = info
     return found
 
 

@@ -9,7 +9,6 @@ when one hangs or dies (a hung collective is the classic failure); what each pro
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -77,35 +76,6 @@ def loopback_interface() -> str | None:
         if name in ("lo", "lo0"):
             return name
     return next((n for n in names if n.startswith("lo")), None)
-
-
-def import_root(module_name: str) -> str | None:
-    """The sys.path entry a module was imported from, so the ranks (fresh interpreters, maybe
-    another cwd) can import it too. Importing here also fails early with a clear error."""
-    module = importlib.import_module(module_name)
-    origin = getattr(module, "__file__", None)
-    if not origin:
-        return None
-    path = Path(origin).resolve().parent
-    depth = module_name.count(".")
-    if Path(origin).name == "__init__.py":
-        depth += 1
-    for _ in range(depth):
-        path = path.parent
-    return str(path)
-
-
-def load_object(ref: str) -> Any:
-    """``'module:attr.attr'`` → the object."""
-    module_name, _, qualname = ref.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def class_ref(obj: type) -> str:
-    return f"{obj.__module__}:{obj.__qualname__}"
 
 
 _ERROR_LINE_RE = re.compile(r"^(Fatal Python error: .*|[\w.]*(Error|Exception|Interrupt|Exit)\b.*)$")

@@ -37,7 +37,7 @@ from adaptcheck.collectives.exact import (
     output_buffer,
     torch_dtype,
 )
-from adaptcheck.collectives.launch import load_object
+from adaptcheck.plugins import load_ref
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +88,7 @@ def load_impl(ref: str | None) -> TorchCollectives:
     """The default implementation, or ``'module:object'`` (a class or factory) instantiated."""
     if not ref:
         return TorchCollectives()
-    obj = load_object(ref)
+    obj = load_ref(ref)
     impl = obj() if isinstance(obj, type) or not hasattr(obj, "all_reduce") else obj
     return impl  # type: ignore[no-any-return]
 
@@ -257,7 +257,7 @@ def _load_backend(config: dict[str, Any]) -> Backend:
     ref = config.get("backend_class")
     if ref:
         try:
-            return load_object(ref)()  # type: ignore[no-any-return]
+            return load_ref(ref)()  # type: ignore[no-any-return]
         except (ImportError, AttributeError):
             pass
     from adaptcheck.backends.registry import get_backend

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from adaptcheck.collectives.launch import class_ref, import_root, launch, load_object
+from adaptcheck.collectives.launch import launch
 from adaptcheck.collectives.plan import (
     CollectivesParams,
     make_plan,
@@ -17,6 +17,7 @@ from adaptcheck.collectives.plan import (
     summarize,
 )
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
+from adaptcheck.plugins import class_ref, import_root, load_ref
 
 
 class CollectivesCheck(Check):
@@ -45,7 +46,7 @@ class CollectivesCheck(Check):
         backend_ref = class_ref(type(backend))
         for ref in ([params.impl] if params.impl else []) + [backend_ref]:
             try:
-                load_object(ref)
+                load_ref(ref)
                 root = import_root(ref.partition(":")[0])
             except (ImportError, AttributeError) as exc:
                 return Outcome.errored(f"cannot load {ref}: {type(exc).__name__}: {exc}")

@@ -7,18 +7,17 @@ instance, or a dict of op callables.
 
 from __future__ import annotations
 
-import importlib
-from importlib import metadata
 from typing import Any
 
-from adaptcheck.errors import UnknownNameError, UsageError, did_you_mean
+from adaptcheck import plugins
+from adaptcheck.errors import UsageError
 from adaptcheck.steps.ops.providers.base import DictProvider, OpProvider
 
 ENTRY_POINT_GROUP = "adaptcheck.op_providers"
 
 
 def provider_names() -> list[str]:
-    return sorted(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
+    return plugins.names(ENTRY_POINT_GROUP)
 
 
 def _instantiate(obj: Any, label: str) -> OpProvider:
@@ -33,16 +32,11 @@ def _instantiate(obj: Any, label: str) -> OpProvider:
 
 def load_provider(name_or_spec: str) -> OpProvider:
     """A provider by entry-point name ('torch', 'vllm') or by 'module:object'."""
-    if ":" in name_or_spec:
-        module_name, _, attr = name_or_spec.partition(":")
+    if plugins.is_ref(name_or_spec):
         try:
-            module = importlib.import_module(module_name)
-            obj = getattr(module, attr)
+            obj = plugins.load_ref(name_or_spec)
         except (ImportError, AttributeError) as exc:
             raise UsageError(f"--ops {name_or_spec}: cannot load it ({type(exc).__name__}: {exc})",
                              hint="give an importable 'module:object'") from None
         return _instantiate(obj, name_or_spec)
-    eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    if name_or_spec not in eps:
-        raise UnknownNameError(f"unknown op provider {name_or_spec!r}", hint=did_you_mean(name_or_spec, list(eps)))
-    return _instantiate(eps[name_or_spec].load(), name_or_spec)
+    return _instantiate(plugins.load(ENTRY_POINT_GROUP, name_or_spec, "op provider"), name_or_spec)
