@@ -210,6 +210,8 @@ class AscendBackend(Backend):
     dist_backend = "hccl"
     collective_library = "hccl"
     smi_tool = "npu-smi"
+    extension_distributions = {"torch_npu": "torch-npu"}
+    env_prefixes = ("ASCEND_", "HCCL_", "NPU_")
     smi_command = ("npu-smi", "info")
     # 910B/A2 and A3 compute fp16, bf16 and int8 (w8a8) natively; they have no fp8 units
     # (fp8 arrives with the 950 series). 310P has no bf16: the smoke dtype probe records

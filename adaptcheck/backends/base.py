@@ -21,6 +21,7 @@ import subprocess
 import time
 from abc import ABC
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from adaptcheck.models.environment import DeviceInfo
@@ -93,15 +94,28 @@ def run_tool(command: list[str] | tuple[str, ...], timeout_s: float = 20.0) -> T
 
 
 def module_version(name: str) -> str | None:
-    """Version of an importable module without importing heavy code where metadata suffices."""
+    """Version of an importable module from its distribution's metadata, without importing it
+    (importing torch_npu or IPEX can initialise a device). The module → distribution map is
+    the installed metadata's own (``torch_npu`` → ``torch-npu``), so no vendor list lives here."""
     from importlib import metadata
 
-    dist = {"torch_npu": "torch-npu", "torch_mlu": "torch-mlu", "torch_musa": "torch-musa",
-            "intel_extension_for_pytorch": "intel-extension-for-pytorch"}.get(name, name)
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+    for dist in _distributions_of(name) or [name]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@lru_cache(maxsize=1)
+def _module_distributions() -> dict[str, list[str]]:
+    from importlib import metadata
+
+    return dict(metadata.packages_distributions())
+
+
+def _distributions_of(module: str) -> list[str]:
+    return _module_distributions().get(module.split(".")[0], [])
 
 
 class Backend(ABC):
@@ -126,6 +140,14 @@ class Backend(ABC):
     """Vendor collective library (nccl, rccl, hccl, cncl, mccl, xccl, gloo)."""
     smi_tool: ClassVar[str | None] = None
     """Vendor SMI / info tool."""
+    tools: ClassVar[tuple[str, ...]] = ()
+    """Further vendor tools step 1 locates on PATH beside ``smi_tool`` (rocm-smi beside amd-smi)."""
+    extension_distributions: ClassVar[dict[str, str]] = {}
+    """PyTorch device extensions of this vendor, module → PyPI distribution (torch_npu →
+    torch-npu); step 1 records their versions and ``matrices/rules.yaml`` pins them to torch."""
+    env_prefixes: ClassVar[tuple[str, ...]] = ()
+    """Prefixes of the environment variables that change how this vendor's stack behaves
+    (ASCEND_, HCCL_ …); step 1 records them, secrets redacted."""
     dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
     """Dtypes the backend claims to support (subset of ALL_DTYPES); the smoke probe holds it to that."""
     fp8_flavour: ClassVar[str | None] = None

@@ -148,6 +148,8 @@ class CambriconBackend(Backend):
     dist_backend = "cncl"
     collective_library = "cncl"
     smi_tool = "cnmon"
+    extension_distributions = {"torch_mlu": "torch-mlu"}
+    env_prefixes = ("MLU_", "CNCL_")
     # The bare table holds name, firmware, driver, bus id, utilisation, temperature, power
     # and memory for every card in one call; 'cnmon info' is per-field and far longer.
     smi_command = ("cnmon",)

@@ -38,6 +38,7 @@ class CpuBackend(Backend):
     dist_backend = "gloo"
     collective_library = "gloo"
     smi_tool = "lscpu"
+    env_prefixes = ("OMP_", "MKL_", "KMP_")
     # torch's CPU build stores and casts both OCP fp8 formats (smoke.dtypes holds it to that).
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
     fp8_flavour: ClassVar[str | None] = "e4m3fn"

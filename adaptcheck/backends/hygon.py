@@ -173,6 +173,7 @@ class HygonBackend(RocmBackend):
     dist_backend = "nccl"  # DTK torch serves the "nccl" backend name with RCCL
     collective_library = "rccl"
     smi_tool = "hy-smi"
+    env_prefixes = ("HIP_", "HSA_", "HY_")
     smi_command = ("hy-smi",)
     # DCUs up to K100_AI have no fp8 units; claims are kept to what the dtype smoke probe
     # can be held to on every supported part.

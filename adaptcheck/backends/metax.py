@@ -158,6 +158,7 @@ class MetaxBackend(CudaBackend):
     dist_backend = "nccl"  # the MACA torch build serves the "nccl" backend name with MCCL
     collective_library = "mccl"
     smi_tool = "mx-smi"
+    env_prefixes = ("MACA_", "MCCL_")
     smi_command = ("mx-smi",)
     # C500/C550 compute fp32/fp16/bf16/int8; fp8 is not claimed for the current parts.
     dtypes = ("fp32", "fp16", "bf16", "int8")

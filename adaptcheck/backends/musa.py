@@ -128,6 +128,8 @@ class MusaBackend(Backend):
     dist_backend = "mccl"
     collective_library = "mccl"
     smi_tool = "mthreads-gmi"
+    extension_distributions = {"torch_musa": "torch-musa"}
+    env_prefixes = ("MUSA_", "MTHREADS_", "MCCL_")
     smi_command = ("mthreads-gmi",)
     # S4000 / S5000 compute fp16, bf16 and int8; fp8 exists on S5000 only, so it is not
     # claimed for the backend as a whole (the smoke dtype probe records what each device does).

@@ -253,6 +253,8 @@ class RocmBackend(Backend):
     dist_backend = "nccl"  # the "nccl" backend name is served by RCCL in ROCm builds
     collective_library = "rccl"
     smi_tool = "amd-smi"
+    tools = ("rocm-smi",)
+    env_prefixes = ("HIP_", "ROCM_", "HSA_", "RCCL_")
     smi_command: ClassVar[tuple[str, ...]] = AMD_SMI_STATIC
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
     # The class declares one flavour; MI300 (gfx942), the most deployed fp8-capable Instinct

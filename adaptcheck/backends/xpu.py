@@ -167,6 +167,8 @@ class XpuBackend(Backend):
     # XCCL is torch's process-group name; the library underneath is Intel oneCCL.
     collective_library = "oneccl"
     smi_tool = "xpu-smi"
+    extension_distributions = {"intel_extension_for_pytorch": "intel-extension-for-pytorch"}
+    env_prefixes = ("ZE_", "ONEAPI_", "SYCL_", "CCL_")
     smi_command = ("xpu-smi", "discovery", "-j")
     # Max (PVC), Flex and Arc have fp16/bf16 XMX and int8 DPAS; none has fp8 hardware,
     # so fp8 is not claimed (the smoke dtype probe would otherwise "pass" an emulation).

