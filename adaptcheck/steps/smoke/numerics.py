@@ -7,7 +7,7 @@ Two kinds of verdict:
   are compared through an integer view, never with ``==`` on floats (NaN ≠ NaN, 0.0 == -0.0).
 * **normalized error** (:func:`compare_to_reference`) for matmuls: element-wise rtol breaks
   where a dot product cancels to ~0, so the field uses ``max|Δ| / max|ref|`` plus cosine
-  similarity, with per-dtype limits (DESIGN.md §4) kept here as data, next to the number
+  similarity, with per-dtype limits (docs/ops.md, tolerance classes) kept here as data, next to the number
   measured in every result.
 """
 
@@ -60,7 +60,7 @@ def _matmul_tolerances() -> dict[str, MatmulTolerance]:
 
 
 MATMUL_TOLERANCES: dict[str, MatmulTolerance] = _matmul_tolerances()
-"""Per-dtype matmul limits: the ``reduction`` class of matrices/tolerances.yaml (DESIGN.md §4)."""
+"""Per-dtype matmul limits: the ``reduction`` class of matrices/tolerances.yaml (docs/ops.md)."""
 
 
 @dataclass(frozen=True)

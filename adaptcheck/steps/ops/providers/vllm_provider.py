@@ -13,8 +13,8 @@ vLLM is imported lazily (``import vllm`` takes seconds and pulls a large depende
 ``available()`` answers ``(False, reason)`` when it cannot be imported and never raises.
 Ops the installed build has no kernel for are reported through ``lacks_reason`` with why.
 
-DESIGN §4 warns that vLLM's layer classes (``CustomOp``) run ``forward_native`` or a
-platform path; :func:`platform_override` tells which path the current platform dispatches
+vLLM's layer classes (``CustomOp``, vllm/model_executor/custom_op.py) run ``forward_native``
+or a platform path; :func:`platform_override` tells which path the current platform dispatches
 to and whether the class overrides it, so a report can say when the kernel under test is
 not what the layer would actually run.
 """
