@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ class Plugin:
         return not self.error and self.obj is not None
 
 
-@lru_cache(maxsize=None)
+@cache
 def entry_points(group: str) -> dict[str, metadata.EntryPoint]:
     """The group's entry points by name (read once per process: plugins do not appear mid-run)."""
     return {ep.name: ep for ep in metadata.entry_points(group=group)}

@@ -112,7 +112,7 @@ def loads(text: str, source: str, *, max_depth: int = MAX_JSON_DEPTH, max_int_di
         return json.loads(text, object_pairs_hook=object_pairs_hook, parse_constant=parse_constant,
                           parse_int=_bounded_int(max_int_digits))
     except _IntTooLong as exc:
-        m = re.search(r"-?\d{%d,}" % (max_int_digits + 1), text)
+        m = re.search(rf"-?\d{{{max_int_digits + 1},}}", text)
         line = f":{_line_at(text, m.start())}" if m else ""
         raise JsonLimitError(f"{source}{line}: an integer has {exc.digits} digits, more than the {max_int_digits} "
                              "adaptcheck reads", hint="use the file as its run wrote it") from None

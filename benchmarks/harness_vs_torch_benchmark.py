@@ -59,7 +59,7 @@ class Comparison:
     @property
     def paired_diff(self) -> float:
         """Median over rounds of adaptcheck / torch − 1 (diagnostic)."""
-        return statistics.median(a / b for a, b in zip(self.rounds_a, self.rounds_b)) - 1.0
+        return statistics.median(a / b for a, b in zip(self.rounds_a, self.rounds_b, strict=False)) - 1.0
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, str]]:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         cmp = compare(backend, idx, m, n, k, dtype, args.rounds, args.budget)
         worst = max(worst, abs(cmp.rel_diff))
         tf = gemm_flops(m, n, k) / 1e12
-        rounds = " ".join(f"{a * 1e3:.2f}/{b * 1e3:.2f}" for a, b in zip(cmp.rounds_a, cmp.rounds_b))
+        rounds = " ".join(f"{a * 1e3:.2f}/{b * 1e3:.2f}" for a, b in zip(cmp.rounds_a, cmp.rounds_b, strict=False))
         print(f"{cmp.shape:<22} {cmp.adaptcheck_s * 1e3:9.3f} ms {cmp.torch_s * 1e3:19.3f} ms "
               f"{100 * cmp.rel_diff:+7.2f}% {100 * cmp.paired_diff:+7.2f}%   {rounds}", file=out)
         print(f"{'':<22} {tf / cmp.adaptcheck_s:8.3f} TF/s {tf / cmp.torch_s:18.3f} TF/s", file=out)

@@ -46,8 +46,8 @@ else
   echo "== torch already installed: keeping it"
 fi
 
-echo "== adaptcheck[test] and the dummy adaptcheck plugin"
-"$PY" -m pip install -e '.[test]' -e tests/plugins/adaptcheck_dummy_plugin
+echo "== adaptcheck[test] and the test-only plugins (dummy checks and backends, the ACME vendor)"
+"$PY" -m pip install -e '.[test]' -e tests/plugins/adaptcheck_dummy_plugin -e tests/plugins/adaptcheck_acme_plugin
 
 echo "== dummy vLLM general plugin (no dependencies: it requires vllm>=99 on purpose)"
 "$PY" -m pip install --no-deps -e tests/plugins/dummy_vllm_plugin

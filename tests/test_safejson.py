@@ -75,7 +75,7 @@ def test_size_limit_reads_no_more_than_the_limit(tmp_path: Path) -> None:
     path = tmp_path / "big.json"
     path.write_text("[" + "0," * 600 + "0]")
     assert safejson.read_text(path, max_bytes=2000).startswith("[0,")
-    with pytest.raises(safejson.JsonLimitError, match="big.json: file larger than"):
+    with pytest.raises(safejson.JsonLimitError, match=r"big.json: file larger than"):
         safejson.read_text(path, max_bytes=1000)
 
 
@@ -161,7 +161,7 @@ def test_yaml_size_limit(tmp_path: Path) -> None:
         parse("a: 1\n#" + "x" * yamldata.MAX_YAML_CHARS)
     path = tmp_path / "big.yaml"
     path.write_text("#" + "x" * (yamldata.MAX_YAML_CHARS + 1))
-    with pytest.raises(LadderError, match="big.yaml: ladder larger than"):
+    with pytest.raises(LadderError, match=r"big.yaml: ladder larger than"):
         yamldata.read_text(path, LadderError, "ladder")
     with pytest.raises(LadderError, match="no such ladder"):
         yamldata.read_text(tmp_path / "none.yaml", LadderError, "ladder")

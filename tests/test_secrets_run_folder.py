@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -54,7 +54,7 @@ ENV = {
 class _Recorder(BaseHTTPRequestHandler):
     """Answers 401 to everything and remembers each request's Authorization header."""
 
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []
 
     def log_message(self, *args: Any) -> None:
         return

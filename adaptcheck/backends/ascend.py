@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from adaptcheck.backends.base import Backend, module_version
 from adaptcheck.models.environment import DeviceInfo
@@ -210,7 +211,7 @@ class AscendBackend(Backend):
     dist_backend = "hccl"
     collective_library = "hccl"
     smi_tool = "npu-smi"
-    extension_distributions = {"torch_npu": "torch-npu"}
+    extension_distributions: ClassVar[dict[str, str]] = {"torch_npu": "torch-npu"}
     env_prefixes = ("ASCEND_", "HCCL_", "NPU_")
     smi_command = ("npu-smi", "info")
     # 910B/A2 and A3 compute fp16, bf16 and int8 (w8a8) natively; they have no fp8 units

@@ -18,10 +18,12 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import time
 from abc import ABC
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from adaptcheck.models.environment import DeviceInfo
@@ -148,6 +150,18 @@ class Backend(ABC):
     env_prefixes: ClassVar[tuple[str, ...]] = ()
     """Prefixes of the environment variables that change how this vendor's stack behaves
     (ASCEND_, HCCL_ …); step 1 records them, secrets redacted."""
+    peaks_file: ClassVar[str | None] = None
+    """A peaks YAML (``matrices/peaks.yaml``'s schema) the backend's package ships, relative to
+    its module's folder; its entries are looked up after the shipped ones."""
+    rules_file: ClassVar[str | None] = None
+    """A rules YAML (``matrices/rules.yaml``'s schema) the backend's package ships, relative to
+    its module's folder; step 1 evaluates its rules beside the shipped ones."""
+
+    @classmethod
+    def data_path(cls, relative: str) -> Path:
+        """A file shipped beside the backend's module (``peaks_file``, ``rules_file``)."""
+        module = sys.modules[cls.__module__]
+        return Path(module.__file__ or ".").resolve().parent / relative
     dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
     """Dtypes the backend claims to support (subset of ALL_DTYPES); the smoke probe holds it to that."""
     fp8_flavour: ClassVar[str | None] = None

@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from adaptcheck.backends.base import Backend, module_version
 from adaptcheck.models.environment import DeviceInfo
@@ -148,7 +149,7 @@ class CambriconBackend(Backend):
     dist_backend = "cncl"
     collective_library = "cncl"
     smi_tool = "cnmon"
-    extension_distributions = {"torch_mlu": "torch-mlu"}
+    extension_distributions: ClassVar[dict[str, str]] = {"torch_mlu": "torch-mlu"}
     env_prefixes = ("MLU_", "CNCL_")
     # The bare table holds name, firmware, driver, bus id, utilisation, temperature, power
     # and memory for every card in one call; 'cnmon info' is per-field and far longer.

@@ -65,7 +65,7 @@ def _table_rows(lines: list[str]) -> dict[int, dict[str, str]]:
             header = cells
             continue
         if header and cells[0].isdigit() and len(cells) == len(header):
-            rows[int(cells[0])] = dict(zip(header, cells))
+            rows[int(cells[0])] = dict(zip(header, cells, strict=False))
     return rows
 
 
@@ -234,10 +234,10 @@ class HygonBackend(RocmBackend):
         if texts:
             try:
                 devices = self.parse_smi("\n".join(texts))
-                return devices, "; ".join(notes + [f"from {' + '.join(used)}"])
+                return devices, "; ".join([*notes, f"from {' + '.join(used)}"])
             except Exception as exc:  # noqa: BLE001 - unknown output must not stop capture
                 notes.append(f"hy-smi output not understood: {type(exc).__name__}: {exc}")
-        return self._torch_inventory(), "; ".join(notes + ["from torch"])
+        return self._torch_inventory(), "; ".join([*notes, "from torch"])
 
     def runtime_versions(self) -> dict[str, str | None]:
         versions = self._hip_versions()

@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from adaptcheck.backends.base import Backend, module_version
 from adaptcheck.models.environment import DeviceInfo
@@ -128,7 +128,7 @@ class MusaBackend(Backend):
     dist_backend = "mccl"
     collective_library = "mccl"
     smi_tool = "mthreads-gmi"
-    extension_distributions = {"torch_musa": "torch-musa"}
+    extension_distributions: ClassVar[dict[str, str]] = {"torch_musa": "torch-musa"}
     env_prefixes = ("MUSA_", "MTHREADS_", "MCCL_")
     smi_command = ("mthreads-gmi",)
     # S4000 / S5000 compute fp16, bf16 and int8; fp8 exists on S5000 only, so it is not

@@ -8,6 +8,8 @@ vendor names.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from adaptcheck import plugins
 from adaptcheck.backends.base import Backend, BackendInfo, ProbeResult
 from adaptcheck.errors import DeviceError, UnknownNameError, did_you_mean
@@ -85,3 +87,14 @@ def select_backend(requested: str | None = None) -> tuple[Backend, ProbeResult]:
     info, probe = cpu[0]
     assert info.cls is not None
     return info.cls(), probe
+
+
+def backend_data_files(attr: str) -> list[tuple[str, Path]]:
+    """(backend name, file) for every discovered backend that declares ``attr``
+    (``peaks_file``, ``rules_file``): how a plugin's own data reaches the shared lookups."""
+    out: list[tuple[str, Path]] = []
+    for name, info in discover().items():
+        relative = getattr(info.cls, attr, None) if info.cls is not None else None
+        if relative and info.cls is not None:
+            out.append((name, info.cls.data_path(relative)))
+    return out

@@ -319,13 +319,13 @@ class RocmBackend(Backend):
             try:
                 devices = parse_rocm_smi_json(old.stdout)
                 if devices:
-                    return devices, "; ".join(notes + [f"from {' '.join(ROCM_SMI_FALLBACK)}"])
+                    return devices, "; ".join([*notes, f"from {' '.join(ROCM_SMI_FALLBACK)}"])
                 notes.append("rocm-smi reported no GPUs")
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"rocm-smi output not understood: {type(exc).__name__}: {exc}")
         else:
             notes.append(old.error)
-        return self._torch_inventory(), "; ".join(notes + ["from torch"])
+        return self._torch_inventory(), "; ".join([*notes, "from torch"])
 
     def runtime_versions(self) -> dict[str, str | None]:
         versions = self._hip_versions()

@@ -15,7 +15,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult, module_version, run_tool
 from adaptcheck.models.environment import DeviceInfo
@@ -167,7 +167,7 @@ class XpuBackend(Backend):
     # XCCL is torch's process-group name; the library underneath is Intel oneCCL.
     collective_library = "oneccl"
     smi_tool = "xpu-smi"
-    extension_distributions = {"intel_extension_for_pytorch": "intel-extension-for-pytorch"}
+    extension_distributions: ClassVar[dict[str, str]] = {"intel_extension_for_pytorch": "intel-extension-for-pytorch"}
     env_prefixes = ("ZE_", "ONEAPI_", "SYCL_", "CCL_")
     smi_command = ("xpu-smi", "discovery", "-j")
     # Max (PVC), Flex and Arc have fp16/bf16 XMX and int8 DPAS; none has fp8 hardware,

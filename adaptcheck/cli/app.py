@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         _interrupted()
-    except Exception as exc:  # click usage errors, Exit/Abort of either click, and genuine bugs
+    except Exception as exc:  # noqa: BLE001 - click usage errors, Exit/Abort of either click, and genuine bugs
         # Looked up now, not at start: a command may be what imported the click package.
         click_errors, exits, aborts = _click_exception_classes()
         if isinstance(exc, exits):

@@ -145,7 +145,7 @@ def id_pattern(ids: list[str]) -> str:
         return ids[0]
     parts = [i.split(".") for i in ids]
     common: list[str] = []
-    for segment in zip(*parts):
+    for segment in zip(*parts, strict=False):
         if len(set(segment)) != 1:
             break
         common.append(segment[0])

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adaptcheck.compat import versions as V
 from adaptcheck.models.environment import Environment
-from adaptcheck.yamldata import load_model, matrices_file
+from adaptcheck.yamldata import MatrixError, load_model, matrices_file
 
 VerdictName = Literal["ok", "warn", "incompatible", "not_applicable"]
 _SEVERITY = {"not_applicable": 0, "ok": 1, "warn": 2, "incompatible": 3}
@@ -125,8 +125,22 @@ class RulesFile(_Strict):
 
 
 def load_rules(path: Path | None = None) -> RulesFile:
-    """The shipped rules, or those of ``path``. Raises MatrixError naming file:line."""
-    return load_model(path or matrices_file("rules.yaml"), RulesFile)
+    """The rules of ``path``, else the shipped ones followed by every discovered backend's own
+    (``Backend.rules_file``). Raises MatrixError naming file:line (a duplicate id included)."""
+    if path is not None:
+        return load_model(path, RulesFile)
+    from adaptcheck.backends.registry import backend_data_files
+
+    shipped = load_model(matrices_file("rules.yaml"), RulesFile)
+    extra = [r for _, f in backend_data_files("rules_file") for r in load_model(f, RulesFile).rules]
+    if not extra:
+        return shipped
+    try:
+        return RulesFile(schema_version=1, rules=[*shipped.rules, *extra])
+    except ValueError as exc:
+        files = ", ".join(str(f) for _, f in backend_data_files("rules_file"))
+        raise MatrixError(f"rules of the backends' own files ({files}) clash with matrices/rules.yaml: "
+                          f"{str(exc).splitlines()[-1].strip()}") from None
 
 
 # ---------------------------------------------------------------- evaluation -----------

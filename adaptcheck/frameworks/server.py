@@ -343,7 +343,7 @@ def _reaper_main(argv: list[str]) -> int:
     # The server gets SIGTERM if the reaper itself is SIGKILLed alone (vLLM then shuts its
     # engine down itself); a killpg of the whole group needs nothing. preexec_fn is safe
     # here: the reaper has a single thread.
-    child = subprocess.Popen(cmd, preexec_fn=_set_pdeathsig(signal.SIGTERM) if _IS_LINUX else None)  # noqa: PLW1509
+    child = subprocess.Popen(cmd, preexec_fn=_set_pdeathsig(signal.SIGTERM) if _IS_LINUX else None)
     code: int | None = None
     while code is None:
         info = signal.sigtimedwait(waited, 1.0)
@@ -528,7 +528,7 @@ class ManagedServer:
         self.command = build_command(self.spec, self.port, self.host)
         self.log_path = self.log_dir / f"{self.spec.kind}-serve-{self.port}.log"
         env = build_env(self.spec)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the server's life
+        self._log = open(self.log_path, "ab")
         self._log.write(("$ " + " ".join(self.command) + "\n").encode())
         self._log.flush()
         reaper_cmd = [sys.executable, "-c", _REAPER_BOOT, _package_root(), "--reap", str(self.grace_s),

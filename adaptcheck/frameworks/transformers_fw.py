@@ -273,7 +273,7 @@ def scored_from_logprobs(lp: torch.Tensor, tokens: list[int], top_k: int) -> Sco
     chosen = lp.gather(1, torch.tensor(tokens, dtype=torch.long)[:, None])[:, 0].tolist()
     tops = []
     for pos, tok in enumerate(tokens):
-        row = {int(i): float(v) for i, v in zip(idx[pos].tolist(), vals[pos].tolist())}
+        row = {int(i): float(v) for i, v in zip(idx[pos].tolist(), vals[pos].tolist(), strict=False)}
         row.setdefault(int(tok), float(chosen[pos]))
         tops.append(row)
     return Scored(token_logprobs=[float(v) for v in chosen], top_logprobs=tops)

@@ -319,7 +319,7 @@ class VllmFramework(Framework):
             shutdown = getattr(engine, "shutdown", None) if engine is not None else None
             if callable(shutdown):
                 shutdown()
-        except Exception:  # noqa: BLE001, S110 - best effort: the worker process ends soon anyway
+        except Exception:  # noqa: BLE001 - best effort: the worker process ends soon anyway
             pass
         del llm
         import gc

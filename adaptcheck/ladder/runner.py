@@ -59,7 +59,7 @@ class Worker:
         self.log_path = log_path
         cmd_r, cmd_w = os.pipe()
         res_r, res_w = os.pipe()
-        self._log = open(log_path, "ab")  # noqa: SIM115 - kept open for the worker's lifetime
+        self._log = open(log_path, "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "adaptcheck.ladder.worker", str(cmd_r), str(res_w)],

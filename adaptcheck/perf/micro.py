@@ -352,10 +352,11 @@ def bench_host_device(size: int, direction: str, backend: Backend, index: int, p
         except Exception as exc:  # noqa: BLE001 - no pinned memory: measure pageable, say so
             pin_note = f"pinned memory unavailable ({error_text(exc)}): pageable host buffer"
     dev = torch.zeros(actual, dtype=torch.uint8, device=device)
-    if direction == "h2d":
-        fn: Callable[[], object] = lambda: dev.copy_(host, non_blocking=True)
-    else:
-        fn = lambda: host.copy_(dev, non_blocking=True)
+    src, dst = (host, dev) if direction == "h2d" else (dev, host)
+
+    def fn() -> object:
+        return dst.copy_(src, non_blocking=True)
+
     timing = opts.time(fn, backend, index)
     is_pinned = bool(host.is_pinned()) if pinned else False
     extra: dict[str, Any] = {"pinned": is_pinned}

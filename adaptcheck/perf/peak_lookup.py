@@ -12,8 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.backends.registry import backend_data_files
 from adaptcheck.perf.cpu_peak import derive_cpu_peak, read_cpu_facts
-from adaptcheck.perf.peaks import Peak, PeakEntry, entry_to_peak, find_entry, load_peaks
+from adaptcheck.perf.peaks import Peak, PeakEntry, PeaksFile, entry_to_peak, find_entry, load_peaks
+
+
+def known_peaks(path: Path | str | None = None) -> PeaksFile:
+    """``path``'s entries (an override replaces everything), else the shipped file's followed
+    by every discovered backend's own (``Backend.peaks_file``: a plugin brings its devices'
+    figures without editing ``matrices/peaks.yaml``)."""
+    if path:
+        return load_peaks(path)
+    shipped = load_peaks()
+    extra = [e for _, f in backend_data_files("peaks_file") for e in load_peaks(f).entries]
+    return shipped.model_copy(update={"entries": [*shipped.entries, *extra]}) if extra else shipped
 
 
 def peak_for(backend_name: str, device_name: str, path: Path | str | None = None, *, host_cpu: bool | None = None,
@@ -22,7 +34,7 @@ def peak_for(backend_name: str, device_name: str, path: Path | str | None = None
     the host CPU (``host_cpu``; default: the backend is named 'cpu') the derived peak
     (``cpu_facts``: recorded :class:`~adaptcheck.perf.cpu_peak.CpuFacts`, else read from this
     machine) with a matching CPU entry's figures on top. None when nothing is known."""
-    entry = find_entry(load_peaks(path), backend_name, device_name)
+    entry = find_entry(known_peaks(path), backend_name, device_name)
     if not (host_cpu if host_cpu is not None else backend_name == "cpu"):
         return entry_to_peak(entry, device_name) if entry else None
     derived = derive_cpu_peak(cpu_facts if cpu_facts is not None else read_cpu_facts())

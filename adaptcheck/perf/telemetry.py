@@ -62,7 +62,7 @@ class SeriesSet:
         for key, value in values.items():
             # A field seen for the first time is back-filled so every list stays aligned with t_s.
             self.fields.setdefault(key, [None] * n).append(value)
-        for key, column in self.fields.items():
+        for column in self.fields.values():
             if len(column) == n:
                 column.append(None)
 

@@ -119,7 +119,7 @@ def format_duration(seconds: float) -> str:
         return f"{seconds * 1e3:.0f} ms"
     if seconds < 60:
         return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     if minutes < 60:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)

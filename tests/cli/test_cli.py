@@ -16,7 +16,7 @@ DUMMY_LADDER = [
 
 
 def _one_error_line(stderr: str) -> str:
-    lines = [l for l in stderr.splitlines() if l.strip()]
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, stderr
     assert lines[0].startswith("adaptcheck: error: "), stderr
     return lines[0]

@@ -228,7 +228,7 @@ def test_comparison_file_round_trip_and_version_check(tmp_path: Path) -> None:
     c.save(path)
     assert Comparison.load(path) == c
     path.write_text(path.read_text().replace('"schema_version": "1.0"', '"schema_version": "2.0"', 1))
-    with pytest.raises(InvalidInputError, match="comparison schema version 2.0 is not supported"):
+    with pytest.raises(InvalidInputError, match=r"comparison schema version 2.0 is not supported"):
         Comparison.load(path)
 
 

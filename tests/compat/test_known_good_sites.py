@@ -82,5 +82,5 @@ def test_an_id_defined_twice_names_both_files(tmp_path: Path) -> None:
 
 def test_a_missing_site_file_is_an_error_not_a_silent_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KNOWN_GOOD_ENV, str(tmp_path / "nope.yaml"))
-    with pytest.raises(MatrixError, match="nope.yaml: cannot read"):
+    with pytest.raises(MatrixError, match=r"nope.yaml: cannot read"):
         KnownGoodCheck().run(_ctx(tmp_path, "2.13.0+cpu"), KnownGoodParams())

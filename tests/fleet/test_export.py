@@ -105,6 +105,6 @@ def test_an_invalid_existing_file_is_not_overwritten(fleet_runs: FleetRuns, tmp_
 
     out = tmp_path / "kg.yaml"
     out.write_text("schema_version: 1\nentries: [{id: x}]\n")
-    with pytest.raises(MatrixError, match="kg.yaml"):
+    with pytest.raises(MatrixError, match=r"kg.yaml"):
         export_known_good([fleet_runs.cpu_high], out)
     assert out.read_text() == "schema_version: 1\nentries: [{id: x}]\n"

@@ -82,7 +82,7 @@ def test_a_server_that_cannot_score_says_why(vllm_server: ManagedServer, served_
     seq, start, _ = reference[0]
     with wrong_server(vllm_server.base_url, mode) as url:
         fw = endpoint(url, served_model)
-        with pytest.raises(ScoringUnsupported, match="^the server ") as info:
+        with pytest.raises(ScoringUnsupported, match=r"^the server ") as info:
             fw.score([ScoreRequest(token_ids=seq, start=start)])
         assert said in str(info.value) and "\n" not in str(info.value)
         # Learnt once: the next call answers the same without asking the server again.

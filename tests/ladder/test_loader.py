@@ -84,7 +84,7 @@ grade:
           checks: [smoke.devise_visible]
 """
     text = ladder_text([{"id": "smoke.device_visible", "step": 2, "kind": "dummy.pass"}], grade=grade)
-    with pytest.raises(LadderError, match="did you mean 'smoke.device_visible'"):
+    with pytest.raises(LadderError, match=r"did you mean 'smoke.device_visible'"):
         parse_ladder(text, "l.yaml")
 
 

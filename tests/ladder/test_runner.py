@@ -75,7 +75,7 @@ def test_journal_is_appended_per_check_and_ignores_torn_line(tmp_path: Path) -> 
     _execute(tmp_path, _plan(("a", "dummy.pass", {}, 60), ("b", "dummy.fail", {}, 60)))
     journal = tmp_path / "checks.jsonl"
     lines = journal.read_text().splitlines()
-    assert [json.loads(l)["spec_id"] for l in lines] == ["a", "b"]
+    assert [json.loads(ln)["spec_id"] for ln in lines] == ["a", "b"]
     with open(journal, "a") as fh:
         fh.write('{"spec_id": "c", "results": [')  # what a SIGKILL mid-write leaves
     assert set(JournalWriter(journal).read()) == {"a", "b"}

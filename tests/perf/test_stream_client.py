@@ -165,7 +165,7 @@ def test_failures_are_endpoint_errors(raw: bytes, error: type[Exception], match:
 
 def test_silence_is_a_timeout_and_a_closed_port_is_unreachable() -> None:
     async def scenario(client: StreamClient, server: Server) -> None:
-        with pytest.raises(EndpointTimeout, match="no complete answer within 0.3 s"):
+        with pytest.raises(EndpointTimeout, match=r"no complete answer within 0.3 s"):
             await client.completion(BODY, timeout_s=0.3)
         assert not client._idle  # a connection abandoned mid-answer is never reused
 

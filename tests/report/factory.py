@@ -115,7 +115,7 @@ def _results_checks() -> list[CheckResult]:
     ]
 
 
-def make_results(*, steps: list[int] | None = None, environment: Environment | None | str = "default",
+def make_results(*, steps: list[int] | None = None, environment: Environment | str | None = "default",
                  checks: list[CheckResult] | None = None, complete: bool = True,
                  device_name: str = "NVIDIA H200") -> RunResults:
     """A run of :data:`PLANNED`; by default step 5 was not selected (so it shows as not run)."""

@@ -80,7 +80,7 @@ def log_y(v: float, lo: float, hi: float) -> float:
 def assert_points(root: ET.Element, expected: list[tuple[float, float]]) -> None:
     got = [(x, y) for x, y, _ in circles(root)]
     assert len(got) == len(expected)
-    for (gx, gy), (ex, ey) in zip(got, expected):
+    for (gx, gy), (ex, ey) in zip(got, expected, strict=False):
         assert gx == pytest.approx(ex, abs=0.01) and gy == pytest.approx(ey, abs=0.01), (got, expected)
 
 
@@ -165,7 +165,7 @@ def test_log_axis_points_and_label() -> None:
     axis = choose_axis(values, zero=True)
     assert axis.log and axis.lo == pytest.approx(10 / svg.LOG_PAD) and axis.hi == pytest.approx(1000 * svg.LOG_PAD)
     # Three values spread over 0-100 %: p0, p50, p100; y on the log axis.
-    expected = [(lin_x(p, 0, 100), log_y(v, axis.lo, axis.hi)) for p, v in zip((0, 50, 100), values)]
+    expected = [(lin_x(p, 0, 100), log_y(v, axis.lo, axis.hi)) for p, v in zip((0, 50, 100), values, strict=False)]
     assert_points(root, expected)
     assert ticks(root, "tick-y")["100"] == pytest.approx(expected[1][1])  # the '100' tick is the middle point
     assert "ms (log scale)" in texts(root)

@@ -185,7 +185,7 @@ def test_chart_draws_device_and_control_histograms_and_the_p99_bound() -> None:
     tops = _polygon_heights(chart)
     assert len(tops) == 2  # device, control
     # Taller bars have smaller y: the order of the bin tops follows the counts of each series.
-    for ys, counts in zip(tops, (DEVICE_COUNTS, CONTROL_COUNTS)):
+    for ys, counts in zip(tops, (DEVICE_COUNTS, CONTROL_COUNTS), strict=False):
         assert max(range(len(ys)), key=lambda i: ys[i]) == min(range(len(counts)), key=lambda i: counts[i])
         assert min(range(len(ys)), key=lambda i: ys[i]) == max(range(len(counts)), key=lambda i: counts[i])
     assert "device: 40 positions in [1e-3, 1e-2)" in chart and "CPU control: 40 positions in [1e-6, 1e-5)" in chart
@@ -340,7 +340,7 @@ def test_step3_marks_vllm_kernels_the_served_model_did_not_run() -> None:
     impls = {"RMSNorm": "forward_cpu -> forward_native: torch ops (aten::add, aten::mean, aten::mul, aten::pow …)",
              "SiluAndMul": "forward_cpu: custom kernel _C::silu_and_mul",
              "GemmaRMSNorm": "forward_native: torch ops (aten::mul)", "Attention": "CPUAttentionBackend (impl X)"}
-    results = _results(_step3() + [_vllm_ref(impls)])
+    results = _results([*_step3(), _vllm_ref(impls)])
     why = f"RMSNorm: {impls['RMSNorm']}; per framework.vllm.reference"
     assert _unused(results) == {("vllm", "rms_norm"): why, ("vllm", "fused_add_rms_norm"): why}
     main, details = _pages(results)
@@ -360,7 +360,7 @@ def test_step3_only_native_layers_that_never_name_the_kernel_are_marked() -> Non
         "RMSNorm": "forward_cpu: custom kernel _C::fused_add_rms_norm",
         "RotaryEmbedding": "forward_native: but ran _C::rotary_embedding",
     }
-    assert set(_unused(_results(_step3() + [_vllm_ref(impls)]))) == {("vllm", "silu_and_mul"), ("vllm", "gelu_tanh")}
+    assert set(_unused(_results([*_step3(), _vllm_ref(impls)]))) == {("vllm", "silu_and_mul"), ("vllm", "gelu_tanh")}
     # transformers' implementations never mark vLLM kernels; no step-4 evidence, no mark.
-    assert _unused(_results(_step3() + [_ref()])) == {}
+    assert _unused(_results([*_step3(), _ref()])) == {}
     assert _unused(_results(_step3())) == {}

@@ -53,7 +53,7 @@ def _step4_figures(model: Path) -> dict[str, float]:
         finally:
             fw.shutdown()
     stats = dv.PositionStats([], [], [])
-    for r, d in zip(*sides):
+    for r, d in zip(*sides, strict=False):
         stats.extend(dv.compare_positions(r.top_logprobs, r.token_logprobs, d.top_logprobs, d.token_logprobs))
     return dv.summarize(stats)
 

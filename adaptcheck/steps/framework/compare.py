@@ -131,7 +131,7 @@ def compare_text(index: int, a: Generation, b: Generation, *, mode: Mode, top_n:
     if v.exact:
         v.common_prefix = max(v.len_a, v.len_b)
         return v
-    at = next((i for i, (x, y) in enumerate(zip(a.text, b.text)) if x != y), min(len(a.text), len(b.text)))
+    at = next((i for i, (x, y) in enumerate(zip(a.text, b.text, strict=False)) if x != y), min(len(a.text), len(b.text)))
     v.ok = False
     v.reason = f"prompt {index}: the texts differ from character {at}: {a.text[at:at + 20]!r} vs {b.text[at:at + 20]!r}"
     if mode != "top_n" or codec is None or not ids_a:
@@ -211,5 +211,5 @@ def compare(a: list[Generation], b: list[Generation], *, mode: Mode, top_n: int 
         raise ValueError(f"cannot compare {len(a)} generations with {len(b)}")
     out = Comparison(mode=mode, top_n=top_n)
     out.pairs = [compare_pair(i, x, y, mode=mode, top_n=top_n, tie_margin=tie_margin, codec=codec)
-                 for i, (x, y) in enumerate(zip(a, b))]
+                 for i, (x, y) in enumerate(zip(a, b, strict=False))]
     return out

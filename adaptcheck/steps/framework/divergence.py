@@ -52,7 +52,7 @@ def compare_positions(ref_tops: Sequence[dict[int, float]], ref_lps: Sequence[fl
     if len(ref_tops) != len(dev_tops):
         raise ValueError(f"{len(ref_tops)} reference positions vs {len(dev_tops)} scored")
     out = PositionStats([], [], [])
-    for rt, rl, dt, dl in zip(ref_tops, ref_lps, dev_tops, dev_lps):
+    for rt, rl, dt, dl in zip(ref_tops, ref_lps, dev_tops, dev_lps, strict=False):
         out.kl.append(position_kl(rt, dt))
         out.dlogprob.append(abs(rl - dl))
         out.same_top.append(max(rt, key=rt.__getitem__) == max(dt, key=dt.__getitem__))

@@ -210,7 +210,7 @@ def single_request(ctx: CheckContext, active: Active, p: SingleRequestParams) ->
         rows.append(_length_row(f"short prompt, max_tokens={n}", g, n, eos))
     rows.append(_prefix_row(by_len))
     tiny = [fw.generate([GenRequest(prompt=t, max_tokens=4)])[0] for t in prompts.TINY_PROMPTS]
-    rows.extend(_length_row(f"tiny prompt {t!r}, max_tokens=4", g, 4, eos) for t, g in zip(prompts.TINY_PROMPTS, tiny))
+    rows.extend(_length_row(f"tiny prompt {t!r}, max_tokens=4", g, 4, eos) for t, g in zip(prompts.TINY_PROMPTS, tiny, strict=False))
     long_text = tok.long_prompt(p.long_prompt_tokens)
     g = fw.generate([GenRequest(prompt=long_text, max_tokens=p.long_max_tokens)])[0]
     row = _length_row(f"long prompt (~{p.long_prompt_tokens} tokens), max_tokens={p.long_max_tokens}", g,
@@ -392,7 +392,7 @@ def _greedy_rows(fw: Framework, tok: Tok, reqs: list[GenRequest], ref: list[Gene
     cmp = compare([_strip_eos(g, eos) for g in ref], [_strip_eos(g, eos) for g in dev], mode="top_n", top_n=p.top_n,
                   codec=tok.codec())
     rows = [_row("greedy tokens vs CPU reference", cmp.ok, cmp.summary())]
-    finish = [f"prompt {i}: {a.finish_reason} vs {b.finish_reason}" for i, (a, b) in enumerate(zip(ref, dev))
+    finish = [f"prompt {i}: {a.finish_reason} vs {b.finish_reason}" for i, (a, b) in enumerate(zip(ref, dev, strict=False))
               if cmp.pairs[i].exact and a.finish_reason != b.finish_reason]
     rows.append(_row("finish reasons agree", not finish, "; ".join(finish) or "same finish reason for identical answers"))
     metrics.update(cmp.metrics())
@@ -430,7 +430,7 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
     rows.append(tf_row)
     if p.stream and getattr(fw, "supports_stream", False):
         streamed = fw.generate([GenRequest(prompt=r.prompt, max_tokens=r.max_tokens, stream=True) for r in reqs])
-        diff = [f"request {i}: {a.text!r} vs streamed {b.text!r}" for i, (a, b) in enumerate(zip(together, streamed))
+        diff = [f"request {i}: {a.text!r} vs streamed {b.text!r}" for i, (a, b) in enumerate(zip(together, streamed, strict=False))
                 if a.text != b.text]
         rows.append(_row("stream vs non-stream", not diff, "; ".join(diff[:2]) or f"{len(reqs)} streamed answers identical"))
         rows.append(_usage_row("usage counts when streaming", streamed, eos, required=_speaks_openai(fw),

@@ -30,7 +30,7 @@ Row = dict[str, Any]
 
 def _stats(ref: list[Scored], dev: list[Scored]) -> dv.PositionStats:
     out = dv.PositionStats([], [], [])
-    for a, b in zip(ref, dev):
+    for a, b in zip(ref, dev, strict=False):
         out.extend(dv.compare_positions(a.top_logprobs, a.token_logprobs, b.top_logprobs, b.token_logprobs))
     return out
 
@@ -91,7 +91,7 @@ def judge_scores(ref: list[Scored], dev: list[Scored], control: list[Scored], ru
 
 def _worst(dev: list[Scored], teacher: TeacherData) -> int:
     """Index of the sequence with the largest mean KL (the one localisation and repro use)."""
-    means = [sum(s.kl) / max(1, len(s.kl)) for s in (_stats([r], [d]) for r, d in zip(teacher.scores, dev))]
+    means = [sum(s.kl) / max(1, len(s.kl)) for s in (_stats([r], [d]) for r, d in zip(teacher.scores, dev, strict=False))]
     return max(range(len(means)), key=means.__getitem__) if means else 0
 
 
@@ -141,7 +141,7 @@ def common_prefix_scores(a: list[Generation], b: list[Generation]) -> tuple[list
     """The positions two greedy runs share (same tokens so far: same conditioning), as scores."""
     sa: list[Scored] = []
     sb: list[Scored] = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if not x.token_ids or not y.token_ids or not x.top_logprobs or not y.top_logprobs:
             continue
         n = 0
@@ -150,8 +150,8 @@ def common_prefix_scores(a: list[Generation], b: list[Generation]) -> tuple[list
         n = min(n, len(x.top_logprobs), len(y.top_logprobs))
         tops_a, tops_b = x.top_logprobs[:n], y.top_logprobs[:n]
         toks = x.token_ids[:n]
-        sa.append(Scored([t.get(k, min(t.values())) for t, k in zip(tops_a, toks)], tops_a))
-        sb.append(Scored([t.get(k, min(t.values())) for t, k in zip(tops_b, toks)], tops_b))
+        sa.append(Scored([t.get(k, min(t.values())) for t, k in zip(tops_a, toks, strict=False)], tops_a))
+        sb.append(Scored([t.get(k, min(t.values())) for t, k in zip(tops_b, toks, strict=False)], tops_b))
     return sa, sb
 
 

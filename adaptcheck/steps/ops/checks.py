@@ -90,7 +90,7 @@ def summarize(op: OpDef, provider: str, dtype: str, results: list[CaseResult]) -
     policy = load_policy()
     details = {
         "op": op.name, "provider": provider, "dtype": dtype, "signature": op.signature,
-        "tolerance": {out: _tolerance_details(policy, k, dtype) for out, k in zip(op.outputs, op.tolerance)},
+        "tolerance": {out: _tolerance_details(policy, k, dtype) for out, k in zip(op.outputs, op.tolerance, strict=False)},
         "cases": [r.as_dict() for r in results],
         "worst_case": worst.case,
     }

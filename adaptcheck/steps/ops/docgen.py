@@ -53,7 +53,7 @@ def render() -> str:
     lines += ["| op | family | signature | outputs (tolerance class) | dtypes | needs | in place |",
               "|---|---|---|---|---|---|---|"]
     for op in all_ops().values():
-        outs = ", ".join(f"{o} ({t})" for o, t in zip(op.outputs, op.tolerance))
+        outs = ", ".join(f"{o} ({t})" for o, t in zip(op.outputs, op.tolerance, strict=False))
         sig = op.signature.replace("|", "\\|")
         lines.append(f"| `{op.name}` | {op.family} | `{sig}` | {outs} | {', '.join(op.dtypes)} |"
                      f" {', '.join(op.requires) or '-'} | {'yes' if op.in_place else 'no'} |")

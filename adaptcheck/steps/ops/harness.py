@@ -132,7 +132,7 @@ def _run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBa
         result.error = f"provider returned {len(got_t)} outputs, the op has {len(op.outputs)} ({', '.join(op.outputs)})"
         return result
     mask = inputs.compare_mask.numpy() if inputs.compare_mask is not None else None
-    for i, (name, klass_name) in enumerate(zip(op.outputs, op.tolerance)):
+    for i, (name, klass_name) in enumerate(zip(op.outputs, op.tolerance, strict=False)):
         if not isinstance(got_t[i], torch.Tensor):
             result.error = f"output {name!r} is a {type(got_t[i]).__name__}, not a tensor"
             return result

@@ -43,7 +43,7 @@ def tolerances(op: OpDef, dtype: str) -> list[tuple[str, dict[str, Any]]]:
     """(output, tolerance class as the script needs it) for each output of ``op``."""
     policy = load_policy()
     out: list[tuple[str, dict[str, Any]]] = []
-    for name, klass_name in zip(op.outputs, op.tolerance):
+    for name, klass_name in zip(op.outputs, op.tolerance, strict=False):
         klass = policy.get(klass_name)
         out.append((name, {"class": klass_name, "mode": klass.mode,
                            "limits": klass.limit_for(dtype).model_dump(exclude_none=True),

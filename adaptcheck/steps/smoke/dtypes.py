@@ -168,7 +168,7 @@ class DtypeProbeCheck(SmokeCheck):
             x_d = self.ops.to_device(x, ctx.device)
             try:  # how a plain (unclamped) cast behaves is information, not a verdict
                 plain = self.ops.to_host(x_d.to(dtype).to(torch.float32))
-                info["unclamped_cast"] = {f"{v:g}": f"{p:g}" for v, p in zip(x.tolist(), plain.tolist())}
+                info["unclamped_cast"] = {f"{v:g}": f"{p:g}" for v, p in zip(x.tolist(), plain.tolist(), strict=False)}
             except Exception as exc:  # noqa: BLE001 - how a plain cast fails is information too
                 info["unclamped_cast"] = f"error: {type(exc).__name__}: {exc}"
             got = self.ops.to_host(torch.clamp(x_d, -fmax, fmax).to(dtype).to(torch.float32))

@@ -346,7 +346,7 @@ def test_kind_is_registered_as_step_4_with_strict_params() -> None:
 
 
 def test_params_refuse_unknown_ops_naming_the_valid_ones() -> None:
-    with pytest.raises(ValidationError, match="unknown collective.*'all_gatter'.*valid: all_reduce, all_gather"):
+    with pytest.raises(ValidationError, match=r"unknown collective.*'all_gatter'.*valid: all_reduce, all_gather"):
         CollectivesParams(ops=["all_gatter"])
     with pytest.raises(ValidationError, match="extra"):
         CollectivesParams.model_validate({"opz": []})

@@ -19,7 +19,7 @@ def _dist(rng: random.Random, vocab: int, spike: float = 4.0) -> list[float]:
 
 
 def _true_kl(p: list[float], q: list[float]) -> float:
-    return sum(math.exp(a) * (a - b) for a, b in zip(p, q))
+    return sum(math.exp(a) * (a - b) for a, b in zip(p, q, strict=False))
 
 
 def _top(lp: list[float], k: int) -> dict[int, float]:

@@ -60,11 +60,7 @@ def processes_with(*needles: str) -> list[int]:
 
 @needs_vllm
 def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path: Path) -> None:
-    checks = (checks_for("vllm", compile=False)
-              + [{"id": "vllm.prefix_off", "step": 4, "kind": "framework.kv_cache",
-                  "params": {"framework": "vllm", "compile": False, "compare_prefix_off": True, "rounds": 2}},
-                 {"id": "vllm.compile", "step": 4, "kind": "framework.compile", "params": {"framework": "vllm"}}]
-              + checks_for("vllm_serve", compile=False))
+    checks = ([*checks_for("vllm", compile=False), {"id": "vllm.prefix_off", "step": 4, "kind": "framework.kv_cache", "params": {"framework": "vllm", "compile": False, "compare_prefix_off": True, "rounds": 2}}, {"id": "vllm.compile", "step": 4, "kind": "framework.compile", "params": {"framework": "vllm"}}, *checks_for("vllm_serve", compile=False)])
     before = set(processes_with("vllm.entrypoints"))  # e.g. the session's own vllm_server fixture
     by_id, proc = run(write_ladder, tmp_path / "run", checks)
     bad = {k: (v["status"], v["message"]) for k, v in by_id.items() if v["status"] != "pass"}
@@ -151,8 +147,7 @@ def test_passthrough_proxy_is_not_flagged(write_ladder: Callable[..., Path], tmp
 def test_server_dying_mid_check_is_an_error_and_the_run_goes_on(
         write_ladder: Callable[..., Path], tmp_path: Path, transformers_server: ManagedServer,
         served_model: Path) -> None:
-    checks = (checks_for("endpoint", kinds=("load", "single_request", "concurrent"))
-              + [{"id": "after", "step": 4, "kind": "framework.load", "params": {"framework": "transformers"}}])
+    checks = ([*checks_for("endpoint", kinds=("load", "single_request", "concurrent")), {"id": "after", "step": 4, "kind": "framework.load", "params": {"framework": "transformers"}}])
     with wrong_server(transformers_server.base_url, "dies", die_after=4) as url:
         by_id, proc = run(write_ladder, tmp_path / "run", checks, "--endpoint", url, "--model", str(served_model))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -176,9 +171,7 @@ def test_interrupting_adaptcheck_leaves_no_server_behind(write_ladder: Callable[
     if reason := serving_unavailable("transformers"):
         pytest.skip(reason)
     cache = tmp_path / "cache"  # a private cache: the model path then names this test's server only
-    checks = checks_for("transformers_serve", kinds=("load",)) + [
-        {"id": "busy", "step": 4, "kind": "framework.kv_cache",
-         "params": {"framework": "transformers_serve", "rounds": 50, "batch": 8}}]
+    checks = [*checks_for("transformers_serve", kinds=("load",)), {"id": "busy", "step": 4, "kind": "framework.kv_cache", "params": {"framework": "transformers_serve", "rounds": 50, "batch": 8}}]
     ladder = write_ladder(checks, timeout_s=600)
     proc = popen_interruptible([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(ladder), "--device", "cpu",
                                 "--out", str(tmp_path / "run"), "--quiet"],

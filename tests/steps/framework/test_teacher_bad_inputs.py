@@ -21,7 +21,7 @@ def test_weights_that_do_not_fit_the_config_are_a_one_line_error_and_the_run_goe
     checks = [fw_check("fw.reference", "reference", "transformers"),
               fw_check("fw.concurrent", "concurrent", "transformers"),
               fw_check("fw.embedded", "reference", "transformers", model="embedded:tiny-llama")]
-    by_id, results, proc = run_ladder(write_ladder, tmp_path, checks, "--model", str(unfit))
+    by_id, _results, proc = run_ladder(write_ladder, tmp_path, checks, "--model", str(unfit))
     for cid in ("fw.reference", "fw.concurrent"):
         c = by_id[cid]
         assert c["status"] == "error", (cid, c["message"])

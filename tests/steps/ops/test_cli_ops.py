@@ -65,5 +65,5 @@ def test_ops_override_that_cannot_load_is_a_one_line_usage_error(tmp_path: Path)
     done = run_cli(["run", "--ladder", "quick", "--device", "cpu", "--ops", "no_such_module:thing",
                     "--out", str(tmp_path / "x")], cwd=REPO)
     assert done.returncode == 2
-    lines = [l for l in done.stderr.splitlines() if l.strip()]
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "cannot load it" in lines[0]

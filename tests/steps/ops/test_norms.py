@@ -27,8 +27,7 @@ CASES: list[dict[str, Any]] = [
     {"name": "single_token", "tokens": 1, "hidden": 3584, "dist": "normal"},
     {"name": "outlier", "tokens": 3, "hidden": 4096, "dist": "outlier"},
 ]
-LN_CASES: list[dict[str, Any]] = CASES + [
-    {"name": "near_constant", "tokens": 4, "hidden": 4096, "dist": "near_constant", "eps": 1e-5}]
+LN_CASES: list[dict[str, Any]] = [*CASES, {"name": "near_constant", "tokens": 4, "hidden": 4096, "dist": "near_constant", "eps": 1e-05}]
 ALL = ["fp32", "fp16", "bf16"]
 
 

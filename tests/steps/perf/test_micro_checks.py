@@ -109,8 +109,8 @@ def test_kinds_are_registered_in_step_5() -> None:
 def _models(model: type[BaseModel]) -> list[type[BaseModel]]:
     out = [model]
     for f in model.model_fields.values():
-        for arg in getattr(f.annotation, "__args__", ()) + (f.annotation,):
-            for inner in getattr(arg, "__args__", ()) + (arg,):
+        for arg in (*getattr(f.annotation, "__args__", ()), f.annotation):
+            for inner in (*getattr(arg, "__args__", ()), arg):
                 if isinstance(inner, type) and issubclass(inner, BaseModel) and inner not in out:
                     out.append(inner)
     return out

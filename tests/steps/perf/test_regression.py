@@ -143,6 +143,6 @@ def test_unverified_baseline_copy_is_marked_in_the_evidence(tmp_path: Path) -> N
     assert (details.baseline.verified, details.baseline.integrity) == (False, "no_digest")
     assert details.verdict.startswith("UNVERIFIED baseline (no digest): ")
     # The same content sealed: verified, and no mark.
-    status, message, c = _run(_run_dir(tmp_path / "sealed", rerun, sealed_text(BASELINE_FILE)))
+    _status, message, c = _run(_run_dir(tmp_path / "sealed", rerun, sealed_text(BASELINE_FILE)))
     assert c is not None and c.baseline.verified and c.baseline.integrity == "intact"
     assert "UNVERIFIED" not in message

@@ -242,7 +242,7 @@ def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_si
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     torch = _torch()
     x = x.contiguous()
-    out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
+    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
     _c().silu_and_mul(out, x)
     return out
 
