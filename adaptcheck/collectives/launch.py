@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.procs import free_port, kill_group
+
 # --- launcher -----------------------------------------------------------------------------
 
 WORKER_MODULE = "adaptcheck.collectives.worker"
@@ -56,14 +58,6 @@ class LaunchResult:
     timeout_s: float | None = None
     attempts: int = 1
     notes: list[str] = field(default_factory=list)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now (the OS picks; a race with another process is retried by
-    :func:`launch` when rank 0 reports the address in use)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def loopback_interface() -> str | None:
@@ -128,20 +122,6 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the rank's whole process group (it leads its own session, so helper processes
-    a collective library may fork go too), then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _dump_stacks(procs: list[subprocess.Popen[bytes]], wait_s: float = 0.5) -> None:
@@ -242,7 +222,7 @@ def _launch_once(config: dict[str, Any], world_size: int, *, timeout_s: float, c
                 for i, p in enumerate(procs):
                     if p.poll() is None:
                         killed[i] = reason
-                        _kill_group(p)
+                        kill_group(p)
                 break
             time.sleep(0.02)
     finally:
@@ -250,7 +230,7 @@ def _launch_once(config: dict[str, Any], world_size: int, *, timeout_s: float, c
         for i, p in enumerate(procs):
             if p.poll() is None:
                 killed.setdefault(i, "launcher interrupted")
-                _kill_group(p)
+                kill_group(p)
     exits = []
     for i, p in enumerate(procs):
         lines = _log_lines(logs[i])

@@ -34,12 +34,9 @@ from adaptcheck.frameworks.base import (
     ScoreRequest,
     ScoringUnsupported,
 )
-from adaptcheck.frameworks.openai_client import (
-    AsyncOpenAIClient,
-    CompletionResult,
-    OpenAIClient,
-    ScoreResult,
-)
+from adaptcheck.openai_client.client import AsyncOpenAIClient
+from adaptcheck.openai_client.records import CompletionResult, ScoreResult
+from adaptcheck.openai_client.sync import OpenAIClient
 
 READY_TIMEOUT_S = 10.0
 """How long a user's endpoint may take to answer its model list: it should already be up,

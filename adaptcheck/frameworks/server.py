@@ -45,7 +45,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -58,11 +57,13 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from adaptcheck.errors import DeviceError
 from adaptcheck.frameworks.base import FrameworkError
+from adaptcheck.procs import free_port
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from adaptcheck.frameworks.openai_client import AsyncOpenAIClient, OpenAIClient
+    from adaptcheck.openai_client.client import AsyncOpenAIClient
+    from adaptcheck.openai_client.sync import OpenAIClient
 
 ServerKind = Literal["vllm", "transformers"]
 
@@ -174,13 +175,6 @@ def build_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str,
         env.setdefault(key, value)
     env.update(spec.env)
     return env
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------
@@ -482,12 +476,12 @@ class ManagedServer:
 
     def client(self, **kwargs: Any) -> OpenAIClient:
         """A sync client of this server, naming its model."""
-        from adaptcheck.frameworks.openai_client import OpenAIClient
+        from adaptcheck.openai_client.sync import OpenAIClient
 
         return OpenAIClient(self.base_url, model=self._request_model(), **kwargs)
 
     def async_client(self, **kwargs: Any) -> AsyncOpenAIClient:
-        from adaptcheck.frameworks.openai_client import AsyncOpenAIClient
+        from adaptcheck.openai_client.client import AsyncOpenAIClient
 
         return AsyncOpenAIClient(self.base_url, model=self._request_model(), **kwargs)
 
@@ -522,7 +516,8 @@ class ManagedServer:
                 raise
 
     def _launch_and_wait(self, timeout_s: float) -> None:
-        from adaptcheck.frameworks.openai_client import EndpointNotReady, OpenAIClient
+        from adaptcheck.openai_client.errors import EndpointNotReady
+        from adaptcheck.openai_client.sync import OpenAIClient
 
         self.port = free_port(self.host)
         self.command = build_command(self.spec, self.port, self.host)

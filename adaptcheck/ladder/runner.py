@@ -24,6 +24,7 @@ from typing import Any
 
 from adaptcheck.models.ladder import CheckSpec
 from adaptcheck.models.results import CheckResult, Status
+from adaptcheck.procs import kill_group
 
 WORKER_STARTUP_TIMEOUT_S = 180.0
 """Importing torch and a vendor extension can be slow on first use; a broken driver can hang it."""
@@ -143,14 +144,7 @@ class Worker:
     def kill(self) -> None:
         """SIGKILL the whole process group (a hung driver call ignores gentler signals)."""
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+            kill_group(self.proc, wait_s=10)
         self.close()
 
     def close(self) -> None:

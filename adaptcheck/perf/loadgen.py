@@ -3,7 +3,7 @@
 Responsible for *when* requests are sent and for timing them honestly; what is sent comes
 from :mod:`adaptcheck.perf.workload`, the summaries from :mod:`adaptcheck.perf.serving_metrics`,
 the client's own cost and the server's memory from :mod:`adaptcheck.perf.monitors`, and the
-timed requests go through the lean :mod:`adaptcheck.perf.stream_client` (the general
+timed requests go through the lean :mod:`adaptcheck.openai_client.load_stream` (the general
 OpenAI client only learns the model name and the fields the server rejects, once).
 
 One run (one level, one repeat) is, on a fresh event loop:
@@ -44,18 +44,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from adaptcheck.frameworks.openai_client import (
-    AsyncOpenAIClient,
-    CompletionResult,
+from adaptcheck.openai_client.client import AsyncOpenAIClient
+from adaptcheck.openai_client.errors import (
     EndpointError,
     EndpointStatusError,
     EndpointTimeout,
     EndpointUnreachable,
 )
+from adaptcheck.openai_client.load_stream import StreamClient
+from adaptcheck.openai_client.records import CompletionResult
 from adaptcheck.perf.gcguard import HeapFreeze
 from adaptcheck.perf.monitors import ClientMonitor, ClientStats, ServerSampler
 from adaptcheck.perf.serving_metrics import RequestRecord, summarize_run
-from adaptcheck.perf.stream_client import StreamClient
 from adaptcheck.perf.workload import PreparedRequest, Workload
 
 Arrival = Literal["burst", "concurrency", "poisson"]

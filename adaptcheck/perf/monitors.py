@@ -33,7 +33,7 @@ from adaptcheck.frameworks.server import descendants, pid_alive
 from adaptcheck.perf.serving_metrics import percentile
 
 if TYPE_CHECKING:
-    from adaptcheck.frameworks.openai_client import AsyncOpenAIClient
+    from adaptcheck.openai_client.client import AsyncOpenAIClient
 
 CPU_BOTTLENECK_PERCENT = 90.0
 """Client CPU (100 = one core) at which the single-threaded event loop is saturated."""
@@ -212,7 +212,7 @@ class ServerSampler:
 
     async def _sample(self) -> bool:
         """One sample; False when there is nothing to sample (no /metrics, no gauge, no answer)."""
-        from adaptcheck.frameworks.openai_client import EndpointError
+        from adaptcheck.openai_client.errors import EndpointError
 
         try:
             text = await self.client.metrics_text()

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from adaptcheck.frameworks.openai_client import EndpointError, OpenAIClient
+from adaptcheck.openai_client.errors import EndpointError
+from adaptcheck.openai_client.sync import OpenAIClient
 
 POOL_TARGET = 2000
 """Token ids sampled for the prompt pool: plenty for random text, cheap for 150k vocabularies."""

@@ -27,8 +27,9 @@ import torch
 import torch.distributed as dist
 
 from adaptcheck.collectives.exact import OPS
-from adaptcheck.collectives.launch import free_port, loopback_interface
+from adaptcheck.collectives.launch import loopback_interface
 from adaptcheck.collectives.worker import TorchCollectives
+from adaptcheck.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ME = "tests.cluster.test_multinode"

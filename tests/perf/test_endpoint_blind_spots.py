@@ -25,11 +25,11 @@ import pytest
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.frameworks.base import FrameworkConfig, GenRequest, LoadOptions
 from adaptcheck.frameworks.endpoint_fw import EndpointFramework
-from adaptcheck.frameworks.openai_client import OpenAIClient
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
+from adaptcheck.openai_client.sync import OpenAIClient
 from adaptcheck.perf.load_audit import workload_facts
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
 from adaptcheck.perf.serving_metrics import summarize_run

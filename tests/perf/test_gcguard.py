@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.frameworks.openai_client import StreamChunk
+from adaptcheck.openai_client.records import StreamChunk
 from adaptcheck.perf import loadgen
 from adaptcheck.perf.gcguard import HeapFreeze
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.frameworks.openai_client import (
+from adaptcheck.openai_client.errors import (
     EndpointProtocolError,
     EndpointStatusError,
     EndpointTimeout,
     EndpointUnreachable,
 )
-from adaptcheck.perf.stream_client import StreamClient
+from adaptcheck.openai_client.load_stream import StreamClient
 
 BODY = {"prompt": "hi", "max_tokens": 2, "stream": True}
 

@@ -1,6 +1,6 @@
 """A lean HTTP/1.1 client for the load generator's timed requests: one streamed completion at a time.
 
-Why not the general client (:class:`~adaptcheck.frameworks.openai_client.AsyncOpenAIClient`,
+Why not the general client (:class:`~adaptcheck.openai_client.client.AsyncOpenAIClient`,
 httpx): a load generator is only as good as the rate it can drive, and on the same
 server httpx spends about 140 µs of CPU per streamed token (its transport stack runs
 several layers of context managers per read), aiohttp (vLLM ``bench serve``'s client)
@@ -31,17 +31,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from adaptcheck.frameworks.openai_client import (
-    CompletionResult,
+from adaptcheck.openai_client.errors import (
     EndpointProtocolError,
     EndpointStatusError,
     EndpointTimeout,
     EndpointUnreachable,
-    StreamChunk,
-    api_key_from_env,
-    normalize_base_url,
-    server_error_message,
 )
+from adaptcheck.openai_client.parsing import api_key_from_env, normalize_base_url, server_error_message
+from adaptcheck.openai_client.records import CompletionResult, StreamChunk
 
 READ_SIZE = 65536
 _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]

