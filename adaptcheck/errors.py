@@ -94,3 +94,13 @@ def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
     if close:
         return "did you mean " + " or ".join(repr(c) for c in close) + "?"
     return "valid choices: " + ", ".join(sorted(choices))
+
+
+def exception_line(exc: BaseException, limit: int = 300, *, with_type: bool = True) -> str:
+    """An exception as one line for a message: ``Type: first line`` (whitespace collapsed),
+    cut at ``limit`` characters; the type alone when the exception has no text."""
+    lines = str(exc).strip().splitlines()
+    text = " ".join(lines[0].split()) if lines else ""
+    if not with_type:
+        return (text or type(exc).__name__)[:limit]
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]

@@ -44,7 +44,7 @@ from adaptcheck.cluster.models import MultinodeCollectives, Settings
 from adaptcheck.cluster.verdict import Payload, RunInfo, build_report
 from adaptcheck.collectives.exact import DEFAULT_DTYPES, ITEMSIZE, OPS, DtypeName
 from adaptcheck.collectives.plan import CollectivesParams, Plan, make_plan
-from adaptcheck.errors import DeviceError, UsageError
+from adaptcheck.errors import DeviceError, UsageError, exception_line
 from adaptcheck.models.results import utcnow
 from adaptcheck.perf.collectives import elements_for_bytes
 from adaptcheck.perf.micro import MIB
@@ -277,7 +277,7 @@ def run_cluster_collectives(options: ClusterCollectivesOptions,
             control = None if backend.dist_backend == "gloo" else dist.new_group(backend="gloo", timeout=backstop)
             dist.barrier()
         except Exception as exc:  # noqa: BLE001 - any failure to form the group is the finding
-            return me.give_up(f"the process group did not form at {env.master}: {_first_line(exc)}",
+            return me.give_up(f"the process group did not form at {env.master}: {exception_line(exc)}",
                               EXIT_RENDEZVOUS)
         me.payload["init_s"] = round(time.perf_counter() - t0, 3)
         try:
@@ -318,9 +318,4 @@ def _lost_peer(payload: Payload, phase: str, exc: BaseException) -> str:
     last = done[-1] if done else {}
     if last.get("status") == "raised":
         return f"lost a peer in {last['op']} ({last['dtype']}, {last['elements']} elements): {last.get('error', '')}"
-    return f"lost a peer during {phase}: {_first_line(exc)}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+    return f"lost a peer during {phase}: {exception_line(exc)}"

@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from adaptcheck.errors import exception_line
 from adaptcheck.openai_client.client import AsyncOpenAIClient
 from adaptcheck.openai_client.errors import (
     EndpointError,
@@ -166,11 +167,6 @@ class RunResult:
 
     def summary(self, slo: dict[str, float | None] | None = None) -> dict[str, Any]:
         return summarize_run(self.records, duration_s=self.duration_s, slo=slo)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:MAX_ERROR_TEXT]
 
 
 class LoadGenerator:
@@ -299,17 +295,17 @@ class LoadGenerator:
             raw.error = f"cancelled: {state.abort or 'the run was stopped'}"
             raise
         except EndpointUnreachable as exc:
-            raw.error = _one_line(exc)
+            raw.error = exception_line(exc, MAX_ERROR_TEXT)
             state.refused += 1
             if state.refused >= UNREACHABLE_ABORT:
                 state.abort = state.abort or f"the server stopped accepting connections ({exc.message})"
         except EndpointTimeout as exc:
-            raw.error = _one_line(exc)
+            raw.error = exception_line(exc, MAX_ERROR_TEXT)
             state.abort = state.abort or f"a request timed out: the server is hung or overloaded ({exc.message})"
         except EndpointError as exc:
-            raw.error = _one_line(exc)
+            raw.error = exception_line(exc, MAX_ERROR_TEXT)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong is this request's error, never a hang
-            raw.error = _one_line(exc)
+            raw.error = exception_line(exc, MAX_ERROR_TEXT)
         finally:
             raw.end = time.perf_counter()
 

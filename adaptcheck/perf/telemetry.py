@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.errors import exception_line
 from adaptcheck.hostfacts import cpu_frequency_mhz, cpu_times
 from adaptcheck.perf.monitors import tree_rss_mib
 
@@ -117,11 +118,6 @@ class Telemetry:
         }
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:200]
-
-
 class TelemetrySampler:
     """Samples host and device telemetry every ``interval_s`` between :meth:`start` and :meth:`stop`.
 
@@ -204,7 +200,7 @@ class TelemetrySampler:
             try:
                 take()
             except Exception as exc:  # noqa: BLE001 - a sampler that dies would end the evidence silently
-                self._error(source, _one_line(exc))
+                self._error(source, exception_line(exc, 200))
             now = self._clock()
             due += self.interval_s
             while due <= now:
@@ -220,7 +216,7 @@ class TelemetrySampler:
         try:
             return reader()
         except Exception as exc:  # noqa: BLE001 - one unreadable field must not cost the others
-            self._error(source, f"{name}: {_one_line(exc)}")
+            self._error(source, f"{name}: {exception_line(exc, 200)}")
             return None
 
     def _host_sample(self) -> None:

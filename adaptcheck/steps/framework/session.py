@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adaptcheck.errors import AdaptcheckError
+from adaptcheck.errors import AdaptcheckError, exception_line
 from adaptcheck.frameworks.base import (
     Framework,
     FrameworkConfig,
@@ -143,27 +143,22 @@ def framework_facts(active: Active) -> dict[str, Any]:
 P = TypeVar("P", bound=FrameworkParams)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContext, Active, P], Outcome]) -> Outcome:
     """Load (or reuse) the framework, run ``body``, and turn failures into truthful outcomes."""
     try:
         active = acquire(ctx, params.framework, ctx.check_id, **params.load_overrides())
     except FrameworkUnavailable as exc:
-        return Outcome.skipped(f"{params.framework}: {_one_line(exc)}", applicable=False,
+        return Outcome.skipped(f"{params.framework}: {exception_line(exc, with_type=False)}", applicable=False,
                                details={"framework": params.framework})
     except (AdaptcheckError, FrameworkError) as exc:
-        return Outcome.errored(f"{params.framework}: {_one_line(exc)}", details={"framework": params.framework})
+        return Outcome.errored(f"{params.framework}: {exception_line(exc, with_type=False)}", details={"framework": params.framework})
     try:
         outcome = body(ctx, active, params)
     except FrameworkUnavailable as exc:
-        outcome = Outcome.skipped(_one_line(exc), applicable=False)
+        outcome = Outcome.skipped(exception_line(exc, with_type=False), applicable=False)
     except (AdaptcheckError, FrameworkError) as exc:
         # A server that died mid-check, an endpoint that stopped answering: say so, go on.
-        outcome = Outcome.errored(f"{active.framework.display_name}: {_one_line(exc)}")
+        outcome = Outcome.errored(f"{active.framework.display_name}: {exception_line(exc, with_type=False)}")
     outcome.details.setdefault("framework", framework_facts(active))
     outcome.details.setdefault("model", active.model.describe())
     return outcome
