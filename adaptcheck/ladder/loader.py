@@ -12,11 +12,12 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from pydantic import ValidationError
 
 from adaptcheck.errors import LadderError, UnknownNameError, did_you_mean
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.models.ladder import LadderSpec
+from adaptcheck.models.ladder import GradeSpec, LadderSpec
 from adaptcheck.paths import data_dir
 from adaptcheck.yamldata import describe, line_of, parse_yaml, read_text
 
@@ -57,7 +58,52 @@ def load_ladder(name_or_path: str) -> LoadedLadder:
     """Load, parse and validate a ladder; every problem is a one-line LadderError."""
     path, source = resolve(name_or_path)
     text = read_text(path, LadderError, "ladder")  # size-bounded; a problem is one LadderError line
+    text = expand_grade_include(text, str(path), path.parent)
     return LoadedLadder(parse_ladder(text, str(path)), source, text)
+
+
+def expand_grade_include(text: str, filename: str, base_dir: Path) -> str:
+    """The ladder with ``grade: {include: FILE, without: [condition ids]}`` replaced by the
+    rules of FILE (relative to the ladder's folder), minus the conditions named.
+
+    Why text, not just data: the run folder snapshots the ladder (``ladder.yaml``) and a
+    resume re-reads that snapshot alone, so the snapshot must carry the rules themselves. The
+    ``grade:`` block is the ladder's last top-level key by convention; it is rewritten in
+    place and everything above it keeps its lines (errors still point at the right line).
+    """
+    data, root = parse_yaml(text, filename, LadderError)
+    grade = data.get("grade")
+    if not (isinstance(grade, dict) and "include" in grade):
+        return text
+    where = f"{filename}:{line_of(root, ['grade'])}"
+    unknown = sorted(set(grade) - {"include", "without"})
+    if unknown:
+        raise LadderError(f"{where}: grade: with include, only 'without' may be given (not {', '.join(unknown)})")
+    include, without = grade["include"], grade.get("without") or []
+    if not isinstance(include, str) or not isinstance(without, list) or not all(isinstance(w, str) for w in without):
+        raise LadderError(f"{where}: grade: include must be a file name and without a list of condition ids")
+    inc_path = base_dir / include
+    inc_text = read_text(inc_path, LadderError, "grade rules")
+    inc_data, inc_root = parse_yaml(inc_text, str(inc_path), LadderError)
+    try:
+        rules = GradeSpec.model_validate(inc_data)
+    except ValidationError as exc:
+        raise LadderError(describe(exc, inc_root, str(inc_path))) from None
+    ids = [c.id for lv in rules.levels for c in lv.conditions]
+    for w in without:
+        if w not in ids:
+            raise LadderError(f"{where}: grade: without names {w!r}, which is no condition of {include} "
+                              f"({did_you_mean(w, ids)})")
+    levels = [{**lv.model_dump(exclude_defaults=True),
+               "conditions": [c.model_dump(exclude_defaults=True) for c in lv.conditions if c.id not in without]}
+              for lv in rules.levels]
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("grade:"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i][:1] not in ("", " ", "#", "\n")), len(lines))
+    dumped = yaml.safe_dump({"levels": levels}, sort_keys=False, width=1000, allow_unicode=True)
+    note = f"# grade rules of {include}" + (f" without {', '.join(without)}" if without else "") + " (expanded)\n"
+    block = note + "grade:\n" + "".join(f"  {ln}" if ln.strip() else ln for ln in dumped.splitlines(keepends=True))
+    return "".join(lines[:start]) + block + "".join(lines[end:])
 
 
 def parse_ladder(text: str, filename: str) -> LadderSpec:

@@ -112,3 +112,47 @@ def test_unknown_ladder_name_and_missing_file() -> None:
 def test_not_a_mapping() -> None:
     with pytest.raises(LadderError, match="expected a YAML mapping at the top level"):
         parse_ladder("- just\n- a list\n", "l.yaml")
+
+
+# --- shared grade rules: grade: {include: FILE, without: [ids]} ---------------------------------
+
+def test_the_shipped_ladders_share_their_grade_rules() -> None:
+    quick, standard = load_ladder("quick"), load_ladder("standard")
+    conds = {name: [c.id for lv in lad.spec.grade.levels for c in lv.conditions]
+             for name, lad in (("quick", quick), ("standard", standard))}
+    assert "graph_modes" in conds["standard"] and "graph_modes" not in conds["quick"]
+    assert [c for c in conds["standard"] if c != "graph_modes"] == conds["quick"]
+    # The text a run folder snapshots carries the rules themselves: it parses with no other file.
+    for lad in (quick, standard):
+        assert "include:" not in lad.text.split("\ngrade:\n", 1)[1]
+        assert parse_ladder(lad.text, "ladder.yaml").grade == lad.spec.grade
+
+
+def _with_include(tmp_path: Path, grade_block: str, rules: str | None = None) -> Path:
+    shared = tmp_path / "rules.yaml"
+    shared.write_text(rules if rules is not None else (
+        "levels:\n  - level: L1\n    name: usable\n    conditions:\n"
+        "      - {id: smoke, description: smoke passes, steps: [2]}\n"
+        "      - {id: extra, description: one more, checks: [b]}\n"))
+    ladder = tmp_path / "l.yaml"
+    text = ladder_text([{"id": "a", "step": 2, "kind": "dummy.pass"}, {"id": "b", "step": 2, "kind": "dummy.pass"}])
+    ladder.write_text(text.split("\ngrade:\n", 1)[0] + "\n" + grade_block)
+    return ladder
+
+
+def test_an_include_with_without_drops_the_named_conditions(tmp_path: Path) -> None:
+    lad = load_ladder(str(_with_include(tmp_path, "grade:\n  include: rules.yaml\n  without: [extra]\n")))
+    assert [c.id for c in lad.spec.grade.levels[0].conditions] == ["smoke"]
+
+
+@pytest.mark.parametrize(("block", "rules", "message"), [
+    ("grade:\n  include: rules.yaml\n  without: [extr]\n", None, "without names 'extr'.*did you mean 'extra'"),
+    ("grade:\n  include: rules.yaml\n  levels: []\n", None, "only 'without' may be given"),
+    ("grade:\n  include: nope.yaml\n", None, "nope.yaml"),
+    ("grade:\n  include: rules.yaml\n", "levels:\n  - level: L2\n    name: x\n    conditions: []\n",
+     r"rules.yaml:\d+: .*levels must be listed in order"),
+])
+def test_a_bad_include_is_one_line_naming_the_file(tmp_path: Path, block: str, rules: str | None,
+                                                  message: str) -> None:
+    with pytest.raises(LadderError, match=message):
+        load_ladder(str(_with_include(tmp_path, block, rules)))
