@@ -18,11 +18,11 @@ import typer
 from pydantic import ValidationError
 
 from adaptcheck.cli.output import STATUS_STYLE, Format, Output
-from adaptcheck.cluster.collectives import (
+from adaptcheck.cluster.models import REPORT_NAME, MultinodeCollectives
+from adaptcheck.cluster.rank import (
     ClusterCollectivesOptions,
     run_cluster_collectives,
 )
-from adaptcheck.cluster.models import REPORT_NAME, MultinodeCollectives
 from adaptcheck.errors import UsageError
 from adaptcheck.paths import default_reports_dir
 

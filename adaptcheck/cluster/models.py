@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 REPORT_NAME = "collectives-multinode.json"
 """File name rank 0 writes under ``--out``."""
-KIND: Literal["adaptcheck.cluster.collectives"] = "adaptcheck.cluster.collectives"
+KIND: Literal["adaptcheck.cluster.rank"] = "adaptcheck.cluster.rank"
 """The ``kind`` of the file (tools that collect many JSON files tell them apart by it)."""
 
 
@@ -140,7 +140,7 @@ class MultinodeCollectives(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["adaptcheck.cluster.collectives"] = Field(default=KIND, description="What this file is.")
+    kind: Literal["adaptcheck.cluster.rank"] = Field(default=KIND, description="What this file is.")
     status: ReportStatus = Field(
         description="pass: every case exact on every rank; fail: a wrong or raising collective; skip: nothing "
                     "could be checked; error: the group never formed or a peer was lost (see exit_code).")

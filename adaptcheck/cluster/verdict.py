@@ -6,7 +6,7 @@ from :func:`~adaptcheck.collectives.worker.run_case` /
 is step 4's own (:func:`~adaptcheck.collectives.plan.summarize`: a wrong element
 anywhere fails; what the library calls unsupported costs what ``on_unsupported`` says), so a
 multi-node run and ``framework.collectives`` on one machine never disagree on the same
-records. Bandwidths follow nccl-tests (:mod:`adaptcheck.perf.collectives`), ``t`` being the
+records. Bandwidths follow nccl-tests (:mod:`adaptcheck.collectives.bandwidth`), ``t`` being the
 slowest rank's median.
 """
 
@@ -29,10 +29,10 @@ from adaptcheck.cluster.models import (
     Settings,
     SlowestRank,
 )
+from adaptcheck.collectives.bandwidth import busbw_factor, full_tensor_bytes
 from adaptcheck.collectives.exact import ITEMSIZE
 from adaptcheck.collectives.launch import LaunchResult, RankExit
 from adaptcheck.collectives.plan import Plan, merge_rows, summarize
-from adaptcheck.perf.collectives import busbw_factor, full_tensor_bytes
 from adaptcheck.perf.timing import summarize as timing_of
 
 Payload = dict[str, Any]

@@ -120,7 +120,7 @@ def run_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: in
     or ``raised`` (with the error). Inputs and the expectation are built on the CPU from
     the pure functions, so the device under test computes nothing the check relies on.
     ``device_index`` is the device this rank drives: its rank on one machine (the default),
-    its local rank when ranks span several (:mod:`adaptcheck.cluster.collectives`).
+    its local rank when ranks span several (:mod:`adaptcheck.cluster.rank`).
     """
     index = rank if device_index is None else device_index
     device = backend.torch_device(index)

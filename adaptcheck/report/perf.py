@@ -54,7 +54,7 @@ STEP = 5
 SERVING_KIND = "perf.serving"
 SOAK_KIND = "perf.soak"
 REGRESSION_KIND = "perf.regression"
-"""Rendered by the comparison section (:mod:`adaptcheck.report.compare`), not as a micro-benchmark."""
+"""Rendered by the comparison section (:mod:`adaptcheck.report.comparison`), not as a micro-benchmark."""
 BENCH_NAMES: dict[str, str] = {
     "gemm": "GEMM (matrix multiply)",
     "memory_bandwidth": "memory bandwidth",

@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from adaptcheck.atomic import write_text_atomic
 from adaptcheck.compare import Comparison
-from adaptcheck.report.compare import PAGE_TEMPLATE, ComparePage, build_compare_view
+from adaptcheck.report.comparison import PAGE_TEMPLATE, ComparePage, build_compare_view
 from adaptcheck.report.view import ReportView
 
 # Next to this module, inside the package, so the template ships in the wheel.

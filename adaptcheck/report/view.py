@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
-from adaptcheck.report.compare import CompareView, build_compare
+from adaptcheck.report.comparison import CompareView, build_compare
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
     Label,

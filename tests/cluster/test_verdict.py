@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.cluster.collectives import Watchdog
 from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
 from adaptcheck.cluster.models import Settings
+from adaptcheck.cluster.rank import Watchdog
 from adaptcheck.cluster.verdict import (
     RunInfo,
     bench_results,

@@ -41,8 +41,8 @@ from adaptcheck.perf.workload import (
     server_token_counter,
 )
 from adaptcheck.steps.framework.checks import ConcurrentCheck, SingleRequestCheck
+from adaptcheck.steps.framework.lifecycle import release
 from adaptcheck.steps.framework.params import ConcurrentParams, SingleRequestParams
-from adaptcheck.steps.framework.session import release
 from adaptcheck.steps.perf.serving import ServingCheck, ServingParams
 from tests.perf.misbehaving_server import misbehaving_server
 

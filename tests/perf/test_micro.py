@@ -19,6 +19,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.collectives.bandwidth import (
+    busbw_factor,
+    collective_row,
+    elements_for_bytes,
+    full_tensor_bytes,
+)
 from adaptcheck.perf.attention import (
     bench_decode,
     bench_prefill,
@@ -27,12 +33,6 @@ from adaptcheck.perf.attention import (
     prefill_bytes,
     prefill_flops,
     sdpa_callable,
-)
-from adaptcheck.perf.collectives import (
-    busbw_factor,
-    collective_row,
-    elements_for_bytes,
-    full_tensor_bytes,
 )
 from adaptcheck.perf.micro import (
     TimingOptions,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from adaptcheck.compare import ComparePolicy, Comparison, compare_results
 from adaptcheck.models.results import CheckResult, RunResults, Status
-from adaptcheck.report.compare import build_compare_view
+from adaptcheck.report.comparison import build_compare_view
 from adaptcheck.report.render import render, write_compare_report
 from adaptcheck.report.view import build_view
 from tests.compare.helpers import gemm_row, load_pair, scale_row_time

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.steps.framework import probes
+from adaptcheck.steps.framework.lifecycle import run_with_framework
 from adaptcheck.steps.framework.params import (
     CompileParams,
     ConcurrentParams,
@@ -21,7 +22,6 @@ from adaptcheck.steps.framework.params import (
     SingleRequestParams,
     TensorParallelParams,
 )
-from adaptcheck.steps.framework.session import run_with_framework
 
 
 class FrameworkLoadCheck(Check):

@@ -24,8 +24,15 @@ from adaptcheck.frameworks.base import (
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.framework import prompts
 from adaptcheck.steps.framework import teacher as tf_rules
+from adaptcheck.steps.framework.agreement import Comparison, TextCodec, compare
 from adaptcheck.steps.framework.bounds import load_numerics
-from adaptcheck.steps.framework.compare import Comparison, TextCodec, compare
+from adaptcheck.steps.framework.lifecycle import (
+    Active,
+    acquire,
+    framework_dir,
+    release,
+    run_with_framework,
+)
 from adaptcheck.steps.framework.params import (
     DEFAULT_TIE_MARGIN,
     CompileParams,
@@ -40,13 +47,6 @@ from adaptcheck.steps.framework.reference import (
     ReferenceUnavailable,
     control_scores,
     teacher_data,
-)
-from adaptcheck.steps.framework.session import (
-    Active,
-    acquire,
-    framework_dir,
-    release,
-    run_with_framework,
 )
 
 Row = dict[str, Any]

@@ -22,8 +22,8 @@ from adaptcheck.frameworks.base import (
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.numerics import ModelNumericsPolicy
 from adaptcheck.steps.framework import divergence as dv
+from adaptcheck.steps.framework.lifecycle import Active, framework_dir
 from adaptcheck.steps.framework.reference import Control, TeacherData, control_scores
-from adaptcheck.steps.framework.session import Active, framework_dir
 
 Row = dict[str, Any]
 

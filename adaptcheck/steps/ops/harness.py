@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from adaptcheck.steps.ops.compare import OutputComparison, compare
+from adaptcheck.steps.ops.judge import OutputComparison, compare
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef
 from adaptcheck.steps.ops.tolerance import TolerancePolicy
 from adaptcheck.steps.smoke.matmul import full_fp32_precision

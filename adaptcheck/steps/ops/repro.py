@@ -17,8 +17,8 @@ from adaptcheck import __version__
 from adaptcheck.errors import InvalidInputError
 from adaptcheck.repro.files import repro_relpath
 from adaptcheck.repro.ops import OpsReproCase, OpsReproSpec, write_ops_repro
-from adaptcheck.steps.ops.compare import compare
 from adaptcheck.steps.ops.harness import CaseResult, to_numpy
+from adaptcheck.steps.ops.judge import compare
 from adaptcheck.steps.ops.opdef import OpDef
 from adaptcheck.steps.ops.tolerance import load_policy
 from adaptcheck.steps.smoke.matmul import full_fp32_precision

@@ -6,7 +6,7 @@ per rank, loopback rendezvous, deadline, no rank left behind) with the worker's 
 gloo ranks share the machine (a stand-in that exercises the whole path); on an accelerator,
 one rank per device, and one device means not applicable.
 
-Rows follow nccl-tests (:mod:`adaptcheck.perf.collectives`): ``bytes`` is the full tensor
+Rows follow nccl-tests (:mod:`adaptcheck.collectives.bandwidth`): ``bytes`` is the full tensor
 ``S``, ``achieved.bytes_per_s`` is algbw, ``extra`` holds algbw and busbw, efficiency is
 busbw over the interconnect, bound ``network``. A rank that crashed or hung makes the check
 an ``error`` naming it; an op the library does not support is a ``not_run`` row.
@@ -20,11 +20,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from adaptcheck.collectives.bandwidth import collective_row, elements_for_bytes
 from adaptcheck.collectives.exact import ITEMSIZE
 from adaptcheck.collectives.launch import LaunchResult, launch
 from adaptcheck.collectives.plan import resolve_world_size
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.perf.collectives import collective_row, elements_for_bytes
 from adaptcheck.perf.micro import MIB, not_run_row
 from adaptcheck.perf.timing import SYNC, summarize
 from adaptcheck.plugins import class_ref, import_root

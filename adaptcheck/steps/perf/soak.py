@@ -41,7 +41,7 @@ from adaptcheck.perf.monitors import local_server_pid
 from adaptcheck.perf.telemetry import Telemetry, TelemetrySampler
 from adaptcheck.perf.trend import MIN_SAMPLES, GrowthVerdict, memory_growth_verdict
 from adaptcheck.perf.workload import PromptFactory, Shape, Workload
-from adaptcheck.steps.framework.session import (
+from adaptcheck.steps.framework.lifecycle import (
     Active,
     framework_facts,
 )

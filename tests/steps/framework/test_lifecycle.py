@@ -18,7 +18,7 @@ from adaptcheck.frameworks.base import (
 )
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.steps.framework.session import SCRATCH_KEY, acquire, release
+from adaptcheck.steps.framework.lifecycle import SCRATCH_KEY, acquire, release
 
 HERE = "tests.steps.framework.test_session"
 

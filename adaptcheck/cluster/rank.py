@@ -42,11 +42,11 @@ import adaptcheck
 from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
 from adaptcheck.cluster.models import MultinodeCollectives, Settings
 from adaptcheck.cluster.verdict import Payload, RunInfo, build_report
+from adaptcheck.collectives.bandwidth import elements_for_bytes
 from adaptcheck.collectives.exact import DEFAULT_DTYPES, ITEMSIZE, OPS, DtypeName
 from adaptcheck.collectives.plan import CollectivesParams, Plan, make_plan
 from adaptcheck.errors import DeviceError, UsageError, exception_line
 from adaptcheck.models.results import utcnow
-from adaptcheck.perf.collectives import elements_for_bytes
 from adaptcheck.perf.micro import MIB
 from adaptcheck.terminal import error_line
 
