@@ -50,18 +50,18 @@ class BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:  # type: ignore[override]
-        event = self.peek_event()
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent):
             raise _LimitError(None, None, f"alias *{event.anchor} refused: adaptcheck data files may not use "
-                              "anchors and aliases (write the values out)", event.start_mark)
+                              "anchors and aliases (write the values out)", event.start_mark)  # type: ignore[arg-type]
         # The composer recurses once per level; count before recursing, so a file nested
         # 100,000 deep is refused at level 65 instead of exhausting the stack.
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
                 raise _LimitError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", event.start_mark)
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
@@ -71,7 +71,7 @@ class BoundedLoader(yaml.SafeLoader):
             # Python's own limit (4,300 digits) would raise a bare ValueError naming no line.
             raise _LimitError(None, None, f"an integer has {digits} digits, more than the {MAX_INT_DIGITS} "
                               "adaptcheck reads", node.start_mark)
-        return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+        return super().construct_yaml_int(node)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:

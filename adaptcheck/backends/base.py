@@ -241,6 +241,7 @@ class Backend(ABC):
         return getattr(torch, self.torch_module)
 
     def torch_device(self, index: int = 0) -> torch.device:
+        """The torch device of device ``index`` (``cuda:0``, ``npu:0`` …)."""
         import torch
 
         return torch.device(self.device_type, index)
@@ -281,6 +282,7 @@ class Backend(ABC):
         return int(stats["free"]) if "free" in stats else None
 
     def empty_cache(self) -> None:
+        """Return cached device memory to the driver (between benchmark rows); a no-op where there is none."""
         fn = getattr(self.torch_api(), "empty_cache", None)
         if fn is not None:
             fn()

@@ -298,7 +298,7 @@ class CudaBackend(Backend):
     dist_backend = "nccl"
     collective_library = "nccl"
     smi_tool = "nvidia-smi"
-    env_prefixes = ("CUDA_", "NVIDIA_", "NCCL_")
+    env_prefixes: ClassVar[tuple[str, ...]] = ("CUDA_", "NVIDIA_", "NCCL_")
     smi_command: ClassVar[tuple[str, ...]] = ("nvidia-smi", "-q", "-x")
     # fp8 needs sm_89+ (Ada/Hopper/Blackwell); the dtype smoke probe holds older parts to it.
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")

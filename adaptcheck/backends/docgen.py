@@ -52,7 +52,7 @@ def hooks() -> list[tuple[str, str]]:
         if not callable(fn):
             continue
         doc = (inspect.getdoc(fn) or "").split("\n\n")[0]
-        out.append((f"{name}{inspect.signature(fn)}".replace("(self, ", "(").replace("(self)", "()")
+        out.append((f"{name}{inspect.signature(fn)}".replace("'", "").replace("(self, ", "(").replace("(self)", "()")
                     .replace("(cls, ", "(").replace("(cls)", "()"), doc))
     return out
 

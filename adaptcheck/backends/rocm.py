@@ -254,7 +254,7 @@ class RocmBackend(Backend):
     collective_library = "rccl"
     smi_tool = "amd-smi"
     tools = ("rocm-smi",)
-    env_prefixes = ("HIP_", "ROCM_", "HSA_", "RCCL_")
+    env_prefixes: ClassVar[tuple[str, ...]] = ("HIP_", "ROCM_", "HSA_", "RCCL_")
     smi_command: ClassVar[tuple[str, ...]] = AMD_SMI_STATIC
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
     # The class declares one flavour; MI300 (gfx942), the most deployed fp8-capable Instinct

@@ -162,7 +162,8 @@ def build_report(info: RunInfo, plan: Plan, settings: Settings, payloads: list[P
                         ranks={int(r): ev for r, ev in row.get("ranks", {}).items()}) for row in rows]
     bench = bench_results(bench_cases, bench_skipped, payloads, plan.world_size)
     nodes = nodes_of(ranks)
-    status, message = cast(ReportStatus, outcome.status.value), outcome.message
+    status: ReportStatus = outcome.status.value
+    message = outcome.message
     wrong = any(c.status == "mismatch" for c in cases)
     if failure is not None and not wrong:
         status, code, message = "error", failure[0], failure[1]

@@ -90,7 +90,7 @@ def load_impl(ref: str | None) -> TorchCollectives:
         return TorchCollectives()
     obj = load_ref(ref)
     impl = obj() if isinstance(obj, type) or not hasattr(obj, "all_reduce") else obj
-    return impl  # type: ignore[no-any-return]
+    return impl
 
 
 def execute(impl: TorchCollectives, op: str, inp: torch.Tensor, out: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -257,7 +257,7 @@ def _load_backend(config: dict[str, Any]) -> Backend:
     ref = config.get("backend_class")
     if ref:
         try:
-            return load_ref(ref)()  # type: ignore[no-any-return]
+            return load_ref(ref)()
         except (ImportError, AttributeError):
             pass
     from adaptcheck.backends.registry import get_backend

@@ -29,7 +29,7 @@ class Rule(BaseModel):
     def bound(self, control: float, dtype: str) -> float:
         if dtype not in self.floor:
             raise KeyError(f"no floor for dtype {dtype!r}")
-        return self.multiple * control + self.floor[dtype]  # type: ignore[index]
+        return self.multiple * control + self.floor[dtype]
 
 
 class ModelNumericsPolicy(BaseModel):

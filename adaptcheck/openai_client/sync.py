@@ -69,7 +69,7 @@ class OpenAIClient:
         thread.join()
         if "error" in box:
             raise box["error"]
-        return box["value"]  # type: ignore[no-any-return]
+        return box["value"]
 
     def models(self) -> list[str]:
         return self._run(self._aio.models)

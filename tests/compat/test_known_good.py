@@ -17,8 +17,7 @@ from adaptcheck.compat.known_good import (
 from adaptcheck.models.environment import DeviceInfo
 from adaptcheck.steps.matrix.capture import capture_environment
 from adaptcheck.yamldata import parse_model
-
-from .factories import cuda_env, make_env
+from tests.steps.matrix.factories import cuda_env, make_env
 
 SHIPPED = load_known_good()
 

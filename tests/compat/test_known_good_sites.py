@@ -20,8 +20,7 @@ from adaptcheck.models.results import Status
 from adaptcheck.paths import data_dir
 from adaptcheck.steps.matrix.checks import KnownGoodCheck, KnownGoodParams
 from adaptcheck.yamldata import MatrixError
-
-from .factories import make_env
+from tests.steps.matrix.factories import make_env
 
 SHIPPED = data_dir("matrices") / "known_good.yaml"
 

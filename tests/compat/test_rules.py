@@ -14,8 +14,7 @@ from adaptcheck.compat.rules import (
     evaluate,
     load_rules,
 )
-
-from .factories import cuda_env, make_env, plugin, requires_from
+from tests.steps.matrix.factories import cuda_env, make_env, plugin, requires_from
 
 SHIPPED = {r.id: r for r in load_rules().rules}
 

@@ -81,7 +81,7 @@ def local_tokenizer(active: Active) -> Tok:
     """The instance's local tokenizer, loaded by the first check that asks and then shared."""
     if active.tokenizer is None:
         active.tokenizer = Tok(active)
-    return active.tokenizer  # type: ignore[no-any-return]
+    return active.tokenizer
 
 
 class Tok:
