@@ -48,7 +48,6 @@ from adaptcheck.collectives.exact import (
 from adaptcheck.collectives.launch import (
     LaunchResult,
     RankExit,
-    import_root,
     last_line,
     stuck_frame,
 )
@@ -64,6 +63,7 @@ from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
+from adaptcheck.plugins import import_root
 from adaptcheck.steps.framework.collectives import CollectivesCheck
 from tests.conftest import run_cli
 
