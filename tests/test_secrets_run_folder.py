@@ -30,6 +30,8 @@ from adaptcheck.integrity import Integrity, verify_file
 from adaptcheck.redact import REDACTED
 from tests.conftest import ladder_text, run_cli
 
+pytestmark = pytest.mark.slow  # ~36 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 HUB_PAT = "hubPAT-planted-91823"
 TORCH_PW = "torchPW-planted-55123"
 DB_CREDS = "dbCREDS-planted-77412"

@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.slow  # ~57 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 DUMMY_LADDER = [
     {"id": "first", "step": 1, "kind": "dummy.pass"},
     {"id": "second", "step": 2, "kind": "dummy.fail"},

@@ -23,6 +23,8 @@ from tests.compare.helpers import (
 )
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.slow  # ~20 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 SMALL_LADDER = [
     {"id": "matrix.capture", "step": 1, "kind": "matrix.capture"},
     {"id": "smoke.device_visible", "step": 2, "kind": "smoke.device_visible"},

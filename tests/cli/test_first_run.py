@@ -9,6 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from adaptcheck.cli.output import Format, Output
@@ -23,6 +24,8 @@ from adaptcheck.ladder.loader import load_ladder
 from adaptcheck.models.results import CheckResult, Status
 from adaptcheck.session import RunHeader
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow  # ~7 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,6 +16,8 @@ from adaptcheck.errors import ExitCode
 from tests.conftest import ladder_text, run_cli
 from tests.repro.standalone import run_standalone
 
+pytestmark = pytest.mark.slow  # ~13 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = [
     {"id": "ops.silu", "step": 3, "kind": "ops.op",

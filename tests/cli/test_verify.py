@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import ladder_text, run_cli
 
+pytestmark = pytest.mark.slow  # ~14 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 CHECKS = [
     {"id": "first", "step": 1, "kind": "dummy.pass"},
     {"id": "second", "step": 2, "kind": "dummy.fail"},

@@ -31,6 +31,8 @@ from adaptcheck.collectives.launch import loopback_interface
 from adaptcheck.collectives.worker import TorchCollectives
 from adaptcheck.procs import free_port
 
+pytestmark = pytest.mark.slow  # ~38 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 REPO = Path(__file__).resolve().parents[2]
 ME = "tests.cluster.test_multinode"
 SMALL = ["--elements", "1,1031", "--dtypes", "fp32,int32", "--device", "cpu"]

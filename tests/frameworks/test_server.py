@@ -31,6 +31,8 @@ from adaptcheck.frameworks.server import (
 )
 from tests.servers import serving_unavailable
 
+pytestmark = pytest.mark.slow  # ~74 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 REPO = Path(__file__).resolve().parents[2]
 
 

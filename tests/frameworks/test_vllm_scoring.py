@@ -16,7 +16,8 @@ import pytest
 from adaptcheck.frameworks.base import FrameworkError, LoadOptions, ScoreRequest
 from adaptcheck.frameworks.vllm_fw import SCORE_MAX_LOGPROBS, VllmFramework
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+              pytest.mark.slow]  # ~12 s of the full suite: outside the fast lane
 
 PROMPTS = ["The history of the printing press", "Once upon a time in a small village", "def fibonacci(n):"]
 CONTINUATION = 24

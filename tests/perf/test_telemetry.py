@@ -24,6 +24,8 @@ from adaptcheck.perf.telemetry import STOP_WAIT_S, TelemetrySampler
 from adaptcheck.perf.trend import fit_trend
 from tests.backends.fakes import fake_bin, install_fake_tool
 
+pytestmark = pytest.mark.slow  # ~9 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 __all__ = ["fake_bin"]  # the fixture, used by name below
 
 RECORDING = Path(__file__).resolve().parents[1] / "recordings" / "nvidia-smi" / "a100-sxm4-80gb_mig_r535.xml"

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # ~38 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "accelerator-check.sh"
 
 

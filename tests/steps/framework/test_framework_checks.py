@@ -11,7 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow  # ~70 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
 
 WRONG = "tests.steps.framework.wrong_frameworks"
 

@@ -18,6 +18,8 @@ import pytest
 
 from tests.benchmarks import load_script
 
+pytestmark = pytest.mark.slow  # ~1037 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+
 SEEDS = (0, 1, 2, 3, 4)
 
 

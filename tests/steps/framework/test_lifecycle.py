@@ -20,7 +20,7 @@ from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.steps.framework.lifecycle import SCRATCH_KEY, acquire, release
 
-HERE = "tests.steps.framework.test_session"
+HERE = __name__  # this module, by the name the framework registry imports it under
 
 
 class CountingFramework(Framework):

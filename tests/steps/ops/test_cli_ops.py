@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow  # ~14 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
 
 REPO = Path(__file__).resolve().parents[3]
 
