@@ -57,7 +57,8 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from adaptcheck.errors import DeviceError
 from adaptcheck.frameworks.base import FrameworkError
-from adaptcheck.procs import free_port
+from adaptcheck.frameworks.placement import Placement, pin_self_from_env, plan_cpu_placement, usable_cpus
+from adaptcheck.procs import child_environ, free_port
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -154,7 +155,7 @@ def build_command(spec: ServerSpec, port: int, host: str = "127.0.0.1") -> list[
 def build_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
     """The server's environment: inherited, plus defaults that keep it offline and its caches ours."""
 
-    env = dict(os.environ if base is None else base)
+    env = child_environ(base)  # not what an in-process engine set for itself
     defaults: dict[str, str] = {
         # No network on the machines adaptcheck certifies: never let a server hang on the
         # Hub, PyPI update checks or usage statistics.
@@ -337,6 +338,7 @@ def _reaper_main(argv: list[str]) -> int:
     # The server gets SIGTERM if the reaper itself is SIGKILLed alone (vLLM then shuts its
     # engine down itself); a killpg of the whole group needs nothing. preexec_fn is safe
     # here: the reaper has a single thread.
+    pin_self_from_env(os.environ)  # the server inherits the reaper's CPUs
     child = subprocess.Popen(cmd, preexec_fn=_set_pdeathsig(signal.SIGTERM) if _IS_LINUX else None)
     code: int | None = None
     while code is None:
@@ -419,6 +421,8 @@ class ManagedServer:
         self.grace_s = grace_s
         self.port: int | None = None
         self.startup_s: float | None = None
+        self.placement: Placement | None = None
+        """CPU vLLM only: where the worker and the front end run (see :mod:`.placement`)."""
         """Seconds from launch to the first ready answer."""
         self.command: list[str] = []
         self.log_path: Path = self.log_dir / f"{spec.kind}-serve.log"
@@ -523,6 +527,9 @@ class ManagedServer:
         self.command = build_command(self.spec, self.port, self.host)
         self.log_path = self.log_dir / f"{self.spec.kind}-serve-{self.port}.log"
         env = build_env(self.spec)
+        if self.spec.kind == "vllm" and self.spec.device == "cpu" and _IS_LINUX:
+            self.placement = plan_cpu_placement(usable_cpus(), env)
+            env.update(self.placement.env())
         self._log = open(self.log_path, "ab")
         self._log.write(("$ " + " ".join(self.command) + "\n").encode())
         self._log.flush()

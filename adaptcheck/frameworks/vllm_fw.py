@@ -34,6 +34,7 @@ from adaptcheck.frameworks.base import (
     ScoringUnsupported,
 )
 from adaptcheck.paths import cache_dir
+from adaptcheck.procs import process_local_environ
 
 VLLM_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 PLATFORM_GROUP = "vllm.platform_plugins"
@@ -138,32 +139,35 @@ class VllmFramework(Framework):
         avail = self.availability()
         if not avail.available:
             raise FrameworkUnavailable(avail.reason)
-        for key, value in {**vllm_env_defaults(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
-            os.environ.setdefault(key, value)
-        start = time.perf_counter()
-        try:
-            from vllm import LLM
+        # What is set here (and what vLLM sets for itself while it starts) is this process's
+        # own: a vLLM server started later gets the environment from before (procs.child_environ).
+        with process_local_environ():
+            for key, value in {**vllm_env_defaults(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
+                os.environ.setdefault(key, value)
+            start = time.perf_counter()
+            try:
+                from vllm import LLM
 
-            self.platform = platform_report()
-            kwargs: dict[str, Any] = {
-                "model": str(opts.model_path),
-                "dtype": VLLM_DTYPES[opts.dtype],
-                "max_model_len": opts.max_model_len,
-                "tensor_parallel_size": opts.tensor_parallel_size,
-                "seed": 0,
-                "disable_log_stats": False,  # the KV-cache gauges come from the stats
-            }
-            if opts.enable_prefix_caching is not None:
-                kwargs["enable_prefix_caching"] = opts.enable_prefix_caching
-            if opts.compile is not None:
-                kwargs["enforce_eager"] = not opts.compile
-            kwargs["max_logprobs"] = SCORE_MAX_LOGPROBS  # teacher-forced top-K (see score())
-            kwargs.update(opts.extra)
-            self.llm = LLM(**kwargs)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()
-            raise FrameworkError(f"vLLM could not start on {opts.model_path}: {type(exc).__name__}"
-                                 f"{': ' + first[0][:300] if first else ''}") from exc
+                self.platform = platform_report()
+                kwargs: dict[str, Any] = {
+                    "model": str(opts.model_path),
+                    "dtype": VLLM_DTYPES[opts.dtype],
+                    "max_model_len": opts.max_model_len,
+                    "tensor_parallel_size": opts.tensor_parallel_size,
+                    "seed": 0,
+                    "disable_log_stats": False,  # the KV-cache gauges come from the stats
+                }
+                if opts.enable_prefix_caching is not None:
+                    kwargs["enable_prefix_caching"] = opts.enable_prefix_caching
+                if opts.compile is not None:
+                    kwargs["enforce_eager"] = not opts.compile
+                kwargs["max_logprobs"] = SCORE_MAX_LOGPROBS  # teacher-forced top-K (see score())
+                kwargs.update(opts.extra)
+                self.llm = LLM(**kwargs)
+            except Exception as exc:
+                first = str(exc).strip().splitlines()
+                raise FrameworkError(f"vLLM could not start on {opts.model_path}: {type(exc).__name__}"
+                                     f"{': ' + first[0][:300] if first else ''}") from exc
         self.opts = opts
         took = time.perf_counter() - start
         # Learnt now, not when first asked: the traced request must not land between the
