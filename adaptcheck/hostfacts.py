@@ -3,7 +3,7 @@
 They answer "can basic monitoring be read here?" for the host every backend runs on, and
 are the device figures themselves on the CPU backend. Each reader returns None when its
 source is missing (containers often hide /sys/.../cpufreq), never raises. The CPU topology
-helpers (physical cores, NUMA nodes) serve the clock measurement and server placement alike.
+helpers (physical cores) serve the vector-clock measurement.
 """
 
 from __future__ import annotations
@@ -110,14 +110,3 @@ def one_cpu_per_core(cpus: Sequence[int], sysfs: Path = Path("/sys/devices/syste
             seen.add(key)
             out.append(cpu)
     return out
-
-
-def numa_node_of(cpu: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> int | None:
-    """The NUMA node a logical CPU belongs to (its ``nodeN`` link in sysfs); None when unknown."""
-    try:
-        for entry in (sysfs / f"cpu{cpu}").iterdir():
-            if entry.name.startswith("node") and entry.name[4:].isdigit():
-                return int(entry.name[4:])
-    except OSError:
-        return None
-    return None

@@ -232,8 +232,6 @@ class EndpointFramework(Framework):
         if self.server is not None:
             facts.update(server_command=" ".join(self.server.command), server_log=str(self.server.log_path),
                          server_startup_s=self.server.startup_s, server_pid=self.server.pid)
-            if self.server.placement is not None:
-                facts["cpu_placement"] = self.server.placement.describe()
         return facts
 
     def shutdown(self) -> None:

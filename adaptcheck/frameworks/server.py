@@ -57,7 +57,6 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from adaptcheck.errors import DeviceError
 from adaptcheck.frameworks.base import FrameworkError
-from adaptcheck.frameworks.placement import Placement, pin_self_from_env, plan_cpu_placement, usable_cpus
 from adaptcheck.procs import child_environ, free_port
 
 if TYPE_CHECKING:
@@ -338,7 +337,6 @@ def _reaper_main(argv: list[str]) -> int:
     # The server gets SIGTERM if the reaper itself is SIGKILLed alone (vLLM then shuts its
     # engine down itself); a killpg of the whole group needs nothing. preexec_fn is safe
     # here: the reaper has a single thread.
-    pin_self_from_env(os.environ)  # the server inherits the reaper's CPUs
     child = subprocess.Popen(cmd, preexec_fn=_set_pdeathsig(signal.SIGTERM) if _IS_LINUX else None)
     code: int | None = None
     while code is None:
@@ -421,8 +419,6 @@ class ManagedServer:
         self.grace_s = grace_s
         self.port: int | None = None
         self.startup_s: float | None = None
-        self.placement: Placement | None = None
-        """CPU vLLM only: where the worker and the front end run (see :mod:`.placement`)."""
         """Seconds from launch to the first ready answer."""
         self.command: list[str] = []
         self.log_path: Path = self.log_dir / f"{spec.kind}-serve.log"
@@ -527,9 +523,6 @@ class ManagedServer:
         self.command = build_command(self.spec, self.port, self.host)
         self.log_path = self.log_dir / f"{self.spec.kind}-serve-{self.port}.log"
         env = build_env(self.spec)
-        if self.spec.kind == "vllm" and self.spec.device == "cpu" and _IS_LINUX:
-            self.placement = plan_cpu_placement(usable_cpus(), env)
-            env.update(self.placement.env())
         self._log = open(self.log_path, "ab")
         self._log.write(("$ " + " ".join(self.command) + "\n").encode())
         self._log.flush()

@@ -83,7 +83,6 @@ FACT_LABELS: dict[str, str] = {
     "server_log": "server log",
     "server_startup_s": "server startup",
     "server_pid": "server pid",
-    "cpu_placement": "CPU placement",
 }
 # Shown elsewhere in the block (heading, load line, platform table, capabilities).
 _FACTS_SHOWN_ELSEWHERE = {"name", "display_name", "load_s", "loaded_by", "framework", "platform_plugins",
