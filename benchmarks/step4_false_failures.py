@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from adaptcheck.procs import child_environ
+
 KINDS = ("reference", "concurrent", "kv_cache")
 GRADE = """
 grade:
@@ -71,7 +73,8 @@ def run_seed(seed: int, ladder_text: str, out: Path) -> list[dict[str, Any]]:
     path = out.parent / f"ladder-{seed}.yaml"
     path.write_text(ladder_text, encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(path), "--device", "cpu",
-                           "--out", str(out), "--seed", str(seed), "--quiet"], capture_output=True, text=True, check=False)
+                           "--out", str(out), "--seed", str(seed), "--quiet"], capture_output=True, text=True, check=False,
+                          env=child_environ())  # not what an in-process engine of the caller set (under pytest)
     results = out / "results.json"
     if not results.exists():
         raise RuntimeError(f"seed {seed}: adaptcheck run wrote no results.json in {out}: {proc.stderr[-1500:]}")

@@ -12,13 +12,19 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.procs import child_environ
+
 pytest_plugins = ["tests.servers"]  # session servers: vllm_server, transformers_server
 
 
 def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 300,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``adaptcheck ARGS`` as a user runs it (a real process, real exit code)."""
-    full_env = dict(os.environ)
+    """``adaptcheck ARGS`` as a user runs it (a real process, real exit code).
+
+    The environment is this process's without what an in-process engine of an earlier test
+    set for itself (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING=0 would otherwise reach every later
+    run's servers as if the user had set it)."""
+    full_env = child_environ()
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "adaptcheck", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)
