@@ -2,14 +2,12 @@
 
 They answer "can basic monitoring be read here?" for the host every backend runs on, and
 are the device figures themselves on the CPU backend. Each reader returns None when its
-source is missing (containers often hide /sys/.../cpufreq), never raises. The CPU topology
-helpers (physical cores) serve the vector-clock measurement.
+source is missing (containers often hide /sys/.../cpufreq), never raises.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -87,26 +85,4 @@ def host_sample(interval_s: float = 0.25) -> dict[str, float]:
     freq = cpu_frequency_mhz()
     if freq is not None:
         out["cpu_frequency_mhz"] = freq
-    return out
-
-
-def core_key(cpu: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> tuple[str, str]:
-    """(package, core) of a logical CPU: SMT siblings share it. Without topology each CPU is its own core."""
-    topo = sysfs / f"cpu{cpu}" / "topology"
-    try:
-        return (topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()
-    except OSError:
-        return "?", str(cpu)
-
-
-def one_cpu_per_core(cpus: Sequence[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
-    """The first logical CPU of each physical core among ``cpus`` (SMT siblings share a core's
-    vector units: one thread per core measures the core's clock)."""
-    seen: set[tuple[str, str]] = set()
-    out: list[int] = []
-    for cpu in sorted(cpus):
-        key = core_key(cpu, sysfs)
-        if key not in seen:
-            seen.add(key)
-            out.append(cpu)
     return out

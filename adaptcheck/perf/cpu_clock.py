@@ -48,9 +48,8 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
-
-from adaptcheck.hostfacts import one_cpu_per_core
 
 CHAIN = 64
 """Dependent adds per loop iteration: large enough that ``dec``/``jnz`` hide behind them."""
@@ -168,6 +167,23 @@ class ExecutableCode:
 
 
 # --- measuring (in the process that calls; the parent runs this in a child) ---------------------
+
+def one_cpu_per_core(cpus: Sequence[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
+    """The first logical CPU of each physical core among ``cpus`` (SMT siblings share a core's
+    vector units: one thread per core measures the core's clock)."""
+    seen: set[tuple[str, str]] = set()
+    out: list[int] = []
+    for cpu in sorted(cpus):
+        topo = sysfs / f"cpu{cpu}" / "topology"
+        try:
+            key = ((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip())
+        except OSError:
+            key = ("?", str(cpu))  # no topology: count every CPU as a core
+        if key not in seen:
+            seen.add(key)
+            out.append(cpu)
+    return out
+
 
 def _run_threads(fn: Any, cpus: Sequence[int], iters: int) -> list[float]:
     """Run ``fn(iters)`` on every CPU at once; per thread, seconds of its CPU time."""
