@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.procs import free_port, kill_group
+from adaptcheck.procs import child_environ, free_port, kill_group
 
 # --- launcher -----------------------------------------------------------------------------
 
@@ -177,7 +177,8 @@ def launch(config: dict[str, Any], world_size: int, *, timeout_s: float, crash_g
 def _launch_once(config: dict[str, Any], world_size: int, *, timeout_s: float, crash_grace_s: float,
                  logs_dir: Path, extra_pythonpath: list[str]) -> LaunchResult:
     port = free_port()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
+    env = child_environ()  # not what an in-process engine (step 4's vLLM) set for itself
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
                PYTHONUNBUFFERED="1", ADAPTCHECK_COLLECTIVES_PARENT=str(os.getpid()))
     lo = loopback_interface()
     if lo and "GLOO_SOCKET_IFNAME" not in env:

@@ -24,7 +24,7 @@ from typing import Any
 
 from adaptcheck.models.ladder import CheckSpec
 from adaptcheck.models.results import CheckResult, Status
-from adaptcheck.procs import kill_group
+from adaptcheck.procs import child_environ, kill_group
 
 WORKER_STARTUP_TIMEOUT_S = 180.0
 """Importing torch and a vendor extension can be slow on first use; a broken driver can hang it."""
@@ -61,7 +61,8 @@ class Worker:
         cmd_r, cmd_w = os.pipe()
         res_r, res_w = os.pipe()
         self._log = open(log_path, "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = child_environ()  # not what an in-process engine in this process set for itself
+        env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "adaptcheck.ladder.worker", str(cmd_r), str(res_w)],
             pass_fds=(cmd_r, res_w),
