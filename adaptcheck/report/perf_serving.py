@@ -285,6 +285,10 @@ def _level_row(lv: dict[str, Any], arrival: str, bound: float | None, spread_key
             m = as_dict(metrics.get(k))
             cv, lo, hi = (as_float(m.get(x)) for x in ("cv", "lo", "hi"))
             value = f"{pct(cv)} [{pct(lo)}, {_upper(hi)}]" if cv is not None else "—"
+            ha = as_dict(m.get("host_adjusted"))
+            if m.get("explained_by_host") and as_float(ha.get("cv")) is not None:
+                # Significant as measured, not once the host's own speed is out (docs/perf.md, "Host speed").
+                value += f"; host-adjusted {pct(as_float(ha.get('cv')))}"
             cells.append(SpreadCell(metric=SPREAD_NAMES.get(k, k), value=value, over=m.get("verdict") == "unstable"))
             continue
         f = as_float(spread.get(k))

@@ -31,14 +31,16 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
+from adaptcheck.perf.host_adjust import SIGNS, HostAdjusted, elasticity, judge
 from adaptcheck.perf.hostnoise import HostLimits, HostSampler
+from adaptcheck.perf.hostspeed import HostSpeedProbe
 from adaptcheck.perf.load_audit import workload_facts
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
 from adaptcheck.perf.monitors import client_verdict, local_server_pid, tree_rss_mib
@@ -309,10 +311,13 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("")
     rss_before = tree_rss_mib(pid) if pid else None
-    measured = _measure(ctx, params, gen, path, own_pids=[os.getpid(), *([pid] if pid else [])])
+    # The host-speed reference only means something for a server on this host.
+    probe = HostSpeedProbe() if pid else None
+    measured = _measure(ctx, params, gen, path, own_pids=[os.getpid(), *([pid] if pid else [])], probe=probe)
     rss_after = tree_rss_mib(pid) if pid else None
     slo = params.slo.model_dump() if params.slo else None
-    levels = [_level_entry(lv, params, slo) for lv in measured.levels]
+    b = _elasticities(measured.levels)
+    levels = [_level_entry(lv, params, slo, b) for lv in measured.levels]
     by_level = [(lv.level, lv.runs) for lv in measured.levels]
     kv = [res.kv_cache_peak for _, runs in by_level for res in runs if res.kv_cache_peak is not None]
     details: dict[str, Any] = {
@@ -332,6 +337,9 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
         "server_memory": {"rss_mib_before": rss_before, "rss_mib_after": rss_after,
                           "kv_cache_usage": max(kv) if kv else None},
         "workload": workload_facts(by_level, gen),
+        "host_speed": {"probe": "fixed CPU workload timed around every run (adaptcheck.perf.hostspeed)",
+                       "unavailable": (probe.unavailable if probe else "the server is not on this host"),
+                       "cores": probe.cores if probe else [], "elasticity": b},
     }
     return _verdict(params, levels, details, measured.stopped, measured.noisy)
 
@@ -347,6 +355,8 @@ class _Level:
     """Per run: why the host disturbed it, or None (a run the statistics use)."""
     walls: list[float] = field(default_factory=list)
     """Per run: wall time including warm-up (what another run will cost)."""
+    speeds: list[float | None] = field(default_factory=list)
+    """Per run: the host-speed reference around it (ms, geometric mean of before and after), or None."""
     decision: Decision | None = None
     stop: str = ""
     """Why no further run was measured: stable | unstable | max_runs | budget | host_noise | stopped."""
@@ -363,6 +373,13 @@ class _Level:
             out[key] = vals
         return out
 
+    def kept_speeds(self) -> list[float] | None:
+        """The host-speed reference of every undisturbed run, or None where one is missing."""
+        if len(self.speeds) != len(self.disturbed):  # a level built without the probe (tests, old records)
+            return None
+        speeds = [v for v, d in zip(self.speeds, self.disturbed, strict=True) if d is None]
+        return None if any(v is None for v in speeds) else [v for v in speeds if v is not None]
+
 
 @dataclass
 class _Measured:
@@ -374,7 +391,7 @@ class _Measured:
 
 
 def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path: Path, *,
-             own_pids: list[int]) -> _Measured:
+             own_pids: list[int], probe: HostSpeedProbe | None) -> _Measured:
     """Run every level until its stability rule is settled, its runs or its share of the budget
     run out, the host proves too noisy, or a run has to stop."""
     rule, limits = params.rule(), params.host.limits()
@@ -391,13 +408,16 @@ def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path:
             ctx.progress(li * params.min_runs + min(kept, params.min_runs), len(params.levels) * params.min_runs,
                          "runs", note=f"{params.arrival} {level:g}, run {len(lv.runs) + 1} "
                          f"({kept} kept; {params.min_runs}-{params.max_runs})")
+            t0 = time.monotonic()
+            before = probe.measure() if probe else None  # outside the sampled window: the probe is ours
             sampler = HostSampler(own_pids)
             sampler.start()
-            t0 = time.monotonic()
             try:
                 result = gen.run(cfg, level_index=li, run=len(lv.runs))
             finally:
                 host = sampler.stop()
+            after = probe.measure() if probe else None
+            lv.speeds.append(math.sqrt(before * after) if before and after else None)
             lv.walls.append(time.monotonic() - t0)
             reason = host.disturbed(limits)
             lv.runs.append(result)
@@ -418,6 +438,9 @@ def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path:
                     return out
                 break  # enough undisturbed runs for a verdict: stop adding more
             lv.decision = decide(_judged(lv.values(), params), rule)
+            if lv.decision.verdict == "unstable" and _host_explains(lv, params, _elasticities(out.levels)):
+                # The host's speed accounts for it: more runs are evidence, a stop here would be a verdict.
+                lv.decision = replace(lv.decision, verdict="undecided")
             n = len(lv.kept)
             if lv.decision.decided:
                 lv.stop = lv.decision.verdict
@@ -433,6 +456,36 @@ def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path:
     return out
 
 
+def _elasticities(levels: list[_Level]) -> dict[str, float | None]:
+    """Per headline metric, the scenario's elasticity to the host-speed reference (host_adjust.elasticity),
+    pooled over the levels measured so far."""
+    groups = [(lv.values(), sp) for lv in levels if (sp := lv.kept_speeds())]
+    return {key: elasticity([(vals[key], sp) for vals, sp in groups], sign) for key, sign in SIGNS.items()}
+
+
+def _host_adjusted(lv: _Level, params: ServingParams, b: dict[str, float | None],
+                   decision: Decision) -> dict[str, HostAdjusted]:
+    """Each judged metric's host-adjusted dispersion at this level (those that can be formed)."""
+    values, speeds = lv.values(), lv.kept_speeds()
+    out: dict[str, HostAdjusted] = {}
+    for key, d in decision.metrics.items():
+        sign = SIGNS.get(key)
+        if sign is None:
+            continue
+        ha = judge(d.verdict(params.max_cv), values[key], speeds, b.get(key), sign, params.max_cv, params.confidence)
+        if ha is not None:
+            out[key] = ha
+    return out
+
+
+def _host_explains(lv: _Level, params: ServingParams, b: dict[str, float | None]) -> bool:
+    """True when every significantly unstable metric of the level is explained by the host's speed."""
+    assert lv.decision is not None
+    unstable = [k for k, d in lv.decision.metrics.items() if d.verdict(params.max_cv) == "unstable"]
+    adjusted = _host_adjusted(lv, params, b, lv.decision)
+    return bool(unstable) and all(k in adjusted and adjusted[k].explained for k in unstable)
+
+
 def _noisy(lv: _Level, params: ServingParams, limits: HostLimits) -> str:
     """The 'host too noisy' message: which level, how many runs, the figures, what to do."""
     reasons = [d for d in lv.disturbed if d is not None]
@@ -444,7 +497,8 @@ def _noisy(lv: _Level, params: ServingParams, limits: HostLimits) -> str:
             "stop other work on this machine (or move the check to a machine no other job shares) and run again")
 
 
-def _level_entry(lv: _Level, params: ServingParams, slo: dict[str, Any] | None) -> dict[str, Any]:
+def _level_entry(lv: _Level, params: ServingParams, slo: dict[str, Any] | None,
+                 b: dict[str, float | None] | None = None) -> dict[str, Any]:
     """One level of the outcome: every run (disturbed ones marked), medians, spread and distributions
     over the undisturbed runs, the stability decision and the within-run drift."""
     summaries = [res.summary(slo) for res in lv.runs]
@@ -454,19 +508,27 @@ def _level_entry(lv: _Level, params: ServingParams, slo: dict[str, Any] | None) 
         "level": lv.level, "runs": summaries, "median": median_summary(base), "spread": spread(base),
         "distributions": distributions([r for res in (lv.kept or lv.runs) for r in res.records]),
     }
-    for s, d, h in zip(summaries, lv.disturbed, lv.hosts, strict=True):
-        s["disturbed"], s["host"] = d, h
+    speeds = lv.speeds if len(lv.speeds) == len(lv.runs) else [None] * len(lv.runs)
+    for s, d, h, sp in zip(summaries, lv.disturbed, lv.hosts, speeds, strict=True):
+        s["disturbed"], s["host"] = d, {**h, "speed_ms": sp}
     values = lv.values()
-    decision = lv.decision or decide(_judged(values, params), params.rule())
+    decision = decide(_judged(values, params), params.rule())  # the raw rule on the final runs
     metrics = {k: {**d.to_dict(), "verdict": d.verdict(params.max_cv), "values": values[k]}
                for k, d in decision.metrics.items()}
+    for key, ha in _host_adjusted(lv, params, b or {}, decision).items():
+        metrics[key]["host_adjusted"] = ha.to_dict()
+        if ha.explained:  # significant raw, not once the host's speed is out: the host's, not the server's
+            metrics[key]["verdict"], metrics[key]["explained_by_host"] = ha.verdict, True
+    verdicts = [m["verdict"] for m in metrics.values() if m.get("judged", True)]
+    verdict = ("unstable" if "unstable" in verdicts else "too_few" if decision.verdict == "too_few"
+               else "stable" if verdicts and all(v == "stable" for v in verdicts) else "undecided")
     for key in values.keys() - metrics.keys():  # shown with its interval, not judged
         if (shown := dispersion(values[key], params.confidence)) is not None:
             metrics[key] = {**shown.to_dict(), "verdict": shown.verdict(params.max_cv), "values": values[key],
                             "judged": False, "why_not_judged": OPEN_LOOP_TTFT}
     entry["stability"] = {
-        "verdict": decision.verdict if decision.verdict != "too_few" else "undecided",
-        "decided": decision.decided, "runs": len(lv.kept), "disturbed_runs": len(lv.runs) - len(lv.kept),
+        "verdict": verdict if verdict != "too_few" else "undecided",
+        "decided": verdict in ("stable", "unstable"), "runs": len(lv.kept), "disturbed_runs": len(lv.runs) - len(lv.kept),
         "stop": lv.stop, "bound": params.max_cv, "confidence": params.confidence, "worst": decision.worst,
         "metrics": metrics,
     }
@@ -633,7 +695,7 @@ def _verdict(params: ServingParams, levels: list[dict[str, Any]], details: dict[
         f"{name}: {len(levels)} level(s), {kept} runs" + (f" (+{disturbed} disturbed, repeated)" if disturbed else "")
         + f"; at {params.arrival} {levels[-1]['level']:g}: TTFT p50 {_fmt(top['ttft_ms']['median'])} ms, "
         f"TPOT p50 {_fmt(top['tpot_ms']['median'])} ms, {_fmt(top['output_throughput'])} tok/s; "
-        + _stability_line(levels, params)
+        + _stability_line(levels, params) + _host_line(levels)
         + "".join(f"; {lv['saturated']['reason']}" for lv in levels if lv.get("saturated"))
         + (f"; WARNING {warning}" if warning else ""),
         details=details, metrics=metrics)
@@ -654,6 +716,22 @@ def _stability_line(levels: list[dict[str, Any]], params: ServingParams) -> str:
     return (f"run-to-run CV not significant vs bound {params.max_cv:.0%} at {len({id(x[0]) for x in open_})} "
             f"level(s), largest level {lv['level']:g}: "
             f"{describe(key, Dispersion(m['n'], m['cv'], m['lo'], m['hi']))} after {m['n']} runs")
+
+
+def _host_line(levels: list[dict[str, Any]]) -> str:
+    """'; the host's speed explains level 1's TPOT CV 29% [20%, 55%]: 11% [7%, 31%] host-adjusted (…)', or ''."""
+    parts = []
+    for lv in levels:
+        for key, m in lv["stability"]["metrics"].items():
+            if m.get("explained_by_host"):
+                ha = m["host_adjusted"]
+                parts.append(f"level {lv['level']:g} {describe(key, Dispersion(m['n'], m['cv'], m['lo'], m['hi']))}"
+                             f" is {ha['cv']:.0%} [{ha['lo']:.0%}, {ha['hi']:.0%}] host-adjusted "
+                             f"(reference CV {ha['speed_cv']:.0%}, elasticity {ha['elasticity']:.1f})")
+    if not parts:
+        return ""
+    more = f" (+{len(parts) - 2} more)" if len(parts) > 2 else ""
+    return "; the host's own speed explains " + "; ".join(parts[:2]) + more
 
 
 def _fmt(value: float | None) -> str:

@@ -178,6 +178,75 @@ def test_a_host_that_stays_noisy_is_an_error_never_a_pass_or_a_fail(tmp_path: Pa
     assert stability(outcome)["stop"] == "host_noise"
 
 
+# ---------------------------------------------------------------- host speed, scripted probe --
+
+class ScriptedProbe:
+    """Stands in for HostSpeedProbe: the reference around run k is ``0.2 ms × scales[k]`` (cycled).
+
+    perf.serving probes once before and once after every run, so call c belongs to run c // 2:
+    the scripted host is slower exactly during the runs the latency server makes slower.
+    """
+
+    scales: ClassVar[list[float]] = [1.0]
+    calls: ClassVar[int] = 0
+
+    def __init__(self) -> None:
+        self.unavailable: str | None = None
+        self.cores = [0]
+
+    def measure(self) -> float:
+        k = ScriptedProbe.calls // 2
+        ScriptedProbe.calls += 1
+        return 0.2 * ScriptedProbe.scales[k % len(ScriptedProbe.scales)]
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> type[ScriptedProbe]:
+    ScriptedProbe.calls = 0
+    monkeypatch.setattr(serving, "HostSpeedProbe", ScriptedProbe)
+    return ScriptedProbe
+
+
+def test_runs_that_follow_the_hosts_speed_are_the_hosts_not_the_servers(tmp_path: Path,
+                                                                         probe: type[ScriptedProbe]) -> None:
+    # The same every-other-run-2x server that fails above, on a host whose reference is 2x slower in the
+    # same runs (a busy hyper-thread sibling, another guest's memory traffic): not the server's instability.
+    probe.scales = [1.0, 2.0]
+    with latency_server(**SLOW, period=16, scales=[1.0, 2.0]) as (url, _):
+        outcome = check(tmp_path, url, scenario="hostbound", max_cv=0.15, min_runs=3, max_runs=4)
+    assert outcome.status == Status.PASS, outcome.message
+    st = stability(outcome)
+    tpot = st["metrics"]["tpot_ms_median"]
+    assert tpot["lo"] > 0.15 and tpot["explained_by_host"] and tpot["verdict"] != "unstable"
+    ha = tpot["host_adjusted"]
+    assert ha["explained"] and ha["cv"] < 0.15 and 0.7 < ha["elasticity"] <= 1.1 and ha["speed_cv"] > 0.3
+    # Explained: more runs were measured (the loop did not stop at the first significant look).
+    assert st["runs"] == 4 and st["verdict"] != "unstable"
+    assert "the host's own speed explains level 2 run-to-run CV of " in outcome.message
+    assert "host-adjusted (reference CV " in outcome.message
+    runs = outcome.details["levels"][0]["runs"]
+    assert [r["host"]["speed_ms"] for r in runs] == pytest.approx([0.2, 0.4, 0.2, 0.4])
+    assert outcome.details["host_speed"]["elasticity"]["tpot_ms_median"] == pytest.approx(ha["elasticity"])
+    # The report shows the measured interval and the host-adjusted figure, not marked as over the bound.
+    result = CheckResult(step=5, id="perf.serving.hostbound", kind="perf.serving", status=outcome.status,
+                         message=outcome.message, details=outcome.details, duration_s=10.0)
+    view = next(s for s in page_view([result]).serving if s.name == "hostbound")
+    cell = next(c for c in view.levels[0].spread if c.metric == "TPOT median")
+    assert not cell.over and cell.value.endswith(f"; host-adjusted {100 * ha['cv']:.1f}%"), cell.value
+
+
+def test_a_reference_that_does_not_follow_the_runs_leaves_the_failure(tmp_path: Path,
+                                                                      probe: type[ScriptedProbe]) -> None:
+    # The host slows in the wrong runs (1, 2 of every 4): the slope it finds cannot explain 2x jumps.
+    probe.scales = [1.0, 1.05, 1.05, 1.0]
+    with latency_server(**SLOW, period=16, scales=[1.0, 2.0]) as (url, _):
+        outcome = check(tmp_path, url, scenario="flipflop", max_cv=0.15, min_runs=3, max_runs=4)
+    assert outcome.status == Status.FAIL, outcome.message
+    tpot = stability(outcome)["metrics"]["tpot_ms_median"]
+    assert tpot["verdict"] == "unstable" and not tpot.get("explained_by_host")
+    assert "host's own speed" not in outcome.message
+
+
 # --------------------------------------------------------------------- host noise, a real hog --
 
 def background_cores(seconds: float = 1.5) -> float:

