@@ -25,7 +25,7 @@ reference's log varies with sd 0.15 run to run; ln TPOT = 1.37 × that + its own
 
 - ``vllm-cpu here``: that model as measured (raw TPOT CV 27 %);
 - ``vllm-cpu here, every other run 2x``: the same host and a real instability (power);
-- ``quiet host, cv = bound/2``: own noise at half the bound, a reference moving 2 % with
+- ``quiet host, own CV bound/2``: own noise at half the bound, a reference moving 2 % with
   elasticity 1 (the adjustment must not change a healthy machine's rate);
 - ``flat host, every other run 2x``: a quiet host, a real instability (power must stay).
 
@@ -89,7 +89,7 @@ def host_cases(rule: Rule) -> list[tuple[str, host_adjust.HostSample]]:
     return [
         ("vllm-cpu here", hosted(0.15, (1.37, 0.18), (0.83, 0.10))),
         ("vllm-cpu here, every other 2x", hosted(0.15, (1.37, 0.18), (0.83, 0.10), alternating=True)),
-        ("quiet host, cv = bound/2", hosted(0.02, (1.0, half), (1.0, half))),
+        ("quiet host, own CV bound/2", hosted(0.02, (1.0, half), (1.0, half))),
         ("flat host, every other 2x", hosted(0.01, (1.0, 0.05), (1.0, 0.05), alternating=True)),
     ]
 

