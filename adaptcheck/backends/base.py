@@ -334,6 +334,12 @@ class Backend(ABC):
         """Versions of the vendor runtime(s) this torch was built against / finds installed."""
         return {}
 
+    def build_archs(self) -> tuple[str | None, list[str]]:
+        """The first device's architecture and those the torch build ships kernels for, in
+        ``get_arch_list()`` form (``sm_90`` / ``gfx942``), read by the ``arch_supported`` rule;
+        ``(None, [])`` where the backend has no such notion. May raise (the capture notes it)."""
+        return None, []
+
     telemetry_extra: ClassVar[tuple[str, ...]] = ()
     """Numeric keys of ``DeviceInfo.extra`` that are live readings (clocks, error counters):
     :meth:`telemetry_sample` reports them beside the four common fields."""

@@ -333,6 +333,16 @@ class CudaBackend(Backend):
     def parse_smi(text: str) -> list[DeviceInfo]:
         return parse_nvidia_smi_xml(text)
 
+    def build_archs(self) -> tuple[str | None, list[str]]:
+        """``sm_<major><minor>`` of device 0 (torch reports it even when the build lacks it)
+        and ``torch.cuda.get_arch_list()``."""
+        api = self.torch_api()
+        archs = [str(a) for a in api.get_arch_list()]
+        if not self.probe().device_count:
+            return None, archs
+        major, minor = api.get_device_capability(0)
+        return f"sm_{major}{minor}", archs
+
     def runtime_versions(self) -> dict[str, str | None]:
         versions: dict[str, str | None] = {name: None for name in self.runtime_names}
         torch, _ = torch_or_reason()

@@ -241,7 +241,10 @@ class HygonBackend(RocmBackend):
 
     def runtime_versions(self) -> dict[str, str | None]:
         versions = self._hip_versions()
-        versions["dtk"] = read_first_line([root / ".info" / "version" for root in dtk_roots()])
+        # DTK writes its own release ("26.04", the dtkNNNN of DAS wheel tags) to .info/rocm_version;
+        # .info/version is the ROCm base it derives from (HYGON-AI/vllm-plugin-das setup.py).
+        versions["dtk"] = read_first_line([root / ".info" / name for root in dtk_roots()
+                                           for name in ("rocm_version", "version")])
         out = run_tool((hy_smi_command(), "--showdriverversion"), timeout_s=self.tool_timeout_s)
         if out.ok:
             versions["dcu_driver"] = parse_hy_smi_driver(out.stdout)

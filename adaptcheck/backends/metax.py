@@ -202,6 +202,8 @@ class MetaxBackend(CudaBackend):
         header = self._smi_header(parse_mx_smi_header)
         versions["metax_driver"] = header.get("driver_version")
         # mx-smi prints the MACA release; without it, look for a version file in the install.
-        versions["maca"] = header.get("maca_version") or read_first_line(
+        maca = header.get("maca_version") or read_first_line(
             [root / name for root in maca_roots() for name in ("Version.txt", "version.txt", ".info/version")])
+        # /opt/maca/Version.txt's first line is "<component>:<version>" (MetaX-MACA/vLLM-metax docs).
+        versions["maca"] = (maca.rpartition(":")[2].strip() or None) if maca else None
         return versions

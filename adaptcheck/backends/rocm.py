@@ -327,6 +327,16 @@ class RocmBackend(Backend):
             notes.append(old.error)
         return self._torch_inventory(), "; ".join([*notes, "from torch"])
 
+    def build_archs(self) -> tuple[str | None, list[str]]:
+        """Device 0's ``gcnArchName`` target (``gfx942``, feature suffixes dropped) and the
+        HIP build's ``torch.cuda.get_arch_list()``."""
+        api = self.torch_api()
+        archs = [str(a) for a in api.get_arch_list()]
+        if not self.probe().device_count:
+            return None, archs
+        name = str(getattr(api.get_device_properties(0), "gcnArchName", "") or "")
+        return (name.split(":", 1)[0] or None), archs
+
     def runtime_versions(self) -> dict[str, str | None]:
         versions = self._hip_versions()
         versions["rocm"] = read_first_line([root / ".info" / "version" for root in rocm_roots()])

@@ -1,17 +1,10 @@
 """Known-good stacks (``matrices/known_good.yaml``) and matching a captured environment to them.
 
 An entry names a backend, optionally an architecture and a device-name regex, and version
-constraints on named parts of the stack. Constraint keys:
-
-* ``torch``, ``python``, ``driver``, ``firmware``
-* ``runtime.<name>`` — a key of ``Environment.runtimes`` (``runtime.cuda``, ``runtime.cann``)
-* ``package.<dist>`` / ``extension.<dist>`` — an installed distribution (``package.vllm``,
-  ``extension.torch-npu``)
-
-Values are PEP 440 specifiers (``==2.13.*``, ``>=525.60.13``) or, for version strings that
-are not PEP 440 (CANN's ``8.0.RC2``), ``re:<regex>`` matched against the whole string.
-An entry matches when the backend, architecture and every device name match and every
-constraint holds; otherwise the closest entry and its differences are reported.
+constraints on named parts of the stack (keys and constraint syntax:
+:mod:`adaptcheck.compat.stackkeys`). An entry matches when the backend, architecture and every
+device name match and every constraint holds; otherwise the nearest entry is reported with
+the smallest set of changes that reaches it (:class:`MatchResult`).
 
 A site adds its own entries without editing the shipped file: ``$ADAPTCHECK_KNOWN_GOOD``
 lists further files (``path[:path…]``, ``os.pathsep``-separated) that are read in addition
@@ -27,18 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from packaging.specifiers import SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adaptcheck.compat import versions as V
+from adaptcheck.compat.stackkeys import (
+    change_text,
+    fits,
+    stack_value,
+    validate_backend,
+    validate_constraint,
+    validate_key,
+)
 from adaptcheck.models.environment import Environment
 from adaptcheck.yamldata import MatrixError, load_model, matrices_file
 
 KNOWN_GOOD_ENV = "ADAPTCHECK_KNOWN_GOOD"
 """Environment variable listing site known-good files read in addition to the base file."""
-
-_KEY = re.compile(r"^(torch|python|driver|firmware|(runtime|package|extension)\.[A-Za-z0-9_.\-]+)$")
-
 
 class KnownGoodEntry(BaseModel):
     """One stack known to work."""
@@ -51,9 +47,16 @@ class KnownGoodEntry(BaseModel):
     arch: str | None = Field(default=None, description="Machine architecture (uname -m); None = any.")
     device: str | None = Field(default=None, description="Regex searched in every device name; None = any.")
     versions: dict[str, str] = Field(default_factory=dict, description="Constraint key → specifier or 're:…'.")
-    source: str = Field(min_length=1, description="Where the claim comes from.")
+    source: str = Field(min_length=1, description="Where the claim comes from (URL and section, or the runs).")
+    date: str = Field(pattern=r"^\d{4}-\d{2}(-\d{2})?$",
+                      description="When the source was read or the stack measured (YYYY-MM or YYYY-MM-DD).")
     basis: Literal["measured", "published"] = Field(
         description="'measured': run by adaptcheck's maintainers; 'published': a vendor/project release pin.")
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        return validate_backend(v)
 
     @field_validator("device")
     @classmethod
@@ -69,16 +72,11 @@ class KnownGoodEntry(BaseModel):
     @classmethod
     def _constraints(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if not _KEY.match(key):
-                raise ValueError(f"unknown constraint key {key!r} (torch, python, driver, firmware, "
-                                 "runtime.<name>, package.<dist>, extension.<dist>)")
-            if value.startswith("re:"):
-                try:
-                    re.compile(value[3:])
-                except re.error as exc:
-                    raise ValueError(f"{key}: invalid regex: {exc}") from None
-            else:
-                V.valid_specifier(value)
+            validate_key(key)
+            try:
+                validate_constraint(value)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
         return v
 
 
@@ -139,67 +137,71 @@ def load_known_good_sources(path: Path | None = None, extra: Sequence[Path] = ()
     return KnownGoodSources(KnownGoodFile(schema_version=1, entries=entries), files, origin)
 
 
-def stack_value(env: Environment, key: str) -> str | None:
-    """The captured value a constraint key refers to (None = absent)."""
-    if key == "torch":
-        return env.torch
-    if key == "python":
-        return env.python
-    if key == "driver":
-        return env.driver_version
-    if key == "firmware":
-        return env.firmware_version
-    kind, _, name = key.partition(".")
-    if kind == "runtime":
-        return env.runtimes.get(name)
-    return V.installed_versions(env).get(V.canonical(name))
+@dataclass(frozen=True)
+class Difference:
+    """One way the stack differs from an entry; ``change`` is the fix when it is a version."""
+
+    text: str
+    change: str | None = None
 
 
-def _fits(constraint: str, value: str) -> bool:
-    if constraint.startswith("re:"):
-        return re.fullmatch(constraint[3:], value) is not None
-    return V.check(SpecifierSet(constraint), value) == "yes"
-
-
-def differences(env: Environment, entry: KnownGoodEntry) -> list[str]:
-    """Everything in which ``env`` differs from ``entry`` (empty = match)."""
-    diffs: list[str] = []
+def _differences(env: Environment, entry: KnownGoodEntry) -> list[Difference]:
+    diffs: list[Difference] = []
     if env.backend != entry.backend:
-        diffs.append(f"backend is {env.backend}, entry wants {entry.backend}")
+        diffs.append(Difference(f"backend is {env.backend}, entry wants {entry.backend}"))
     if entry.arch and env.arch != entry.arch:
-        diffs.append(f"arch is {env.arch}, entry wants {entry.arch}")
+        diffs.append(Difference(f"arch is {env.arch}, entry wants {entry.arch}"))
     if entry.device:
         names = [d.name for d in env.accelerators]
         bad = [n for n in names if not re.search(entry.device, n)]
         if not names:
-            diffs.append(f"no device found, entry wants /{entry.device}/")
+            diffs.append(Difference(f"no device found, entry wants /{entry.device}/"))
         elif bad:
-            diffs.append(f"device {bad[0]!r} does not match /{entry.device}/")
+            diffs.append(Difference(f"device {bad[0]!r} does not match /{entry.device}/"))
     for key, constraint in entry.versions.items():
         value = stack_value(env, key)
         if value is None:
-            diffs.append(f"{key} is absent, entry wants {constraint}")
-        elif not _fits(constraint, value):
-            diffs.append(f"{key} is {value}, entry wants {constraint}")
+            diffs.append(Difference(f"{key} is absent, entry wants {constraint}", change_text(key, None, constraint)))
+        elif not fits(constraint, value):
+            diffs.append(Difference(f"{key} is {value}, entry wants {constraint}", change_text(key, value, constraint)))
     return diffs
+
+
+def differences(env: Environment, entry: KnownGoodEntry) -> list[str]:
+    """Everything in which ``env`` differs from ``entry`` (empty = match)."""
+    return [d.text for d in _differences(env, entry)]
 
 
 @dataclass
 class MatchResult:
-    """The matching entry, or the closest one and how it differs."""
+    """The matching entry, or the nearest one, how it differs and what to change to reach it."""
 
     matched: bool
     entry: KnownGoodEntry | None
     differences: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+    """The version changes that reach ``entry`` (``torch-npu 2.5.1 → 2.5.1.post1``); empty when
+    the machine itself differs (backend, arch, device), which no install can change."""
+
+    def advice(self) -> str | None:
+        """One line: the nearest known-good stack and the smallest set of changes to it."""
+        if self.matched or self.entry is None:
+            return None
+        where = f"nearest known-good stack {self.entry.id!r} ({self.entry.basis}, {self.entry.date})"
+        if self.changes and len(self.changes) == len(self.differences):
+            return f"{where}: change {', '.join(self.changes)}"
+        return f"{where} needs other hardware: {'; '.join(self.differences)}"
 
 
 def match_known_good(env: Environment, known: KnownGoodFile) -> MatchResult:
-    """First matching entry; otherwise the closest (same backend first, then fewest differences)."""
-    scored: list[tuple[tuple[int, int], KnownGoodEntry, list[str]]] = []
+    """First matching entry; otherwise the nearest: same backend, arch and device first (only
+    versions to change), then fewest differences."""
+    scored: list[tuple[tuple[int, int, int], KnownGoodEntry, list[Difference]]] = []
     for entry in known.entries:
-        diffs = differences(env, entry)
+        diffs = _differences(env, entry)
         if not diffs:
-            return MatchResult(True, entry, [])
-        scored.append(((0 if entry.backend == env.backend else 1, len(diffs)), entry, diffs))
+            return MatchResult(True, entry)
+        machine = sum(d.change is None for d in diffs)
+        scored.append(((0 if entry.backend == env.backend else 1, machine, len(diffs)), entry, diffs))
     _, entry, diffs = min(scored, key=lambda s: s[0])
-    return MatchResult(False, entry, diffs)
+    return MatchResult(False, entry, [d.text for d in diffs], [d.change for d in diffs if d.change])

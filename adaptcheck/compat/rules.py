@@ -21,38 +21,40 @@ Rule types:
   on every machine with torch, so a plain CPU machine has a rule that can pass.
 * ``extension_matches_torch`` — a device extension (torch_npu, IPEX …) against torch: its
   declared torch requirement if it has one, else its version scheme (``release``: the
-  extension's X.Y.Z is torch's X.Y.Z; ``major_minor``: X.Y must match).
+  extension's X.Y.Z is torch's X.Y.Z; ``major_minor``: X.Y must match; ``local_label``: the
+  torch release the extension names in its local label, ``1.22.2+torch2.4.0``).
+* ``version_table`` — a vendor's published pairing table: when one part of the stack (the
+  subject: vllm-ascend 0.7.3) is in a row, another part (the object: CANN) must satisfy that
+  row. It covers plugin ↔ vLLM, extension ↔ runtime, runtime ↔ driver minimums and wheel ↔
+  Python for every vendor that publishes such a table (:mod:`adaptcheck.compat.tables`).
+* ``arch_supported`` — the device's architecture (CUDA ``sm_90``, ROCm ``gfx942``) is among
+  those the installed torch build ships kernels for (:mod:`adaptcheck.compat.archs`).
+
+A rule may name the ``backends`` it is about; on another backend it is not applicable. A
+verdict that is not ``ok`` carries ``advice``: the smallest change that makes the rule hold.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from adaptcheck.compat import versions as V
-from adaptcheck.models.environment import Environment
+from adaptcheck.compat.archs import ArchSupportedRule, evaluate_arch
+from adaptcheck.compat.rulebase import Evaluation, RuleBase, RuleInputs, Strict, VerdictName
+from adaptcheck.compat.tables import VersionTableRule, evaluate_table
 from adaptcheck.yamldata import MatrixError, load_model, matrices_file
 
-VerdictName = Literal["ok", "warn", "incompatible", "not_applicable"]
 _SEVERITY = {"not_applicable": 0, "ok": 1, "warn": 2, "incompatible": 3}
 
 
 # ---------------------------------------------------------------- schema ---------------
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _RuleBase(_Strict):
-    id: str = Field(pattern=r"^[A-Za-z0-9_\-]+$", description="Rule id; the result id is matrix.rules.<id>.")
-    description: str = Field(min_length=1, description="What the rule checks, in words.")
-    source: str = Field(min_length=1, description="Where the fact comes from (URL or a precise note).")
-
-
-class MajorMinimum(_Strict):
+class MajorMinimum(Strict):
     major: int = Field(description="CUDA major release, e.g. 12.")
     min_driver: str = Field(description="Minimum driver for minor-version compatibility, e.g. '525.60.13'.")
 
@@ -64,12 +66,12 @@ class MajorMinimum(_Strict):
         return v
 
 
-class ReleaseDriver(_Strict):
+class ReleaseDriver(Strict):
     cuda: str = Field(description="CUDA toolkit release 'X.Y'.")
     driver: str = Field(description="Driver the release ships with (release-notes table).")
 
 
-class CudaDriverRule(_RuleBase):
+class CudaDriverRule(RuleBase):
     type: Literal["cuda_driver_minimum"]
     runtime: str = Field(default="cuda", description="Key of Environment.runtimes holding the CUDA version.")
     driver_runtime_key: str | None = Field(
@@ -78,25 +80,27 @@ class CudaDriverRule(_RuleBase):
     releases: list[ReleaseDriver] = Field(default_factory=list, description="Optional: below these → warn.")
 
 
-class RequirementRule(_RuleBase):
+class RequirementRule(RuleBase):
     type: Literal["requirement"]
     requirer: list[str] = Field(min_length=1, description="Distributions, first installed one is used.")
     target: str = Field(description="Distribution whose installed version is checked.")
     on_mismatch: Literal["incompatible", "warn"] = "incompatible"
 
 
-class PluginRule(_RuleBase):
+class PluginRule(RuleBase):
     type: Literal["plugin_requires_vllm"]
     vllm_distributions: list[str] = Field(min_length=1, description="Distributions that provide the vllm module.")
 
 
-class ExtensionRule(_RuleBase):
+class ExtensionRule(RuleBase):
     type: Literal["extension_matches_torch"]
     extension: str = Field(description="Distribution name of the extension, e.g. 'torch-npu'.")
-    match: Literal["release", "major_minor"] = Field(description="Version scheme when no torch requirement is declared.")
+    match: Literal["release", "major_minor", "local_label"] = Field(
+        description="Version scheme when no torch requirement is declared: 'release' (X.Y.Z equal), 'major_minor' "
+                    "(X.Y equal), 'local_label' (the torch release named in the local label, '1.22.2+torch2.4.0').")
 
 
-class DependenciesRule(_RuleBase):
+class DependenciesRule(RuleBase):
     type: Literal["dependencies_satisfied"]
     distributions: list[str] = Field(min_length=1, description="Distributions whose Requires-Dist must all hold.")
     known_absent: dict[str, list[str]] = Field(
@@ -105,11 +109,11 @@ class DependenciesRule(_RuleBase):
                     "setup (distribution → names): their absence is a warning, not an incompatibility.")
 
 
-Rule = Annotated[CudaDriverRule | RequirementRule | PluginRule | ExtensionRule | DependenciesRule,
-                 Field(discriminator="type")]
+Rule = Annotated[CudaDriverRule | RequirementRule | PluginRule | ExtensionRule | DependenciesRule
+                 | VersionTableRule | ArchSupportedRule, Field(discriminator="type")]
 
 
-class RulesFile(_Strict):
+class RulesFile(Strict):
     """A whole ``rules.yaml``."""
 
     schema_version: Literal[1]
@@ -155,29 +159,9 @@ class Verdict:
     compared: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     """Set when the rule could not be evaluated (an evaluator bug or unreadable metadata)."""
-
-
-@dataclass
-class RuleInputs:
-    """What rules read: the captured environment and a Requires-Dist lookup."""
-
-    env: Environment
-    requires: V.RequiresLookup = V.distribution_requires
-    version: Callable[[str], str | None] = V.distribution_version
-    """Installed version of any distribution (dependencies are not all in the Environment)."""
-
-    def __post_init__(self) -> None:
-        self.installed = V.installed_versions(self.env)
-
-    def version_of(self, dist: str) -> str | None:
-        return self.installed.get(V.canonical(dist))
-
-    def first_installed(self, dists: list[str]) -> tuple[str, str] | None:
-        for d in dists:
-            version = self.version_of(d)
-            if version is not None:
-                return d, version
-        return None
+    advice: list[str] = field(default_factory=list)
+    """When the verdict is not ok: the smallest changes that make the rule hold, alternatives
+    each on its own (``cann 8.0.RC3 → 8.1.RC1``, or ``vllm-ascend 0.9.1 → 0.7.3``)."""
 
 
 def _driver_tuple(text: str) -> tuple[int, ...]:
@@ -294,7 +278,7 @@ def _plugins(rule: PluginRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[
     return worst, prefix + "; ".join(lines), compared
 
 
-def _extension(rule: ExtensionRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
+def _extension(rule: ExtensionRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]] | Evaluation:
     ext = inp.version_of(rule.extension)
     torch = inp.env.torch
     compared: dict[str, Any] = {"extension": rule.extension, "extension_version": ext, "torch": torch}
@@ -309,15 +293,22 @@ def _extension(rule: ExtensionRule, inp: RuleInputs) -> tuple[VerdictName, str, 
     if torch is None:
         return "incompatible", f"{rule.extension} {ext} is installed but torch is not", compared
     ev, tv = V.parse(ext), V.parse(torch)
+    if rule.match == "local_label":
+        # torch_mlu 1.22.2+torch2.4.0 (or 1.24.0-torch2.1.0, not PEP 440): the extension's own
+        # release says nothing about torch, its label names the torch release.
+        named = re.search(r"[+-]torch(\d+(?:\.\d+)*)", ext)
+        ev = V.parse(named.group(1)) if named else None
     if ev is None or tv is None:
         return "warn", f"warning: cannot compare {rule.extension} {ext} with torch {torch}", compared
-    width = 3 if rule.match == "release" else 2
+    width = 2 if rule.match == "major_minor" else 3
     want, have = ev.release[:width], tv.release[:width]
     compared["match"] = rule.match
     shown = ".".join(map(str, want))
     if want == have:
         return "ok", f"{rule.extension} {ext} is built for torch {shown}; torch {torch} is installed", compared
-    return "incompatible", f"{rule.extension} {ext} is built for torch {shown}, but torch {torch} is installed", compared
+    return Evaluation("incompatible", f"{rule.extension} {ext} is built for torch {shown}, but torch {torch} is "
+                      "installed", compared, [f"torch {torch} → {shown}" + ("" if width == 3 else ".*"),
+                                              f"or {rule.extension} {ext} → the build for torch {tv.base_version}"])
 
 
 def _dependencies(rule: DependenciesRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
@@ -354,20 +345,28 @@ def _dependencies(rule: DependenciesRule, inp: RuleInputs) -> tuple[VerdictName,
     return "ok", f"every declared dependency of {names} is installed in a fitting version", compared
 
 
-_Evaluator = Callable[[Any, RuleInputs], tuple[VerdictName, str, dict[str, Any]]]
-_EVALUATORS: dict[str, _Evaluator] = {"cuda_driver_minimum": _cuda, "requirement": _requirement, "plugin_requires_vllm": _plugins,
-               "extension_matches_torch": _extension, "dependencies_satisfied": _dependencies}
+_Evaluator = Callable[[Any, RuleInputs], "tuple[VerdictName, str, dict[str, Any]] | Evaluation"]
+_EVALUATORS: dict[str, _Evaluator] = {
+    "cuda_driver_minimum": _cuda, "requirement": _requirement, "plugin_requires_vllm": _plugins,
+    "extension_matches_torch": _extension, "dependencies_satisfied": _dependencies,
+    "version_table": evaluate_table, "arch_supported": evaluate_arch,
+}
 
 
 def evaluate(rule: Any, inputs: RuleInputs) -> Verdict:
     """Evaluate one rule. A rule that cannot be evaluated says so in ``error`` (never an ``ok``),
     without stopping the other rules."""
+    if rule.backends and inputs.env.backend not in rule.backends:
+        return Verdict(rule.id, "not_applicable", f"a rule for {', '.join(rule.backends)}; this machine's backend is "
+                       f"{inputs.env.backend}", rule.source, {"backends": rule.backends})
     try:
-        verdict, message, compared = _EVALUATORS[rule.type](rule, inputs)
+        found = _EVALUATORS[rule.type](rule, inputs)
     except Exception as exc:  # noqa: BLE001 - one odd metadata entry must not hide the other rules
         why = f"{type(exc).__name__}: {exc}"
         return Verdict(rule.id, "not_applicable", f"rule could not be evaluated: {why}", rule.source, {}, error=why)
-    return Verdict(rule.id, verdict, message, rule.source, compared)
+    ev = found if isinstance(found, Evaluation) else Evaluation(*found)
+    return Verdict(rule.id, ev.verdict, ev.message, rule.source, ev.compared,
+                   advice=ev.advice if ev.verdict != "ok" else [])
 
 
 def evaluate_all(rules: RulesFile, inputs: RuleInputs) -> list[Verdict]:

@@ -86,7 +86,7 @@ def build_entry(row: Combination, latest: RunResults, prefix: str) -> KnownGoodE
         # No device regex when the capture listed no device: it would demand one and never match.
         device=device_regex(sorted({d.name for d in env.accelerators})) if env.accelerators else None,
         versions={k: pin(v) for k, v in row.key.versions.items()},
-        source=source, basis="measured",
+        source=source, date=row.last_started.date().isoformat(), basis="measured",
     )
 
 

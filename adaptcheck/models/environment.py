@@ -76,6 +76,10 @@ class Environment(BaseModel):
     runtimes: dict[str, str | None] = Field(
         default_factory=dict, description="Runtime versions: cuda, hip, cann, dtk, musa, maca, neuware, sycl …"
     )
+    device_arch: str | None = Field(default=None, description="First device's architecture as the torch build "
+                                    "names it (CUDA 'sm_90', ROCm 'gfx942'); None where not applicable.")
+    torch_archs: list[str] = Field(default_factory=list, description="Architectures the torch build ships kernels "
+                                   "for (torch.<device>.get_arch_list()); empty where not applicable or unreadable.")
     python: str = Field(description="Python version.")
     python_executable: str = Field(description="Interpreter path.")
     torch: str | None = Field(default=None, description="PyTorch version.")

@@ -85,6 +85,21 @@ class RuleRow:
 
 
 @dataclass
+class KnownGoodView:
+    """The ``matrix.known_good`` result: the matched (or nearest) stack, where its claim comes
+    from and when, and what to change to reach it."""
+
+    matched: bool
+    entry: str
+    basis: str
+    date: str
+    source: str
+    file: str
+    advice: str
+    message: str
+
+
+@dataclass
 class MatrixView:
     """Step 1 as the report shows it."""
 
@@ -98,6 +113,7 @@ class MatrixView:
     plugins_filter: FieldRow | None = None
     env_vars: list[FieldRow] = field(default_factory=list)
     rules: list[RuleRow] = field(default_factory=list)
+    known_good: KnownGoodView | None = None
 
 
 DEVICE_COLUMNS: list[tuple[str, str]] = [
@@ -193,9 +209,23 @@ def build_rules(checks: list[CheckResult], anchors: dict[str, str]) -> list[Rule
     return rows
 
 
+def build_known_good(checks: list[CheckResult]) -> KnownGoodView | None:
+    """The known-good result as the report shows it; None when the check did not run."""
+    c = next((c for c in checks if c.kind == "matrix.known_good"), None)
+    if c is None or not isinstance(c.details.get("entry"), dict):
+        return None
+    entry: dict[str, Any] = c.details["entry"]
+    return KnownGoodView(
+        matched=c.status is Status.PASS, entry=str(entry.get("id", "")), basis=str(entry.get("basis", "")),
+        # Results written before entries carried a date show none rather than a made-up one.
+        date=str(entry.get("date") or NOT_PRESENT), source=str(entry.get("source", "")),
+        file=str(c.details.get("entry_file", "")), advice=str(c.details.get("advice") or ""), message=c.message)
+
+
 def build_matrix(env: Environment | None, checks: list[CheckResult], anchors: dict[str, str]) -> MatrixView:
     """The compatibility-matrix section; ``env`` is None when capture did not happen."""
     rules = build_rules(checks, anchors)
+    known_good = build_known_good(checks)
     if env is None:
         capture = next((c for c in checks if c.kind == "matrix.capture"), None)
         if capture is None:
@@ -204,7 +234,7 @@ def build_matrix(env: Environment | None, checks: list[CheckResult], anchors: di
             reason = "matrix.capture passed but recorded no environment"
         else:
             reason = f"matrix.capture ended '{status_key(capture)}': {capture.message}"
-        return MatrixView(captured=False, missing_reason=reason, rules=rules)
+        return MatrixView(captured=False, missing_reason=reason, rules=rules, known_good=known_good)
     groups = [
         FieldGroup(title="Host", rows=[_row(env, label, getattr(env, a), a) for a, label in _HOST_FIELDS]),
         FieldGroup(title="Stack", rows=[_row(env, label, getattr(env, a), a) for a, label in _STACK_FIELDS]),
@@ -229,4 +259,5 @@ def build_matrix(env: Environment | None, checks: list[CheckResult], anchors: di
         plugins_filter=_plugins_filter(env),
         env_vars=[FieldRow(label=k, value=v, present=True) for k, v in sorted(env.env_vars.items())],
         rules=rules,
+        known_good=known_good,
     )

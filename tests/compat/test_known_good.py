@@ -79,6 +79,7 @@ entries:
     backend: ascend
     versions: {runtime.cann: "re:8\\\\.0\\\\.RC[23]", extension.torch-npu: "==2.1.0.*"}
     source: s
+    date: "2026-12-02"
     basis: published
 """, "kg.yaml", KnownGoodFile)
     env = make_env(backend="ascend", runtimes={"cann": "8.0.RC2"}, torch="2.1.0",

@@ -28,7 +28,7 @@ SHIPPED = data_dir("matrices") / "known_good.yaml"
 def _file(path: Path, entry_id: str, torch: str) -> Path:
     path.write_text(yaml.safe_dump({"schema_version": 1, "entries": [{
         "id": entry_id, "description": "site stack", "backend": "cpu", "arch": "x86_64",
-        "versions": {"torch": torch}, "source": "measured here", "basis": "measured"}]}))
+        "versions": {"torch": torch}, "source": "measured here", "date": "2026-12-02", "basis": "measured"}]}))
     return path
 
 

@@ -109,6 +109,7 @@ entries:
     backend: cpu
     versions: {torch: "==2.13.*"}
     source: s
+    date: "2026-11"
     basis: measured
 """
 
@@ -125,7 +126,12 @@ def test_known_good_validation() -> None:
     assert "not a PEP 440 version specifier" in _kg_error(KG_OK.replace("==2.13.*", "2.13 or later"))
     assert "basis" in _kg_error(KG_OK.replace("measured", "rumoured"))
     assert "valid regex" in _kg_error(KG_OK.replace("backend: cpu", "backend: cpu\n    device: '(H100'"))
-    assert _kg_error(KG_OK + "    notes: x\n") == "kg.yaml:9: entries.0.notes: unknown key"
+    assert _kg_error(KG_OK + "    notes: x\n") == "kg.yaml:10: entries.0.notes: unknown key"
+    # An entry must say when its source was read, and name a backend adaptcheck knows.
+    assert "kg.yaml:8:" in _kg_error(KG_OK.replace('"2026-11"', '"last spring"'))
+    assert "date" in _kg_error(KG_OK.replace('    date: "2026-11"\n', ""))
+    unknown = _kg_error(KG_OK.replace("backend: cpu", "backend: nvidia"))
+    assert unknown.startswith("kg.yaml:5:") and "unknown backend 'nvidia'" in unknown
 
 
 def test_unreadable_file(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from tests.conftest import run_cli
 
 NEVER_MATCHES = {"schema_version": 1, "entries": [{
     "id": "never-matches", "description": "a stack no test machine has", "backend": "cuda", "device": "^NoSuchGPU$",
-    "versions": {"torch": "==0.0.1"}, "source": "fleet tests", "basis": "measured"}]}
+    "versions": {"torch": "==0.0.1"}, "source": "fleet tests", "date": "2026-12-02", "basis": "measured"}]}
 
 
 def ladder(known_good_file: Path, *, low: bool) -> dict[str, Any]:

@@ -10,11 +10,11 @@ import yaml
 
 from adaptcheck.compat.known_good import (
     KnownGoodEntry,
-    _fits,
     differences,
     load_known_good,
     match_known_good,
 )
+from adaptcheck.compat.stackkeys import fits
 from adaptcheck.fleet import export_known_good
 from adaptcheck.fleet.export import device_regex, pin
 from adaptcheck.models.results import RunResults
@@ -32,9 +32,9 @@ from .runs import FleetRuns, derive, fleet_runs_fixture, load  # noqa: F401 - a 
 ])
 def test_pins_are_exact(value: str, expected: str, neighbours: list[str]) -> None:
     assert pin(value) == expected
-    assert _fits(pin(value), value)
+    assert fits(pin(value), value)
     for other in neighbours:
-        assert not _fits(pin(value), other), other
+        assert not fits(pin(value), other), other
 
 
 def test_device_regex_is_literal_and_whole() -> None:
@@ -90,7 +90,7 @@ def test_l3_is_refused_and_nothing_is_written(fleet_runs: FleetRuns, tmp_path: P
 def test_reexport_replaces_by_id_and_keeps_other_entries(fleet_runs: FleetRuns, tmp_path: Path) -> None:
     out = tmp_path / "kg.yaml"
     hand = KnownGoodEntry(id="hand-written", description="kept", backend="cuda", versions={"torch": "==2.9.0"},
-                          source="a colleague", basis="measured")
+                          source="a colleague", date="2026-12-02", basis="measured")
     out.write_text(yaml.safe_dump({"schema_version": 1, "entries": [hand.model_dump(exclude_none=True)]}))
     first = export_known_good([fleet_runs.cpu_high], out)
     second = export_known_good([fleet_runs.cpu_high, fleet_runs.cpu_high_again], out)

@@ -9,6 +9,7 @@ import pytest
 
 from adaptcheck.models.results import CheckResult, Status
 from adaptcheck.report.fmt import format_duration, format_float, format_value
+from adaptcheck.report.render import render
 from adaptcheck.report.view import ReportView, build_view
 
 from .factory import make_environment, make_results
@@ -173,3 +174,19 @@ def test_anchors_are_unique_and_attribute_safe() -> None:
     anchors = [c.anchor for g in view.check_groups for c in g.checks]
     assert len(anchors) == len(set(anchors))
     assert all(set(a) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") for a in anchors)
+
+
+def test_known_good_section_shows_source_date_and_advice() -> None:
+    results = make_results()
+    entry = {"id": "nvidia-vllm-0.9.0-cu128", "basis": "published", "date": "2026-12-02",
+             "source": "vLLM v0.9.0 release notes"}
+    kg = next(c for c in results.checks if c.id == "matrix.known_good")
+    kg.details = {"entry": entry, "entry_file": "matrices/known_good.yaml",
+                  "advice": "nearest known-good stack 'nvidia-vllm-0.9.0-cu128' (published, 2026-12-02): change "
+                            "torch 2.6.0+cu124 → 2.7.0"}
+    view = build_view(results).matrix.known_good
+    assert view is not None and not view.matched
+    assert (view.entry, view.date, view.source) == ("nvidia-vllm-0.9.0-cu128", "2026-12-02", "vLLM v0.9.0 release notes")
+    assert "torch 2.6.0+cu124 → 2.7.0" in view.advice
+    html = render(build_view(results))
+    assert "nearest entry" in html and "2026-12-02" in html and "torch 2.6.0+cu124 → 2.7.0" in html

@@ -226,6 +226,11 @@ def capture_environment(backend: Backend, model: ModelSpec | None,
     if not data["runtimes"]:
         notes.setdefault("runtimes", "the backend reported no runtime versions")
 
+    no_archs: tuple[str | None, list[str]] = (None, [])
+    device_arch, torch_archs = _probe(notes, "torch_archs", backend.build_archs, no_archs) or no_archs
+    data["device_arch"] = None if device_arch is None else str(device_arch)
+    data["torch_archs"] = [str(a) for a in torch_archs or []]
+
     data["torch"] = _probe(notes, "torch", _torch_version, None)
     if data["torch"] is None:
         notes.setdefault("torch", "torch is not installed")

@@ -18,6 +18,7 @@ The captured environment is cached in ``ctx.scratch`` so that the checks after
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,9 @@ from adaptcheck.compat.known_good import (
     extra_known_good_files,
     load_known_good_sources,
     match_known_good,
-    stack_value,
 )
 from adaptcheck.compat.rules import RuleInputs, Verdict, evaluate_all, load_rules
+from adaptcheck.compat.stackkeys import stack_value
 from adaptcheck.hostfacts import host_sample
 from adaptcheck.ladder.check import Check, CheckContext, NoParams, Outcome
 from adaptcheck.models.environment import Environment
@@ -100,6 +101,11 @@ def verdict_outcome(v: Verdict, description: str) -> Outcome:
     """One rule's verdict as a check outcome (subid = rule id)."""
     details: dict[str, Any] = {"verdict": v.verdict, "rule": description, "source": v.source,
                                "compared": v.compared}
+    if v.advice:
+        # The fix travels with the verdict: the report's matrix section and `adaptcheck env
+        # --check` print it from here.
+        details["advice"] = v.advice
+        v = replace(v, message=f"{v.message} — to fix: {'; '.join(v.advice)}")
     if v.error is not None:
         return Outcome.errored(v.message, details=details, subid=v.rule_id)
     if v.verdict == "ok":
@@ -212,9 +218,9 @@ class KnownGoodCheck(Check):
         assert entry is not None  # every file holds at least one entry (validated)
         details = {"entry": entry.model_dump(mode="json"), "entry_file": str(sources.origin[entry.id]),
                    "files": [str(f) for f in sources.files], "extra_files_env": KNOWN_GOOD_ENV,
-                   "differences": result.differences, "stack": {k: stack_value(env, k) for k in entry.versions}}
+                   "differences": result.differences, "changes": result.changes, "advice": result.advice(),
+                   "stack": {k: stack_value(env, k) for k in entry.versions}}
         if result.matched:
-            return Outcome.passed(f"matches known-good entry {entry.id!r} ({entry.basis}; source: {entry.source})",
-                                  details=details)
-        return Outcome.failed(f"no known-good entry matches; closest is {entry.id!r}: {'; '.join(result.differences)}",
-                              details=details)
+            return Outcome.passed(f"matches known-good entry {entry.id!r} ({entry.basis}, {entry.date}; source: "
+                                  f"{entry.source})", details=details)
+        return Outcome.failed(f"no known-good entry matches; {result.advice()}", details=details)

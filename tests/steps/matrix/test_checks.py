@@ -147,6 +147,9 @@ def test_known_good_check(tmp_path: Path) -> None:
     ctx.scratch["matrix.environment"] = cuda_env("12.9", "470.256.02", torch="2.9.0+cu129", packages={"vllm": "0.11.1"})
     out = KnownGoodCheck().run(ctx, KnownGoodParams())
     assert out.status is Status.FAIL
-    assert "closest is 'nvidia-hopper-vllm-0.11.1-cu129'" in out.message
+    assert "nearest known-good stack 'nvidia-hopper-vllm-0.11.1-cu129'" in out.message
     assert out.details["differences"] == ["driver is 470.256.02, entry wants >=525.60.13"]
+    # The advice is the smallest change that reaches the entry, in the message and the details.
+    assert out.details["changes"] == ["driver 470.256.02 → >=525.60.13"]
+    assert "change driver 470.256.02 → >=525.60.13" in out.message
     assert out.details["stack"]["driver"] == "470.256.02"
