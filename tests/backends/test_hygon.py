@@ -167,6 +167,21 @@ def test_runtime_versions_read_dtk_version_and_driver(tmp_path: Path, monkeypatc
     assert set(versions) == set(HygonBackend.runtime_names)
 
 
+def test_dtk_release_comes_from_rocm_version_before_the_rocm_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   fake_bin: Path) -> None:
+    """A DTK 26.04 tree (layout per HYGON-AI/vllm-plugin-das setup.py): .info/rocm_version holds
+    the DTK release that DAS wheels are tagged with (dtk2604), .info/version the ROCm base."""
+    dtk = tmp_path / "dtk-26.04"
+    (dtk / ".info").mkdir(parents=True)
+    (dtk / ".info" / "rocm_version").write_text("26.04\n")
+    (dtk / ".info" / "version").write_text("6.3.26113\n")
+    monkeypatch.setattr(hygon_mod, "DTK_GLOBS", (str(tmp_path / "dtk-*"),))
+    monkeypatch.delenv("ROCM_PATH", raising=False)
+    install_fake_tool(fake_bin, "hy-smi", body="echo 'Driver Version: 6.3.27-V1.2.5'")
+    versions = HygonBackend().runtime_versions()
+    assert versions["dtk"] == "26.04"
+
+
 # --- declarations -------------------------------------------------------------------------------
 def test_supersedes_rocm() -> None:
     assert HygonBackend.supersedes == ("rocm",)

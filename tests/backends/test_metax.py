@@ -99,6 +99,16 @@ def test_runtime_versions_from_mx_smi(fake_bin: Path) -> None:
     assert set(versions) == set(MetaxBackend.runtime_names)
 
 
+def test_maca_version_file_keeps_only_the_version(fake_bin: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without mx-smi's header, /opt/maca/Version.txt: its first line is "<component>:<version>"
+    (MetaX-MACA/vLLM-metax docs), and the rules compare the version alone."""
+    install_fake_tool(fake_bin, "mx-smi", body="exit 1")
+    (tmp_path / "Version.txt").write_text("maca:3.8.2.5\n")
+    monkeypatch.setenv("MACA_PATH", str(tmp_path))
+    assert MetaxBackend().runtime_versions()["maca"] == "3.8.2.5"
+
+
 # --- probe ----------------------------------------------------------------------------------------
 @pytest.mark.usefixtures("no_maca_on_host")
 def test_probe_on_this_cpu_machine_is_unavailable_with_reason() -> None:

@@ -236,7 +236,7 @@ def test_env_check_reports_verdicts_and_exits_1_on_an_incompatible_stack() -> No
     assert done.returncode == 1, done.stderr
     assessment = json.loads(done.stdout)["assessment"]
     plugins = next(r for r in assessment["rules"] if r["id"] == "vllm_plugins_vllm")
-    assert plugins["verdict"] == "incompatible" and "vllm>=99" in plugins["message"]
+    assert plugins["verdict"] == "incompatible" and "requires vllm >=99" in plugins["message"]
     kg = assessment["known_good"]
     assert kg["entry"] and kg["date"] and kg["source"]
     table = run_cli(["env", "--check"])

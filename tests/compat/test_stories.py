@@ -22,6 +22,8 @@ from adaptcheck.backends.ascend import parse_cann_version_cfg, parse_driver_vers
 from adaptcheck.backends.hygon import parse_hy_smi_driver
 from adaptcheck.backends.musa import parse_musa_version_json
 from adaptcheck.compat.assess import Assessment, assess
+from adaptcheck.compat.known_good import load_known_good
+from adaptcheck.compat.rules import load_rules
 from adaptcheck.models.environment import DeviceInfo, Environment
 from tests.steps.matrix.factories import make_env
 
@@ -263,11 +265,34 @@ def test_metax_plugin_on_another_vllm_and_torch() -> None:
 
 @pytest.mark.parametrize("backend", ["cuda", "rocm", "hygon", "ascend", "xpu", "cambricon", "musa", "metax"])
 def test_every_accelerator_backend_has_sourced_rules_and_stacks(backend: str) -> None:
-    from adaptcheck.compat.known_good import load_known_good
-    from adaptcheck.compat.rules import load_rules
-
     rules = [r for r in load_rules().rules if r.backends and backend in r.backends]
     stacks = [e for e in load_known_good().entries if e.backend == backend]
     assert len(rules) >= 3, [r.id for r in rules]
     assert len(stacks) >= 2, [e.id for e in stacks]
     assert all(r.source.strip() for r in rules) and all(e.source.strip() and e.date for e in stacks)
+
+
+@pytest.mark.parametrize(("entry", "env"), [
+    ("rocm-vllm-0.8.5-rocm6.3.1", lambda: env_for(
+        "rocm", "AMD Instinct MI300X", torch="2.7.0+gitf717b2a", device_arch="gfx942", torch_archs=["gfx90a", "gfx942"],
+        runtimes={"hip": "6.3.42133-1b9c17779", "rocm": "6.3.1-48"}, packages={"vllm": "0.8.5.dev429+g6a0c5cd7f.rocm631"})),
+    ("hygon-vllm-0.21-dtk2604", lambda: env_for(
+        "hygon", "BW1100", torch="2.9.0+das.opt1.dtk2604", python="3.10.12",
+        runtimes={"dtk": "26.04", "dcu_driver": "6.3.30"}, packages={"vllm": "0.21.0+das.opt1.dtk2604"})),
+    ("musa-torch_musa-2.1.1-musa4.2", lambda: env_for(
+        "musa", "MTT S4000", torch="2.5.0", torch_device_extension={"torch_musa": "2.1.1"}, runtimes={"musa": "4.2.0"})),
+    ("metax-vllm-metax-0.29.0", lambda: env_for(
+        "metax", "MetaX C550", torch="2.10.0+metax3.8.2.2", python="3.12.3",
+        runtimes={"maca": "3.8.2.2", "maca_torch_tag": "metax3.8.2.2"},
+        packages={"vllm": "0.29.0", "vllm-metax": "0.29.0", "mcoplib": "0.4.11+g0cb4f49.maca3.8.2.6.torch2.10"})),
+])
+def test_healthy_vendor_stacks_match_their_entries(entry: str, env: Any) -> None:
+    """Synthesised in each vendor's version formats (ROCm and DAS wheel labels, version.json, MetaX
+    torch tags): a stack the vendor published matches its entry and fires no rule of its backend."""
+    a = judged(env())
+    assert a.known_good.matched, a.known_good.differences
+    assert a.known_good.entry is not None and a.known_good.entry.id == entry
+    backend = a.known_good.entry.backend
+    own = {r.id for r in load_rules().rules if r.backends and backend in r.backends}
+    fired = [v.message for v in a.verdicts if v.rule_id in own and v.verdict == "incompatible"]
+    assert not fired, fired
