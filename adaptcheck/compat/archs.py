@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from adaptcheck.compat.rulebase import Evaluation, RuleBase, RuleInputs, Strict
-from adaptcheck.compat.stackkeys import fits, stack_value, target_text, validate_constraint, validate_key
+from adaptcheck.compat.stackkeys import fits, label, stack_value, target_text, validate_constraint, validate_key
 
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([a-z]?)$")
 
@@ -99,7 +99,7 @@ def _build_matches(build: Build, inp: RuleInputs) -> bool:
 
 
 def _describe(build: Build) -> str:
-    return ", ".join(f"{key.partition('.')[2] or key} {target_text(c)}" for key, c in build.versions.items())
+    return ", ".join(f"{label(key)} {target_text(c)}" for key, c in build.versions.items())
 
 
 def evaluate_arch(rule: ArchSupportedRule, inp: RuleInputs) -> Evaluation:
