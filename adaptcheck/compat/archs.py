@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from adaptcheck.compat.rulebase import Evaluation, RuleBase, RuleInputs, Strict
-from adaptcheck.compat.stackkeys import fits, label, stack_value, target_text, validate_constraint, validate_key
+from adaptcheck.compat.stackkeys import fits, label, stack_value, target_text, validate_constraints
 
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([a-z]?)$")
 
@@ -43,10 +43,7 @@ class Build(Strict):
     @field_validator("versions")
     @classmethod
     def _constraints(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            validate_key(key)
-            validate_constraint(value)
-        return v
+        return validate_constraints(v)
 
 
 class ArchSupportedRule(RuleBase):

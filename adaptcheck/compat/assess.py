@@ -1,8 +1,10 @@
 """A captured stack against all the compatibility data at once, with what to change.
 
-Step 1's checks (``matrix.rules``, ``matrix.known_good``) and ``adaptcheck env --check`` ask
-the same question; this is the one answer both render: every rule's verdict, the nearest
-known-good stack, and the advice, as plain data.
+``adaptcheck env --check`` asks what step 1's two checks ask, with the same evaluators
+(:func:`~adaptcheck.compat.rules.evaluate_all`, :func:`~adaptcheck.compat.known_good.match_known_good`)
+on the same files; this gathers the answer as plain data: every rule's verdict, the nearest
+known-good stack, and the advice. (The checks stay separate results, each with its own file
+override, so they call the evaluators themselves.)
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ class Assessment:
     """Every rule's verdict and the known-good match of one environment."""
 
     verdicts: list[Verdict]
-    descriptions: dict[str, str]
     known_good: MatchResult
     known_good_origin: str
 
@@ -64,4 +65,4 @@ def assess(env: Environment, rules_file: Path | None = None, known_good_file: Pa
                                       else extra_known_good)
     match = match_known_good(env, sources.known)
     origin = str(sources.origin[match.entry.id]) if match.entry else ""
-    return Assessment(evaluate_all(rules, RuleInputs(env)), {r.id: r.description for r in rules.rules}, match, origin)
+    return Assessment(evaluate_all(rules, RuleInputs(env)), match, origin)

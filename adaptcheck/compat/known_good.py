@@ -27,8 +27,7 @@ from adaptcheck.compat.stackkeys import (
     fits,
     stack_value,
     validate_backend,
-    validate_constraint,
-    validate_key,
+    validate_constraints,
 )
 from adaptcheck.models.environment import Environment
 from adaptcheck.yamldata import MatrixError, load_model, matrices_file
@@ -71,13 +70,7 @@ class KnownGoodEntry(BaseModel):
     @field_validator("versions")
     @classmethod
     def _constraints(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            validate_key(key)
-            try:
-                validate_constraint(value)
-            except ValueError as exc:
-                raise ValueError(f"{key}: {exc}") from None
-        return v
+        return validate_constraints(v)
 
 
 class KnownGoodFile(BaseModel):

@@ -46,6 +46,18 @@ def validate_constraint(value: str) -> str:
     return V.valid_specifier(value)
 
 
+def validate_constraints(constraints: dict[str, str]) -> dict[str, str]:
+    """A key → constraint mapping unchanged when every key and constraint is valid, else a
+    ValueError naming the key (for pydantic validators of entries and builds)."""
+    for key, value in constraints.items():
+        validate_key(key)
+        try:
+            validate_constraint(value)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    return constraints
+
+
 def stack_value(env: Environment, key: str) -> str | None:
     """The captured value a constraint key refers to (None = absent)."""
     if key == "torch":
