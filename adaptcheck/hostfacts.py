@@ -11,6 +11,19 @@ import time
 from pathlib import Path
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """The ISA flags of the first CPU in /proc/cpuinfo ('avx2', 'avx512_vnni' …); None where unreadable."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, rest = line.partition(":")
+            # x86 says 'flags', arm64 says 'Features'.
+            if key.strip() in ("flags", "Features"):
+                return frozenset(rest.split())
+    except OSError:
+        pass
+    return None
+
+
 def process_memory_kib(status: Path = Path("/proc/self/status")) -> dict[str, float]:
     """Resident set size and its peak of this process, in KiB (VmRSS, VmHWM)."""
     out: dict[str, float] = {}

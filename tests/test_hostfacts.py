@@ -43,3 +43,15 @@ def test_host_sample_on_this_machine() -> None:
     sample = T.host_sample(0.05)
     assert sample["process_rss_mib"] > 0 and sample["process_peak_rss_mib"] >= sample["process_rss_mib"]
     assert 0 <= sample["cpu_utilization_pct"] <= 100
+
+
+def test_cpu_flags_reads_the_first_cpus_flags_on_x86_and_arm(tmp_path: Path) -> None:
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert T.cpu_flags(x86) == frozenset({"fpu", "sse2", "avx2", "fma"})
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")
+    assert T.cpu_flags(arm) == frozenset({"fp", "asimd", "sve"})
+    assert T.cpu_flags(tmp_path / "missing") is None
+    (tmp_path / "none").write_text("processor\t: 0\n")
+    assert T.cpu_flags(tmp_path / "none") is None

@@ -191,3 +191,16 @@ def test_to_dict_rounds_and_keeps_every_field() -> None:
     d = HostReport(1.23456, 7, 0.012345, 0.333333, 1.0, 2596.15, 2600.0, cpus=2).to_dict()
     assert d == {"wall_s": 1.235, "samples": 7, "cpus": 2, "steal_fraction": 0.0123, "other_cores": 0.333,
                  "own_cores": 1.0, "mhz_min": 2596.2, "mhz_max": 2600.0}
+
+
+def test_steal_beyond_its_bound_disturbs_a_window_and_says_so() -> None:
+    def window(steal: float | None, other: float) -> HostReport:
+        return HostReport(wall_s=2.0, samples=10, steal_fraction=steal, other_cores=other, own_cores=1.0,
+                          mhz_min=None, mhz_max=None, cpus=2)
+
+    limits = HostLimits(max_steal_fraction=0.05, max_other_cores=0.3)
+    assert window(0.049, 0.1).disturbed(limits) is None
+    assert window(None, 0.1).disturbed(limits) is None  # no steal column: not judged on it
+    assert window(0.051, 0.1).disturbed(limits) == "the hypervisor stole 5.1% of the CPU time (bound 5.0%)"
+    both = window(0.2, 0.9).disturbed(limits)
+    assert both is not None and "stole 20.0%" in both and "other processes used 0.90 cores (bound 0.30)" in both

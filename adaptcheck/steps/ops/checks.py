@@ -197,6 +197,10 @@ class OpCheck(Check):
             outcome = summarize(op, provider.name, dtype, results)
             outcome.details["provider_description"] = provider.description
             outcome.details["fp8_flavour"] = ctx.backend.fp8_flavour  # what a reproducer written later needs
+            hint = provider.failure_hint(op.name, dtype) if outcome.status is Status.FAIL else None
+            if hint:
+                outcome.message += f"; likely cause: {hint}"
+                outcome.details["likely_cause"] = hint
             if outcome.status in (Status.FAIL, Status.ERROR):
                 _attach_repro(ctx, op, fn, provider, dtype, results, outcome)
             outcomes.append(outcome)

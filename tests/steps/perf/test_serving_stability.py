@@ -284,7 +284,13 @@ def quiet_limit() -> float:
     if background > 0.5 or (os.cpu_count() or 1) < 2:
         pytest.skip(f"other processes already use {background:.2f} cores here: a CPU hog cannot be told "
                     "apart from them (run on a quiet machine with 2+ cores)")
-    return max(0.3, background + 0.3)
+    # A hog takes a whole core of the two; 0.45+ leaves a shared CI VM's background room to move.
+    return max(0.45, background + 0.35)
+
+
+# The real-hog tests judge other processes only: steal time on a shared CI VM (seen at 5.1 %
+# there) is the hypervisor's, no hog's, and the steal bound has tests of its own.
+STEAL_IGNORED = 1.0
 
 
 @pytest.fixture
@@ -313,7 +319,8 @@ def test_a_cpu_hog_during_one_run_marks_it_and_it_is_repeated(tmp_path: Path, qu
         thread.start()
         # max_disturbed_runs and max_cv leave room for the background of a shared machine moving meanwhile.
         outcome = check(tmp_path, url, scenario="hogged", levels=[1], output_tokens=16, min_runs=3, max_runs=3,
-                        max_cv=5.0, max_disturbed_runs=6, host={"max_other_cores": quiet_limit})
+                        max_cv=5.0, max_disturbed_runs=6,
+                        host={"max_other_cores": quiet_limit, "max_steal_fraction": STEAL_IGNORED})
         thread.join(timeout=30)
     assert outcome.status == Status.PASS, outcome.message
     runs = outcome.details["levels"][0]["runs"]
@@ -328,7 +335,8 @@ def test_a_cpu_hog_for_the_whole_check_is_host_too_noisy(tmp_path: Path, quiet_l
     time.sleep(0.3)
     with latency_server(**SLOW) as (url, _):
         outcome = check(tmp_path, url, scenario="busy", levels=[1], num_requests=6, min_runs=2, max_runs=2,
-                        max_disturbed_runs=1, host={"max_other_cores": quiet_limit})
+                        max_disturbed_runs=1, host={"max_other_cores": quiet_limit,
+                                                                  "max_steal_fraction": STEAL_IGNORED})
     assert outcome.status == Status.ERROR, outcome.message
     assert "host too noisy to certify L4: level 1: 2 of 2 runs disturbed" in outcome.message
 

