@@ -5,13 +5,18 @@ has a result, at least one of them passed, and every other one passed or is a
 *non-applicable* skip (the backend declared it lacks the capability). A check that did
 not run — excluded step, interrupted run, crashed worker, skipped for a missing framework
 — never counts.
+
+Checks tagged ``quant:FORMAT`` (int8 GEMM, fp8 quantizer …) are graded only for a model
+quantized in FORMAT (``model.quantization``; 'other' grades them all): a bf16 model runs no
+int8 GEMM, so a host whose int8 path is broken still serves it correctly. Their results
+stay in the report, and the grade lists them as left out.
 """
 
 from __future__ import annotations
 
 import fnmatch
 
-from adaptcheck.models.ladder import ConditionSpec, GradeSpec
+from adaptcheck.models.ladder import QUANT_TAG, ConditionSpec, GradeSpec
 from adaptcheck.models.results import (
     CheckResult,
     ConditionResult,
@@ -111,6 +116,12 @@ def evaluate_condition(
     )
 
 
+def graded_for(tags: list[str], quantization: str) -> bool:
+    """Whether a check with ``tags`` counts for a model quantized as ``quantization``."""
+    formats = [t[len(QUANT_TAG):] for t in tags if t.startswith(QUANT_TAG)]
+    return not formats or quantization == "other" or quantization in formats
+
+
 def compute_grade(
     rules: GradeSpec,
     planned: list[PlannedCheck],
@@ -118,8 +129,12 @@ def compute_grade(
     steps_run: list[int],
     device_count: int,
     precision: str = "bf16",
+    quantization: str = "none",
 ) -> GradeResult:
     """The highest level whose conditions, and every lower level's, hold; blockers of the next."""
+    left_out = sorted(p.id for p in planned if not graded_for(p.tags, quantization))
+    planned = [p for p in planned if graded_for(p.tags, quantization)]
+    results = [r for r in results if graded_for(r.tags, quantization)]
     levels: list[LevelResult] = []
     for lv in rules.levels:
         conds = [evaluate_condition(substitute(c, precision), planned, results, steps_run, device_count)
@@ -144,6 +159,7 @@ def compute_grade(
         blockers=blockers,
         levels=levels,
         steps_not_run=[s for s in all_steps if s not in steps_run],
+        left_out=left_out,
     )
 
 

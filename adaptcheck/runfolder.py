@@ -7,15 +7,17 @@ on names and on how a grade is computed without importing the session that ran i
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 import adaptcheck
 from adaptcheck.grade import compute_grade
 from adaptcheck.models.environment import Environment
-from adaptcheck.models.ladder import LadderSpec
+from adaptcheck.models.ladder import LadderSpec, Quantization
 from adaptcheck.models.results import (
     CheckResult,
     DeviceRef,
@@ -63,11 +65,52 @@ def planned_checks(spec: LadderSpec) -> list[PlannedCheck]:
                          timeout_s=spec.timeout_for(c)) for c in spec.checks]
 
 
+def hf_quantization(folder: Path) -> Quantization | None:
+    """The quantization a local Hugging Face model folder declares (config.json's
+    ``quantization_config``): 'none' without one, None when there is no readable config."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(quant, dict):
+        return "none"
+    method = str(quant.get("quant_method", "")).lower()
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8"
+    if method == "compressed-tensors":
+        # W8A8 when every group quantizes weights and input activations to 8 bits of one type.
+        kinds = {_w8a8_kind(g) for g in (quant.get("config_groups") or {}).values()}
+        if kinds == {"int"}:
+            return "int8_w8a8"
+        if kinds == {"float"}:
+            return "fp8"
+    # GPTQ, AWQ, bitsandbytes, mixed groups …: formats without their own tag, so every
+    # quantized check counts.
+    return "other"
+
+
+def _w8a8_kind(group: Any) -> str | None:
+    if not isinstance(group, dict):
+        return None
+    w, a = group.get("weights") or {}, group.get("input_activations") or {}
+    if not (isinstance(w, dict) and isinstance(a, dict)):
+        return None
+    if w.get("num_bits") == 8 and a.get("num_bits") == 8 and w.get("type") == a.get("type"):
+        return str(w.get("type"))
+    return None
+
+
 def with_run_model(spec: LadderSpec, meta: RunMeta) -> LadderSpec:
-    """The ladder as this run executes it: ``--model`` replaces the ladder's model."""
+    """The ladder as this run executes it: ``--model`` replaces the ladder's model, with the
+    quantization a local model folder declares."""
     if meta.model is None:
         return spec
-    return spec.model_copy(update={"model": spec.model.model_copy(update={"name": meta.model})})
+    update: dict[str, Any] = {"name": meta.model}
+    declared = None if meta.model.startswith("embedded:") else hf_quantization(Path(meta.model))
+    if declared is not None:
+        update["quantization"] = declared
+    return spec.model_copy(update={"model": spec.model.model_copy(update=update)})
 
 
 def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]], complete: bool) -> RunResults:
@@ -87,14 +130,15 @@ def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]]
         finished_at=utcnow() if complete and all_done else None, complete=complete and all_done,
         command=meta.command, ladder=meta.ladder, seed=meta.seed, steps=meta.steps, device=meta.device,
         environment=environment, planned=planned, grade_rules=spec.grade, checks=checks, model=spec.model,
-        grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count, spec.model.precision),
+        grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count, spec.model.precision,
+                            spec.model.quantization),
     )
 
 
 def regrade(results: RunResults) -> RunResults:
     """Recompute the grade from the file's own checks and rules (what ``adaptcheck grade`` trusts)."""
     grade = compute_grade(results.grade_rules, results.planned, results.checks, results.steps,
-                          results.device.device_count, results.model.precision)
+                          results.device.device_count, results.model.precision, results.model.quantization)
     return results.model_copy(update={"grade": grade})
 
 

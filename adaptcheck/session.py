@@ -109,7 +109,8 @@ def run_header(run_dir: Path, meta: RunMeta, spec: LadderSpec, selected: list[Ch
     return RunHeader(
         device=f"{d.device_name} ({d.display_name}, {d.torch_device}, {d.device_count} visible)",
         ladder=f"{meta.ladder.id} {meta.ladder.version} ({meta.ladder.source})", model=f"{spec.model.name} "
-        f"({spec.model.precision})", run_dir=run_dir, steps=list(meta.steps), checks=len(selected),
+        f"({spec.model.precision}{'' if spec.model.quantization == 'none' else ', ' + spec.model.quantization})",
+        run_dir=run_dir, steps=list(meta.steps), checks=len(selected),
         already_done=len(selected) - len(todo), expected=estimate(todo).text(), endpoint=meta.endpoint)
 
 

@@ -63,7 +63,9 @@ DOCS: dict[str, tuple[type[BaseModel], str, str]] = {
                  "JSON re-serialized with sorted keys and compact separators, so re-indenting does not change it). "
                  "`adaptcheck verify results.json` exits 0 when the content still matches, 5 when it was edited or has "
                  "no digest. It shows accidental or casual edits; it is not a signature: anyone can edit the file and "
-                 "recompute it. See docs/ci.md.")),
+                 "recompute it. See docs/ci.md.\n\n"
+                 "Since 1.2 `model.quantization` says how the certified model is quantized, and `grade.left_out` "
+                 "lists the checks tagged `quant:FORMAT` for another format, which the grade leaves out.")),
     "ladder": (LadderSpec, "Ladder file schema",
                f"Ladder `schema_version: {LADDER_SCHEMA_VERSION}`. Unknown keys are errors. Each check's `params` "
                "is validated by its kind's params model (`adaptcheck kinds`). Full JSON Schema: `adaptcheck schema ladder`."),

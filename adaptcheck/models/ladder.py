@@ -15,6 +15,11 @@ from pydantic_core import PydanticCustomError
 LADDER_SCHEMA_VERSION = 1
 LEVELS = ("L1", "L2", "L3", "L4", "L5")
 
+Quantization = Literal["none", "int8_w8a8", "fp8", "other"]
+QUANT_FORMATS = ("int8_w8a8", "fp8")
+"""Formats a check may name in a 'quant:FORMAT' tag."""
+QUANT_TAG = "quant:"
+
 
 class Strict(BaseModel):
     """Base: unknown keys are errors."""
@@ -29,6 +34,11 @@ class ModelSpec(Strict):
     precision: Literal["fp32", "fp16", "bf16"] = Field(default="bf16", description="Serving precision.")
     context_length: int = Field(default=2048, gt=0, description="Context length to certify.")
     revision: str | None = Field(default=None, description="Model revision, when known.")
+    quantization: Quantization = Field(
+        default="none", description="How the model's weights and activations are quantized. A check tagged "
+        "'quant:FORMAT' (int8 GEMM, fp8 quantizer …) counts towards the grade only for a model quantized in "
+        "FORMAT: 'none' leaves them all out, 'other' (a quantized model of a format not listed) counts them "
+        "all. Their results are reported either way.")
 
 
 class CheckSpec(Strict):
@@ -40,7 +50,17 @@ class CheckSpec(Strict):
     description: str = Field(default="", description="What the check proves (shown in the report).")
     timeout_s: float | None = Field(default=None, gt=0, description="Time limit; defaults.timeout_s when absent.")
     params: dict[str, Any] = Field(default_factory=dict, description="Kind-specific parameters, validated strictly.")
-    tags: list[str] = Field(default_factory=list, description="Free tags used by grade conditions.")
+    tags: list[str] = Field(default_factory=list, description="Free tags used by grade conditions; "
+                            "'quant:FORMAT' marks a check only models quantized in FORMAT need.")
+
+    @field_validator("tags")
+    @classmethod
+    def _known_quant_formats(cls, tags: list[str]) -> list[str]:
+        for tag in tags:
+            if tag.startswith(QUANT_TAG) and tag[len(QUANT_TAG):] not in QUANT_FORMATS:
+                raise ValueError(f"unknown quantization format in tag {tag!r}; known: "
+                                 + ", ".join(QUANT_TAG + f for f in QUANT_FORMATS))
+        return tags
 
 
 class ConditionSpec(Strict):

@@ -25,7 +25,8 @@ from adaptcheck.models.environment import Environment
 from adaptcheck.models.ladder import GradeSpec, ModelSpec
 
 # 1.1: added ``digest``; 1.0 files (without it) still load.
-SCHEMA_VERSION = "1.1"
+# 1.2: added ``model.quantization`` and ``grade.left_out``; older files load with 'none' and [].
+SCHEMA_VERSION = "1.2"
 
 
 def utcnow() -> datetime:
@@ -114,6 +115,8 @@ class GradeResult(BaseModel):
     blockers: list[str] = Field(default_factory=list, description="Unmet conditions of the next level, one line each.")
     levels: list[LevelResult] = Field(default_factory=list, description="Every level with its conditions.")
     steps_not_run: list[int] = Field(default_factory=list, description="Steps excluded by --steps or not reached.")
+    left_out: list[str] = Field(default_factory=list, description="Planned checks the grade leaves out: tagged "
+                                "'quant:FORMAT' for a quantization the model does not use (results still reported).")
 
 
 class LadderRef(BaseModel):

@@ -125,6 +125,9 @@ def _grade_case(results: RunResults, require: str | None, unverified: str = "") 
         lines += [f"  - {b}" for b in g.blockers]
     if g.steps_not_run:
         lines.append("steps not run: " + ", ".join(map(str, g.steps_not_run)))
+    if g.left_out:
+        lines.append(f"not graded for this model (quantization: {results.model.quantization}): "
+                     + ", ".join(g.left_out))
     if not results.complete:
         lines.append("the run is incomplete (interrupted)")
     case = _Case(classname=GRADE_SUITE, name="grade", time=0.0, outcome="pass", stdout=lines)

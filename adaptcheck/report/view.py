@@ -13,7 +13,7 @@ import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
+from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.comparison import CompareView, build_compare
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
@@ -174,6 +174,9 @@ class ReportView:
     grade_max: str
     next_level: str
     blockers: list[str]
+    left_out: list[str]
+    """Checks the grade left out ('id (worst status)'): quantized-format checks for another quantization."""
+    quantization: str
     levels: list[LevelView]
     steps: list[StepView]
     slowest: list[DurationBar]
@@ -351,10 +354,22 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
         complete=results.complete,
         grade_level=results.grade.level, grade_name=results.grade.name,
         grade_max=results.grade_rules.levels[-1].level if results.grade_rules.levels else "L5",
-        next_level=next_level, blockers=list(results.grade.blockers), levels=levels,
+        next_level=next_level, blockers=list(results.grade.blockers), left_out=_left_out(results),
+        quantization=results.model.quantization, levels=levels,
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
         matrix=build_matrix(env, results.checks, anchors), ops=ops,
         framework=framework, perf=perf, check_groups=groups,
         reproduce=_reproduce(results, unverified), compare=build_compare(results, anchors),
         detail_anchors=on_details,
     )
+
+
+def _left_out(results: RunResults) -> list[str]:
+    """'id (worst status)' for each check the grade left out, worst first (a failure is the one to notice)."""
+    order = {Status.FAIL: 0, Status.ERROR: 1, Status.SKIP: 2, Status.PASS: 3}
+    out: list[tuple[int, str]] = []
+    for pid in results.grade.left_out:
+        statuses = [r.status for r in results.checks if r.id == pid or r.id.startswith(pid + ".")]
+        worst = min(statuses, key=lambda st: order.get(st, 0)) if statuses else None
+        out.append((order.get(worst, 4) if worst else 4, f"{pid} ({worst.value if worst else 'not run'})"))
+    return [text for _, text in sorted(out)]

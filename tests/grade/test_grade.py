@@ -206,3 +206,38 @@ def test_precision_placeholder_demands_only_the_model_dtype() -> None:
     # Step 3 not run: the planned op check is named as missing evidence.
     g = compute_grade(rules, planned, [], [1, 2], 1, precision="bf16")
     assert any("ops.gemm not run (step 3 not selected)" in b for b in g.blockers)
+
+
+def _with_status(results: list[CheckResult], rid: str, status: Status) -> list[CheckResult]:
+    return [x.model_copy(update={"status": status}) if x.id == rid else x for x in results]
+
+
+def test_a_broken_int8_gemm_does_not_block_an_unquantized_model_but_blocks_an_int8_one() -> None:
+    """Measured on an AVX2 host: vLLM's int8 GEMM fails there, while bf16 models serve correctly."""
+    planned, results, spec = _builtin_results()
+    broken = _with_status(results, "ops.vllm.int8_w8a8_gemm.bf16", Status.FAIL)
+    args = (spec.grade, planned, broken, [1, 2, 3, 4, 5], 1, "bf16")  # type: ignore[attr-defined]
+    unquantized = compute_grade(*args)
+    assert unquantized.level == "L5", unquantized.blockers
+    quant_ids = {"ops.int8_w8a8_gemm", "ops.scaled_int8_quant", "ops.fp8_quantize", "ops.fp8_scaled_gemm",
+                 "ops.vllm.int8_w8a8_gemm", "ops.vllm.scaled_int8_quant", "ops.vllm.fp8_quantize"}
+    assert set(unquantized.left_out) == quant_ids
+    for quantization in ("int8_w8a8", "other"):
+        g = compute_grade(*args, quantization=quantization)
+        assert g.level == "L1" and "ops.vllm.int8_w8a8_gemm" not in g.left_out, quantization
+        assert any("ops.vllm.int8_w8a8_gemm.bf16 fail" in b for b in g.blockers), g.blockers
+    fp8 = compute_grade(*args, quantization="fp8")
+    assert fp8.level == "L5" and set(fp8.left_out) == {i for i in quant_ids if "int8" in i}
+    # An fp8 failure blocks the fp8 model only; a failure at another dtype blocks nobody.
+    fp8_broken = _with_status(results, "ops.fp8_scaled_gemm.bf16", Status.FAIL)
+    assert compute_grade(spec.grade, planned, fp8_broken, [1, 2, 3, 4, 5], 1, "bf16",  # type: ignore[attr-defined]
+                         quantization="fp8").level == "L1"
+    assert compute_grade(spec.grade, planned, fp8_broken, [1, 2, 3, 4, 5], 1, "bf16",  # type: ignore[attr-defined]
+                         quantization="int8_w8a8").level == "L5"
+
+
+def test_an_untagged_check_counts_whatever_the_quantization() -> None:
+    results = _with_status(all_pass(), "ops.gemm", Status.FAIL)
+    for quantization in ("none", "int8_w8a8", "fp8", "other"):
+        g = compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], 1, quantization=quantization)
+        assert g.level == "L1" and g.left_out == [], quantization

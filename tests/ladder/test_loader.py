@@ -156,3 +156,33 @@ def test_a_bad_include_is_one_line_naming_the_file(tmp_path: Path, block: str, r
                                                   message: str) -> None:
     with pytest.raises(LadderError, match=message):
         load_ladder(str(_with_include(tmp_path, block, rules)))
+
+
+def test_an_unknown_quantization_tag_is_rejected_with_the_known_ones() -> None:
+    text = ladder_text([{"id": "a", "step": 2, "kind": "dummy.pass", "tags": ["quant:int4_awq"]}])
+    with pytest.raises(LadderError) as err:
+        parse_ladder(text, "l.yaml")
+    assert "unknown quantization format in tag 'quant:int4_awq'" in err.value.message
+    assert "quant:int8_w8a8, quant:fp8" in err.value.message
+
+
+# Which quantization format each quantized op belongs to (the catalog's 'quant' family).
+QUANT_OP_FORMAT = {"int8_w8a8_gemm": "int8_w8a8", "scaled_int8_quant": "int8_w8a8",
+                   "fp8_quantize": "fp8", "fp8_scaled_gemm": "fp8"}
+
+
+@pytest.mark.parametrize("name", ["quick", "standard"])
+def test_shipped_ladders_tag_every_quantized_op_check_with_its_format(name: str) -> None:
+    from adaptcheck.steps.ops.catalog import all_ops
+
+    assert {op for op, spec in all_ops().items() if spec.family == "quant"} == set(QUANT_OP_FORMAT)
+    spec = load_ladder(name).spec
+    assert spec.model.quantization == "none"
+    tagged = 0
+    for c in spec.checks:
+        quant_tags = [t for t in c.tags if t.startswith("quant:")]
+        op = c.params.get("op") if c.kind == "ops.op" else None
+        want = [f"quant:{QUANT_OP_FORMAT[op]}"] if op in QUANT_OP_FORMAT else []
+        assert quant_tags == want, c.id
+        tagged += bool(want)
+    assert tagged == 7

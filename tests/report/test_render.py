@@ -254,3 +254,26 @@ def test_empty_run_renders_grade_l0() -> None:
 def test_template_never_bypasses_escaping() -> None:
     template = (Path(__file__).parents[2] / "adaptcheck" / "report" / "templates" / "report.html.j2").read_text()
     assert "|safe" not in template.replace(" ", "") and "autoescape false" not in template
+
+
+def test_checks_left_out_of_the_grade_are_named_worst_first() -> None:
+    from adaptcheck.models.results import PlannedCheck
+    from adaptcheck.report.junit import junit_xml
+    from adaptcheck.runfolder import regrade
+
+    base = make_results()
+    tag = ["quant:int8_w8a8"]
+    planned = [*base.planned, PlannedCheck(id="ops.int8_gemm", step=3, kind="ops.op", tags=tag, timeout_s=1),
+               PlannedCheck(id="ops.int8_quant", step=3, kind="ops.op", tags=tag, timeout_s=1)]
+    checks = [*base.checks,
+              CheckResult(id="ops.int8_quant.bf16", step=3, kind="ops.op", tags=tag, status=Status.PASS),
+              CheckResult(id="ops.int8_gemm.fp32", step=3, kind="ops.op", tags=tag, status=Status.PASS),
+              CheckResult(id="ops.int8_gemm.bf16", step=3, kind="ops.op", tags=tag, status=Status.FAIL,
+                          message="max abs err 3.0")]
+    results = regrade(base.model_copy(update={"planned": planned, "checks": checks}))
+    assert results.grade.level == base.grade.level  # the failure does not touch an unquantized model's grade
+    page = render(build_view(results))
+    assert ("Not graded for this model (quantization: none): ops.int8_gemm (fail), ops.int8_quant (pass)."
+            in page)
+    assert "Not graded for this model" not in _page()
+    assert "not graded for this model (quantization: none): ops.int8_gemm, ops.int8_quant" in junit_xml(results)
