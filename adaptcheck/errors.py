@@ -86,6 +86,25 @@ class GradeBelowRequired(AdaptcheckError):
     exit_code = ExitCode.GRADE_BELOW_REQUIRED
 
 
+# Framework adapters and the OpenAI client raise these; they are results for a check to
+# report (a 'skip' for FrameworkUnavailable), not user errors with an exit code. They live
+# here, in the base layer, because both frameworks/ and openai_client/ (below it) need them.
+
+
+class FrameworkError(Exception):
+    """A framework could not do what was asked; the message is one line for the report."""
+
+
+class FrameworkUnavailable(FrameworkError):
+    """The framework is not installed or cannot run here (a ``skip``, not a failure)."""
+
+
+class ScoringUnsupported(FrameworkError):
+    """This framework (or server) cannot score a given token sequence; the message says why.
+
+    Step 4 then falls back to comparing greedy answers and says so in the evidence."""
+
+
 def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
     """A short "did you mean" suffix listing the closest valid choices, or all of them."""
     import difflib

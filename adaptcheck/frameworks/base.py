@@ -15,19 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-
-class FrameworkError(Exception):
-    """A framework could not do what was asked; the message is one line for the report."""
-
-
-class FrameworkUnavailable(FrameworkError):
-    """The framework is not installed or cannot run here (a ``skip``, not a failure)."""
-
-
-class ScoringUnsupported(FrameworkError):
-    """This framework (or server) cannot score a given token sequence; the message says why.
-
-    Step 4 then falls back to comparing greedy answers and says so in the evidence."""
+# Defined in the base layer (the OpenAI client raises them too); importable from here as before.
+from adaptcheck.errors import FrameworkError as FrameworkError
+from adaptcheck.errors import FrameworkUnavailable as FrameworkUnavailable
+from adaptcheck.errors import ScoringUnsupported as ScoringUnsupported
 
 
 @dataclass(frozen=True)

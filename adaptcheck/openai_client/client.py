@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from adaptcheck.frameworks.base import FrameworkError, ScoringUnsupported
+from adaptcheck.errors import FrameworkError, ScoringUnsupported
 from adaptcheck.openai_client.errors import (
     EndpointError,
     EndpointNotReady,

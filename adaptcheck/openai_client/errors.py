@@ -4,8 +4,7 @@ with a one-line, scrubbed message.
 
 from __future__ import annotations
 
-from adaptcheck.errors import DeviceError
-from adaptcheck.frameworks.base import FrameworkError
+from adaptcheck.errors import DeviceError, FrameworkError
 from adaptcheck.redact import scrub_text
 
 
