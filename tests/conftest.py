@@ -110,8 +110,19 @@ def _accelerator_available() -> bool:
                for info, probe in probe_all())
 
 
+# Session fixtures that make real end-to-end runs: a test using one is slow whatever its own
+# body costs (fleet_runs: four `adaptcheck run`s, ~40 s on 2 cores), so it stays out of the
+# fast lane (-m "not slow") without every such test having to say so.
+SLOW_FIXTURES = frozenset({"fleet_runs"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``accelerator`` skip cleanly on a CPU-only machine."""
+    """Tests using a slow fixture are marked ``slow``; tests marked ``accelerator`` skip cleanly
+    on a CPU-only machine."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     marked = [item for item in items if item.get_closest_marker("accelerator")]
     if marked and not _accelerator_available():
         skip = pytest.mark.skip(reason="no accelerator backend is available on this machine")
