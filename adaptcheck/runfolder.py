@@ -73,14 +73,17 @@ def hf_quantization(folder: Path) -> Quantization | None:
     except (OSError, ValueError):
         return None
     quant = config.get("quantization_config") if isinstance(config, dict) else None
-    if not isinstance(quant, dict):
+    if quant is None:
         return "none"
+    if not isinstance(quant, dict):
+        return "other"  # declared but unreadable: the strict reading
     method = str(quant.get("quant_method", "")).lower()
     if method in ("fp8", "fbgemm_fp8"):
         return "fp8"
     if method == "compressed-tensors":
         # W8A8 when every group quantizes weights and input activations to 8 bits of one type.
-        kinds = {_w8a8_kind(g) for g in (quant.get("config_groups") or {}).values()}
+        groups = quant.get("config_groups")
+        kinds = {_w8a8_kind(g) for g in groups.values()} if isinstance(groups, dict) else set()
         if kinds == {"int"}:
             return "int8_w8a8"
         if kinds == {"float"}:

@@ -26,7 +26,7 @@ def _group(kind: str, bits: int = 8, act_bits: int | None = 8) -> dict[str, Any]
     return group
 
 
-CONFIGS: list[tuple[str, dict[str, Any] | None, str]] = [
+CONFIGS: list[tuple[str, Any, str]] = [
     ("plain bf16", None, "none"),
     ("fp8", {"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
     ("fbgemm fp8", {"quant_method": "fbgemm_fp8"}, "fp8"),
@@ -37,10 +37,14 @@ CONFIGS: list[tuple[str, dict[str, Any] | None, str]] = [
     ("ct mixed", {"quant_method": "compressed-tensors",
                   "config_groups": {"a": _group("int"), "b": _group("float")}}, "other"),
     ("gptq", {"quant_method": "gptq", "bits": 4, "group_size": 128}, "other"),
+    # Malformed: read as an unknown quantization (every quantized check counts), never a crash.
+    ("ct groups not a mapping", {"quant_method": "compressed-tensors", "config_groups": ["w8a8"]}, "other"),
+    ("config not a mapping", "fp8", "other"),
+    ("ct group not a mapping", {"quant_method": "compressed-tensors", "config_groups": {"g": "int8"}}, "other"),
 ]
 
 
-def _model_folder(tmp_path: Path, quant: dict[str, Any] | None) -> Path:
+def _model_folder(tmp_path: Path, quant: Any) -> Path:
     config: dict[str, Any] = {"model_type": "llama", "torch_dtype": "bfloat16"}
     if quant is not None:
         config["quantization_config"] = quant
@@ -49,7 +53,7 @@ def _model_folder(tmp_path: Path, quant: dict[str, Any] | None) -> Path:
 
 
 @pytest.mark.parametrize(("what", "quant", "expected"), CONFIGS, ids=[c[0] for c in CONFIGS])
-def test_a_folders_quantization_config_names_its_format(tmp_path: Path, what: str, quant: dict[str, Any] | None,
+def test_a_folders_quantization_config_names_its_format(tmp_path: Path, what: str, quant: Any,
                                                          expected: str) -> None:
     assert hf_quantization(_model_folder(tmp_path, quant)) == expected, what
 
