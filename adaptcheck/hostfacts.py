@@ -1,4 +1,5 @@
-"""Host-side monitoring figures read from /proc and /sys (Linux), for the telemetry check.
+"""Host-side facts read from /proc and /sys (Linux): monitoring figures for the telemetry
+check, and /proc/cpuinfo's fields and ISA flags for the CPU backend, its peak and step 3.
 
 They answer "can basic monitoring be read here?" for the host every backend runs on, and
 are the device figures themselves on the CPU backend. Each reader returns None when its
@@ -11,17 +12,28 @@ import time
 from pathlib import Path
 
 
+def parse_lscpu_like(cpuinfo: str) -> dict[str, str]:
+    """First processor block of /proc/cpuinfo as a dict (model name, flags, MHz …)."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
     """The ISA flags of the first CPU in /proc/cpuinfo ('avx2', 'avx512_vnni' …); None where unreadable."""
     try:
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, rest = line.partition(":")
-            # x86 says 'flags', arm64 says 'Features'.
-            if key.strip() in ("flags", "Features"):
-                return frozenset(rest.split())
+        fields = parse_lscpu_like(cpuinfo.read_text(errors="replace"))
     except OSError:
-        pass
-    return None
+        return None
+    # x86 says 'flags', arm64 says 'Features'.
+    line = fields.get("flags", fields.get("Features"))
+    return None if line is None else frozenset(line.split())
 
 
 def process_memory_kib(status: Path = Path("/proc/self/status")) -> dict[str, float]:

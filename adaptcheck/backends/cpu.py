@@ -8,23 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult
+from adaptcheck.hostfacts import parse_lscpu_like
 from adaptcheck.models.environment import DeviceInfo
 
 if TYPE_CHECKING:
     import torch
-
-
-def parse_lscpu_like(cpuinfo: str) -> dict[str, str]:
-    """First processor block of /proc/cpuinfo as a dict (model name, flags, MHz …)."""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            if fields:
-                break
-            continue
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    return fields
 
 
 class CpuBackend(Backend):
