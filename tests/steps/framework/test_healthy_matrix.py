@@ -28,7 +28,7 @@ import yaml
 
 from tests.benchmarks import load_script
 
-pytestmark = pytest.mark.slow  # ~430 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # ~220 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
 
 SEEDS = (0, 1, 2, 3, 4)
 VLLM_FULL_RUN = ("fp32", 1)
