@@ -20,6 +20,7 @@ from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
+from adaptcheck.perf.micro import gemm_bytes, gemm_flops
 from adaptcheck.perf.peak_lookup import peak_for
 from adaptcheck.perf.timing import SYNC
 from adaptcheck.steps.perf.collectives import bench_rows, rank_failures
@@ -158,7 +159,7 @@ def decode_bound_reference() -> float:
     assert peak is not None and peak.flops.get("fp32")
     decode = TINY_GEMM[1]
     m, n, k = decode["m"], decode["n"], decode["k"]
-    intensity = 2 * m * n * k / (4 * (m * k + k * n + m * n))  # fp32 FLOP per byte, every buffer once
+    intensity = gemm_flops(m, n, k) / gemm_bytes(m, n, k, "fp32")  # the check's own FLOP and byte counts
     return peak.flops["fp32"] / (2 * intensity)
 
 
