@@ -15,6 +15,7 @@ from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.render import print_grade
 from adaptcheck.errors import GradeBelowRequired, UsageError
 from adaptcheck.grade import level_at_least
+from adaptcheck.models.certificate import certificate_subject
 from adaptcheck.models.ladder import LEVELS
 from adaptcheck.runfolder import regrade
 from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
@@ -63,9 +64,12 @@ def grade(
 
         write_junit(results, junit, require, unverified=unverified)
         out.info(f"junit:   {junit}")
+    subject = certificate_subject(results)
     out.data({"grade": results.grade.level, "name": results.grade.name, "required": require, "meets": meets,
               "blockers": results.grade.blockers, "steps_not_run": results.grade.steps_not_run,
               "integrity": integrity.status.value, "verified": integrity.intact,
-              "unverified_reason": unverified})
+              "unverified_reason": unverified,
+              # What the grade certifies (docs/ci.md): the model with its digest and dtype, the frameworks.
+              "subject": subject.line(), **subject.model_dump(mode="json")})
     if not meets:
         raise GradeBelowRequired(f"grade {results.grade.level} is below the required {require}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from adaptcheck.cli.output import Output
+from adaptcheck.models.certificate import certificate_subject, subject_label
 from adaptcheck.models.results import RunResults
 
 STEP_NAMES = {1: "compatibility matrix", 2: "tensor smoke", 3: "operator numerics", 4: "framework bring-up",
@@ -31,10 +32,11 @@ def print_summary(out: Output, results: RunResults) -> None:
 
 
 def print_grade(out: Output, results: RunResults) -> None:
-    """The grade line and the blockers for the next level."""
+    """The grade line, what it certifies (model, digest, dtype, frameworks) and the blockers for the next level."""
     g = results.grade
     out.info(f"Grade: {g.level} ({g.name}) on {results.device.device_name} [{results.device.backend}]",
              style="bold green" if g.level != "L0" else "bold red")
+    out.info(f"{subject_label(g.level)}: {certificate_subject(results).line()}")
     if g.steps_not_run:
         out.info(f"Steps not run: {', '.join(map(str, g.steps_not_run))}", style="yellow")
     if g.blockers:

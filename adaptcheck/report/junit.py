@@ -12,11 +12,15 @@ validates against (``junit-10.xsd``; tests/report/data/junit.xsd reflects it):
 * A check the ladder planned but that has no result is never reported as passed: when its
   step was not selected (``--steps``) it is ``<skipped>`` ("not run: …"), otherwise (run
   interrupted, result lost) it is an ``<error>`` — something meant to run did not.
-* The ``grade`` testcase carries the grade and its blockers in ``<system-out>``; it fails
-  only when ``require`` was given and the grade is below it, so the JUnit verdict and the
-  exit code agree. Every suite has properties: run id, grade, adaptcheck version, digest, and
+* The ``grade`` testcase carries the grade, what it certifies (the model, its weights digest
+  and dtype, the frameworks: :mod:`adaptcheck.models.certificate`) and its blockers in
+  ``<system-out>``; it fails only when ``require`` was given and the grade is below it, so the
+  JUnit verdict and the exit code agree. Every suite has properties: run id, grade, adaptcheck
+  version, digest, the model (``adaptcheck.model``, ``adaptcheck.model.sha256``,
+  ``adaptcheck.model.dtype`` …) and frameworks (``adaptcheck.frameworks``), and
   ``adaptcheck.verified`` (``false`` when ``adaptcheck grade --allow-unverified`` graded a file
   edited after its run or without digest; ``adaptcheck.unverified`` then says which).
+  junit-10.xsd has no properties on a testcase, so the grade's live on its suite.
 
 Every string passes through the secret scrubber and loses the control characters XML 1.0
 cannot carry; ElementTree does the escaping.
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from adaptcheck.atomic import write_text_atomic
 from adaptcheck.grade import level_at_least
+from adaptcheck.models.certificate import UNKNOWN, CertificateSubject, certificate_subject
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.redact import scrub_text
 from adaptcheck.report.view import STEP_NAMES
@@ -115,9 +120,21 @@ def _not_run_case(p: PlannedCheck, results: RunResults) -> _Case:
     return case
 
 
-def _grade_case(results: RunResults, require: str | None, unverified: str = "") -> _Case:
+def _subject_lines(subject: CertificateSubject) -> list[str]:
+    """'model: …', 'architecture: …', 'dtype: …', 'weights: sha256 <all 64 digits>', 'frameworks: …'."""
+    lines = []
+    for key, text in subject.parts():
+        if key == "digest":
+            key, text = "weights", subject.digest_text(short=False)
+        lines.append(text if text.startswith(f"{key}: ") else f"{key}: {text}")  # 'model: unknown (…)' as is
+    return lines
+
+
+def _grade_case(results: RunResults, require: str | None, unverified: str = "",
+                subject: CertificateSubject | None = None) -> _Case:
     g = results.grade
     lines = [f"grade: {g.level} ({g.name})", f"required: {require or 'none'}"]
+    lines += _subject_lines(subject or certificate_subject(results))
     if unverified:
         lines.insert(0, f"UNVERIFIED: the results file was {unverified}; nothing vouches for this grade")
     if g.blockers:
@@ -138,7 +155,31 @@ def _grade_case(results: RunResults, require: str | None, unverified: str = "") 
     return case
 
 
-def _properties(results: RunResults, require: str | None, unverified: str = "") -> list[tuple[str, str]]:
+def _subject_properties(subject: CertificateSubject) -> list[tuple[str, str]]:
+    """The certificate subject as properties: always the model's name, source, digest,
+    architecture, layers, dtype, quantization and the frameworks; a pretrained model's origin
+    where recorded; one ``adaptcheck.framework.<name>`` per framework with its version."""
+    m = subject.model
+    optional = [("upstream", m.upstream), ("license", m.license), ("distribution", m.distribution),
+                ("distribution_version", m.distribution_version), ("resolved", m.resolved),
+                ("gguf_sha256", m.gguf_sha256)]
+    return [
+        ("adaptcheck.model", subject.model_label()),
+        ("adaptcheck.model.requested", m.requested),
+        ("adaptcheck.model.source", m.source or UNKNOWN),
+        ("adaptcheck.model.sha256", m.weights_sha256 or UNKNOWN),
+        ("adaptcheck.model.architecture", m.architecture or UNKNOWN),
+        ("adaptcheck.model.layers", UNKNOWN if m.num_layers is None else str(m.num_layers)),
+        ("adaptcheck.model.dtype", m.dtype),
+        ("adaptcheck.model.quantization", m.quantization),
+        *((f"adaptcheck.model.{key}", value) for key, value in optional if value),
+        ("adaptcheck.frameworks", subject.frameworks_text()),
+        *((f"adaptcheck.framework.{f.name}", f.version or UNKNOWN) for f in subject.frameworks),
+    ]
+
+
+def _properties(results: RunResults, require: str | None, unverified: str = "",
+                subject: CertificateSubject | None = None) -> list[tuple[str, str]]:
     return [
         ("adaptcheck.verified", "false" if unverified else "true"),
         *([("adaptcheck.unverified", unverified)] if unverified else []),
@@ -153,10 +194,12 @@ def _properties(results: RunResults, require: str | None, unverified: str = "") 
         ("adaptcheck.ladder", f"{results.ladder.id} {results.ladder.version}"),
         ("adaptcheck.ladder_sha256", results.ladder.sha256),
         ("adaptcheck.device", f"{results.device.device_name} [{results.device.backend}]"),
+        *_subject_properties(subject or certificate_subject(results)),
     ]
 
 
-def _suites(results: RunResults, require: str | None, unverified: str = "") -> list[tuple[str, list[_Case]]]:
+def _suites(results: RunResults, require: str | None, unverified: str = "",
+            subject: CertificateSubject | None = None) -> list[tuple[str, list[_Case]]]:
     """(suite name, cases) per step in ladder order, then the grade suite."""
     result_ids = {c.id for c in results.checks}
     by_step: dict[int, list[_Case]] = {}
@@ -166,7 +209,7 @@ def _suites(results: RunResults, require: str | None, unverified: str = "") -> l
         if not _has_result(p, result_ids):
             by_step.setdefault(p.step, []).append(_not_run_case(p, results))
     suites = [(f"adaptcheck.step{s} {STEP_NAMES.get(s, f'step {s}')}", by_step[s]) for s in sorted(by_step)]
-    suites.append((GRADE_SUITE, [_grade_case(results, require, unverified)]))
+    suites.append((GRADE_SUITE, [_grade_case(results, require, unverified, subject)]))
     return suites
 
 
@@ -193,11 +236,12 @@ def junit_xml(results: RunResults, require: str | None = None, unverified: str =
     # junit-10.xsd leaves timestamp free, but Ant's schema wants no zone: naive UTC fits both.
     timestamp = started.isoformat(timespec="seconds")
     hostname = results.environment.hostname if results.environment else "unknown"
-    suites = _suites(results, require, unverified)
+    subject = certificate_subject(results)
+    suites = _suites(results, require, unverified, subject)
     every = [c for _, cases in suites for c in cases]
     root = ET.Element("testsuites", name="adaptcheck", tests=str(len(every)), failures=_count(every, "failure"),
                       errors=_count(every, "error"), time=_seconds(sum(c.time for c in every)))
-    properties = _properties(results, require, unverified)
+    properties = _properties(results, require, unverified, subject)
     for index, (name, cases) in enumerate(suites):
         suite = ET.SubElement(root, "testsuite", name=_text(name), tests=str(len(cases)),
                               failures=_count(cases, "failure"), errors=_count(cases, "error"),

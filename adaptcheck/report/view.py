@@ -13,6 +13,7 @@ import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from adaptcheck.models.certificate import CertificateSubject, certificate_subject, subject_label
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.comparison import CompareView, build_compare
 from adaptcheck.report.fmt import (
@@ -161,6 +162,29 @@ class ReproduceView:
 
 
 @dataclass
+class SubjectPart:
+    """One part of the certificate line: the model, its architecture, dtype, digest, the frameworks."""
+
+    key: str
+    text: str
+    # Said after the text in a lighter face: the model's source, package and license.
+    note: str = ""
+    # The whole value where the text abbreviates it (the weights digest); '' otherwise.
+    full: str = ""
+
+
+@dataclass
+class SubjectView:
+    """What the grade certifies, under the grade on the first screen (:mod:`adaptcheck.models.certificate`)."""
+
+    known: bool
+    # 'Certified' above L0; 'Tested' when nothing was certified.
+    label: str
+    parts: list[SubjectPart]
+    line: str
+
+
+@dataclass
 class ReportView:
     title: str
     run_id: str
@@ -177,6 +201,7 @@ class ReportView:
     left_out: list[str]
     """Checks the grade left out ('id (worst status)'): quantized-format checks for another quantization."""
     quantization: str
+    subject: SubjectView
     levels: list[LevelView]
     steps: list[StepView]
     slowest: list[DurationBar]
@@ -309,6 +334,21 @@ def _levels(results: RunResults, anchors: dict[str, str]) -> list[LevelView]:
     return views
 
 
+def _subject(subject: CertificateSubject, level: str) -> SubjectView:
+    """The certificate subject's parts as the first screen shows them: the model's name apart
+    from its notes, the short digest with the whole one beside it."""
+    parts = []
+    for key, text in subject.parts():
+        if key == "model":
+            parts.append(SubjectPart(key, subject.model_label(), note=", ".join(subject.model_notes())))
+        elif key == "digest":
+            parts.append(SubjectPart(key, text, full=subject.model.weights_sha256 or ""))
+        else:
+            parts.append(SubjectPart(key, text))
+    return SubjectView(known=subject.model.known, label=subject_label(level), parts=parts,
+                       line=subject.line())
+
+
 def _device_text(results: RunResults) -> str:
     d = results.device
     return f"{d.device_name} ({d.display_name}, {d.torch_device}, {d.device_count} visible)"
@@ -356,6 +396,7 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
         grade_max=results.grade_rules.levels[-1].level if results.grade_rules.levels else "L5",
         next_level=next_level, blockers=list(results.grade.blockers), left_out=_left_out(results),
         quantization=results.model.quantization, levels=levels,
+        subject=_subject(certificate_subject(results), results.grade.level),
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
         matrix=build_matrix(env, results.checks, anchors), ops=ops,
         framework=framework, perf=perf, check_groups=groups,

