@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -59,11 +60,21 @@ class Cell:
     worst_what: str = ""
 
 
+def model_spec(model: str) -> tuple[str, str]:
+    """(label for check ids, model name for the ladder): a bare name is an embedded model
+    (``tiny-llama``); ``pretrained:NAME``, ``auto`` or a folder path are used as given."""
+    if ":" in model or "/" in model or model == "auto":
+        label = re.sub(r"[^A-Za-z0-9_-]+", "-", model.rstrip("/").rsplit("/", 1)[-1].split(":")[-1]).strip("-")
+        return label or "model", model
+    return model, f"embedded:{model}"
+
+
 def ladder(frameworks: Iterable[str], dtypes: Iterable[str], models: Iterable[str], kinds: Iterable[str]) -> str:
-    checks = [{"id": f"{fw}.{m}.{d}.{k}", "step": 4, "kind": f"framework.{k}", "timeout_s": 900,
-               "params": {"framework": fw, "dtype": d, "model": f"embedded:{m}",
+    specs = [model_spec(m) for m in models]
+    checks = [{"id": f"{fw}.{label}.{d}.{k}", "step": 4, "kind": f"framework.{k}", "timeout_s": 900,
+               "params": {"framework": fw, "dtype": d, "model": name,
                           **({"compile": False} if fw.startswith("vllm") else {})}}
-              for fw in frameworks for m in models for d in dtypes for k in kinds]
+              for fw in frameworks for label, name in specs for d in dtypes for k in kinds]
     return yaml.safe_dump({"schema_version": 1, "id": "false-failures", "version": "1",
                            "defaults": {"timeout_s": 900}, "checks": checks}, sort_keys=False) + GRADE
 
@@ -86,7 +97,8 @@ def ratios(check: dict[str, Any]) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     details = check.get("details", {})
     for where, bounds in (("reference", (details.get("teacher_forced") or {}).get("bounds")),
-                          ("same-framework", (details.get("distribution") or {}).get("bounds"))):
+                          ("same-framework", (details.get("distribution") or {}).get("bounds")),
+                          ("batched-vs-alone", ((details.get("distribution") or {}).get("vs_reference") or {}).get("bounds"))):
         for stat, b in (bounds or {}).items():
             if b.get("bound"):
                 out.append((f"{where} {stat}", float(b["value"]) / float(b["bound"])))

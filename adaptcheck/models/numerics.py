@@ -45,5 +45,9 @@ class ModelNumericsPolicy(BaseModel):
     same_framework: dict[Literal["kl_mean", "kl_max"], Rule] = Field(
         description="Two runs of one framework that must agree (alone vs batched, cache hit vs recompute, "
                     "compile on vs off), relative to the control's own divergence from the reference.")
+    batched_vs_alone: dict[Literal["kl_mean", "kl_p99"], Rule] = Field(
+        description="One framework's batched run against the float64 reference, relative to the same framework's "
+                    "run of each sequence alone (same kernels, same dtype: only the batch differs), so the scale "
+                    "grows with the model's depth exactly as the figure does.")
     localisation: Rule = Field(description="Per-module normalized error of the device's hidden states vs the "
                                "reference, relative to the control's at the same module.")

@@ -291,6 +291,14 @@ def distribution_view(kind: str, details: dict[str, Any]) -> DistributionView | 
     text = f"teacher-forced, {pair}: " + ", ".join(parts) + f"; |Δ logprob| max {_num(d.get('dlogprob_max'))}"
     if d.get("positions") is not None:
         text += f" over {format_value(d.get('positions'))} positions"
+    vs = as_dict(d.get("vs_reference"))
+    if vs:
+        # batched_vs_alone: each run's KL from float64, the batched one held to the one alone.
+        vb = as_dict(as_dict(vs.get("bounds")).get("kl_mean"))
+        text += (f"; batched vs float64 KL mean {_num(as_dict(vs.get('batched')).get('kl_mean'))} against alone "
+                 f"{_num(as_dict(vs.get('alone')).get('kl_mean'))}")
+        if vb and as_float(vb.get("bound")) is not None:
+            text += f" (bound {format_float(as_float(vb.get('bound')))}{', exceeded' if vb.get('ok') is False else ''})"
     return DistributionView(text=text, verdict=_verdict(d.get("ok")) if "ok" in d else None)
 
 

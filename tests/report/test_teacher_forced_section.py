@@ -364,3 +364,14 @@ def test_step3_only_native_layers_that_never_name_the_kernel_are_marked() -> Non
     # transformers' implementations never mark vLLM kernels; no step-4 evidence, no mark.
     assert _unused(_results([*_step3(), _ref()])) == {}
     assert _unused(_results(_step3())) == {}
+
+
+def test_the_batched_vs_alone_figures_are_shown_with_their_bound() -> None:
+    from adaptcheck.report.numerics import distribution_view
+
+    dist = {"kl_mean": 0.00012, "kl_max": 0.0093, "dlogprob_max": 0.07, "positions": 288, "ok": False,
+            "vs_reference": {"alone": {"kl_mean": 0.00094}, "batched": {"kl_mean": 0.0081},
+                             "bounds": {"kl_mean": {"value": 0.0081, "bound": 0.00209, "ok": False}}, "ok": False}}
+    view = distribution_view("framework.concurrent", {"distribution": dist})
+    assert view is not None
+    assert "batched vs float64 KL mean 0.0081 against alone 9.400e-04 (bound 0.00209, exceeded)" in view.text

@@ -87,12 +87,14 @@ def local_tokenizer(active: Active) -> Tok:
 class Tok:
     """The local tokenizer of the served weights, or None for an endpoint of unknown weights."""
 
-    def __init__(self, active: Active) -> None:
+    def __init__(self, active: Active | None, path: Path | None = None) -> None:
         self.hf: Any = None
-        if active.framework.serves_local_weights():
+        if path is None and active is not None and active.framework.serves_local_weights():
+            path = active.model.path
+        if path is not None:
             from transformers import AutoTokenizer
 
-            self.hf = AutoTokenizer.from_pretrained(str(active.model.path))
+            self.hf = AutoTokenizer.from_pretrained(str(path))
 
     def eos_ids(self) -> set[int]:
         if self.hf is None or self.hf.eos_token_id is None:
@@ -330,11 +332,14 @@ def _eos_rows(active: Active) -> list[Row]:
 
 # -------------------------------------------------------------------------- reference --
 
-def _reference_requests(tok: Tok, p: ReferenceParams) -> list[GenRequest]:
+def reference_requests(tok: Tok, p: ReferenceParams, seed: int = 0) -> list[GenRequest]:
+    """What the float64 reference answers for ``framework.reference`` (and the other checks'
+    teacher-forced rows): the run seed draws the prompts (see prompts.reference_prompts)."""
     reqs = [GenRequest(prompt=t, max_tokens=p.max_tokens, logprobs=p.top_n)
-            for t in (prompts.SHORT_PROMPTS * 4)[: p.prompts]]
+            for t in prompts.reference_prompts(p.prompts, seed)]
     if p.long_prompt_tokens:
-        reqs.append(GenRequest(prompt=tok.long_prompt(p.long_prompt_tokens), max_tokens=p.max_tokens, logprobs=p.top_n))
+        reqs.append(GenRequest(prompt=tok.long_prompt(p.long_prompt_tokens, seed=seed), max_tokens=p.max_tokens,
+                               logprobs=p.top_n))
     if p.chat and tok.has_chat_template():
         reqs.extend(GenRequest(messages=list(m), max_tokens=p.max_tokens, logprobs=p.top_n)
                     for m in prompts.CHAT_MESSAGES)
@@ -346,7 +351,7 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     if tok.hf is None:
         return Outcome.skipped("no local copy of the served weights: pass --model PATH (the same weights as the "
                                "endpoint) to compare with a CPU reference")
-    reqs = _reference_requests(tok, p)
+    reqs = reference_requests(tok, p, ctx.seed)
     policy = load_numerics()
     try:
         teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k)
@@ -426,8 +431,8 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
     rows.append(_usage_row("usage counts in the batch", together, eos, required=_speaks_openai(fw),
                            max_tokens=[r.max_tokens for r in reqs]))
     metrics: dict[str, Any] = {**cmp.metrics(), "batch": len(reqs), "tie_margin": margin}
-    tf_row, distribution = _scored_alone_vs_batched(ctx, active, tok)
-    rows.append(tf_row)
+    tf_rows, distribution = _scored_alone_vs_batched(ctx, active, tok)
+    rows.extend(tf_rows)
     if p.stream and getattr(fw, "supports_stream", False):
         streamed = fw.generate([GenRequest(prompt=r.prompt, max_tokens=r.max_tokens, stream=True) for r in reqs])
         diff = [f"request {i}: {a.text!r} vs streamed {b.text!r}" for i, (a, b) in enumerate(zip(together, streamed, strict=False))
@@ -449,7 +454,7 @@ def _control_sum(ctx: CheckContext, active: Active, tok: Tok) -> tuple[Any, dict
     if tok.hf is None:
         return None
     policy = load_numerics()
-    reqs = _reference_requests(tok, ReferenceParams(framework=active.name))
+    reqs = reference_requests(tok, ReferenceParams(framework=active.name), ctx.seed)
     try:
         teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k)
     except ReferenceUnavailable:
@@ -458,21 +463,28 @@ def _control_sum(ctx: CheckContext, active: Active, tok: Tok) -> tuple[Any, dict
     return teacher, tf_rules.control_summary(control, teacher)
 
 
-def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok) -> tuple[Row, dict[str, Any] | None]:
-    """Teacher-forced: the reference sequences scored one per request and all in one batch."""
+def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok) -> tuple[list[Row], dict[str, Any] | None]:
+    """Teacher-forced: the reference sequences scored one per request and all in one batch,
+    compared with each other (same-framework rule) and each against float64 (batched vs alone)."""
     name = "teacher-forced distributions alone vs batched"
     found = _control_sum(ctx, active, tok)
     if found is None:
-        return _row(name, None, "no local copy of the weights: no reference sequences or control"), None
+        return [_row(name, None, "no local copy of the weights: no reference sequences or control")], None
     teacher, control_sum = found
     try:
         alone = tf_rules.score_alone(active.framework, teacher.sequences, TOP_K)
         together = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K) for s in teacher.sequences])
     except ScoringUnsupported as exc:
-        return _row(name, None, f"not possible here: {exc}"), None
-    row, distribution = tf_rules.same_framework_row(name, alone, together, control_sum, load_numerics(),
-                                                    active.options.dtype)
-    return row, distribution
+        return [_row(name, None, f"not possible here: {exc}")], None
+    policy, dtype = load_numerics(), active.options.dtype
+    row, distribution = tf_rules.same_framework_row(name, alone, together, control_sum, policy, dtype)
+    ref_row, vs_reference = tf_rules.batched_vs_alone_row(
+        "teacher-forced distributions batched vs float64, relative to alone", teacher.scores, alone, together,
+        policy, dtype)
+    # Both rules hold or the distribution evidence does not: the report shows the two together.
+    distribution["vs_reference"] = vs_reference
+    distribution["ok"] = bool(distribution.get("ok")) and vs_reference["ok"]
+    return [row, ref_row], distribution
 
 
 def _generations_distribution_row(ctx: CheckContext, active: Active, tok: Tok, name: str, a: list[Generation],

@@ -46,6 +46,19 @@ CHAT_MESSAGES: tuple[tuple[dict[str, str], ...], ...] = (
 )
 
 
+def reference_prompts(count: int, seed: int = 0) -> list[str]:
+    """The short prompts the float64 reference answers: for seed 0 the fixed set in order
+    (results comparable between runs and machines); any other run seed draws its own from
+    the short prompts and the sentences' openings, so repeated runs of one real model (whose
+    weights do not change with the seed) see different sequences."""
+    if seed == 0:
+        return [SHORT_PROMPTS[i % len(SHORT_PROMPTS)] for i in range(count)]
+    pool = list(SHORT_PROMPTS) + [" ".join(s.split()[:7]) for s in SENTENCES]
+    rng = random.Random(f"reference-prompts:{seed}")
+    return [pool[i] for i in rng.sample(range(len(pool)), min(count, len(pool)))] + \
+        [rng.choice(pool) + f" ({i})" for i in range(max(0, count - len(pool)))]
+
+
 def long_text(seed: int = 0, sentences: int = 200) -> str:
     """A long passage: the sentences in a seeded order (the same for a given seed)."""
     rng = random.Random(seed)

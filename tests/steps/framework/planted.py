@@ -159,6 +159,7 @@ class BatchDependentGemm(_Planted):
     survive, probabilities move)."""
 
     display_name = "planted: batched GEMM accumulates in bf16"
+    MAX_OUT_FEATURES = 8192
 
     @contextlib.contextmanager
     def defect(self) -> Iterator[None]:
@@ -167,6 +168,11 @@ class BatchDependentGemm(_Planted):
                 return None
             x = args[0]
             if x.dim() < 3 or x.shape[0] < 2 or x.dtype != torch.bfloat16:
+                return None
+            if module.out_features > self.MAX_OUT_FEATURES:
+                # The vocabulary projection of a real model (49,152 rows for SmolLM2): chunked, it
+                # costs minutes per batch on 2 cores; the 30 decoder layers' projections carry the
+                # defect without it (the embedded models' 1,024-row head keeps it).
                 return None
             return _bf16_chunked(x, module.weight, module.bias)
 

