@@ -10,9 +10,10 @@ and the model it used.
 
 from __future__ import annotations
 
+from adaptcheck.frameworks.weights_audit import ROW_WEIGHTS
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.steps.framework import probes
-from adaptcheck.steps.framework.lifecycle import run_with_framework
+from adaptcheck.steps.framework.lifecycle import Active, run_with_framework
 from adaptcheck.steps.framework.params import (
     CompileParams,
     ConcurrentParams,
@@ -25,15 +26,39 @@ from adaptcheck.steps.framework.params import (
 
 
 class FrameworkLoadCheck(Check):
-    """The framework loads the model on the device (and how long model and load took)."""
+    """The framework loads the model on the device (and how long model and load took).
+
+    A local model folder is audited first (``weights_audit``): weights that do not cover
+    config.json (MISSING, UNEXPECTED or MISMATCHED tensors) or a tokenizer with ids past the
+    embedding fail this check naming them, and the folder is never loaded.
+    """
 
     kind = "framework.load"
     step = 4
-    description = "The framework loads the model on the device; load time and platform facts."
+    description = ("The framework loads the model on the device (after a header-only audit: the weights cover "
+                   "config.json, the tokenizer fits the embedding); load time and platform facts.")
     params_model = LoadParams
 
     def run(self, ctx: CheckContext, params: LoadParams) -> Outcome:
-        return run_with_framework(ctx, params, lambda c, a, _: probes.load_outcome(c, a))
+        return run_with_framework(ctx, params, _load_and_audit, refusal_fails=True)
+
+
+def _load_and_audit(ctx: CheckContext, active: Active, _params: LoadParams) -> Outcome:
+    """The load's outcome, with the weights audit's rows (which held: a refused folder never loads)."""
+    outcome = probes.load_outcome(ctx, active)
+    audit = active.audit
+    if audit is None:
+        rows = [{"name": ROW_WEIGHTS, "ok": None,
+                 "detail": "not audited: the framework serves an endpoint's weights, not a local folder"}]
+    else:
+        rows = list(audit.rows)
+        outcome.details["weights_audit"] = audit.describe()
+        outcome.metrics["weights_audit_s"] = round(audit.seconds, 4)
+        not_run = [r["detail"] for r in rows if r["ok"] is None]
+        held = sum(1 for r in rows if r["ok"])
+        outcome.message += f"; weights audit: {held}/{len(rows)} held" + (f" ({not_run[0]})" if not_run else "")
+    outcome.details["subchecks"] = [*outcome.details.get("subchecks", []), *rows]
+    return outcome
 
 
 class SingleRequestCheck(Check):

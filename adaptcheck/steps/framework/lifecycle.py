@@ -10,6 +10,15 @@ A load that failed is remembered in the run folder (``framework/<key>.failed``),
 the checks after it answer at once with the same one-line reason instead of paying for
 the same failure again, even from a fresh worker after a crash.
 
+Before a framework loads a local model folder, the folder's weights are audited against its
+config.json and its tokenizer against the embedding (:mod:`adaptcheck.frameworks.weights_audit`,
+headers only): a checkpoint with MISSING, UNEXPECTED or MISMATCHED tensors, or a tokenizer
+with ids past the embedding, is refused (:class:`ModelRefused`) instead of served with
+randomly initialised weights. The load check fails naming the tensors; the other checks
+that need the folder are errors with the same line. The refusal is not written to the
+``.failed`` marker (the audit is cheap and cached per process), so whichever check meets it
+first, the load check still fails with the rows.
+
 :func:`run_with_framework` is how every step-4 check runs: acquire, run the probe, and
 turn an absent framework into a not-applicable skip and a failing one into an error.
 """
@@ -36,6 +45,7 @@ from adaptcheck.frameworks.base import (
 )
 from adaptcheck.frameworks.modelsrc import ResolvedModel, resolve_model
 from adaptcheck.frameworks.registry import framework_class
+from adaptcheck.frameworks.weights_audit import WeightsAudit, audit_cached
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.framework.params import FrameworkParams
 
@@ -56,6 +66,17 @@ class Active:
     """Id of the check that paid for the load."""
     tokenizer: Any = None
     """The probes' local tokenizer of this instance, loaded once by its first check."""
+    audit: WeightsAudit | None = None
+    """The weights audit of the served folder; None when the weights are not local (an endpoint)."""
+
+
+class ModelRefused(FrameworkError):
+    """The model folder's weights do not cover its config (or its tokenizer its embedding):
+    no framework may serve it. Carries the audit, whose rows name the tensors."""
+
+    def __init__(self, audit: WeightsAudit) -> None:
+        super().__init__(audit.message)
+        self.audit = audit
 
 
 def framework_dir(ctx: CheckContext) -> Path:
@@ -109,8 +130,11 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
     failed = framework_dir(ctx) / f"{key}.failed"
     if failed.exists():
         raise FrameworkError(failed.read_text(encoding="utf-8").strip())
-    release(ctx)
     fw = cls(config_for(ctx))
+    audit = audit_cached(resolved.path) if fw.serves_local_weights() and resolved.path.is_dir() else None
+    if audit is not None and audit.refused:
+        raise ModelRefused(audit)
+    release(ctx)
     start = time.perf_counter()
     try:
         fw.load(opts, str(ctx.device))
@@ -124,7 +148,7 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
         finally:
             raise FrameworkError(failed.read_text(encoding="utf-8")) from exc
     active = Active(key=key, name=name, framework=fw, model=resolved, options=opts,
-                    load_s=time.perf_counter() - start, loaded_by=check_id)
+                    load_s=time.perf_counter() - start, loaded_by=check_id, audit=audit)
     if not ctx.scratch.get("framework.atexit"):
         # The worker ends when the ladder does: stop a launched server cleanly then, rather
         # than leave it to the parent-death signal.
@@ -143,10 +167,28 @@ def framework_facts(active: Active) -> dict[str, Any]:
 P = TypeVar("P", bound=FrameworkParams)
 
 
-def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContext, Active, P], Outcome]) -> Outcome:
-    """Load (or reuse) the framework, run ``body``, and turn failures into truthful outcomes."""
+def refused_outcome(exc: ModelRefused, *, failed: bool) -> Outcome:
+    """A refused model folder: the load check's failure (``failed``), any other check's error."""
+    audit = exc.audit
+    details = {"subchecks": audit.rows, "weights_audit": audit.describe()}
+    if not failed:
+        return Outcome.errored(audit.message, details=details)
+    return Outcome.failed(audit.message, details=details, metrics={"weights_audit_s": round(audit.seconds, 4)})
+
+
+def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContext, Active, P], Outcome], *,
+                       refusal_fails: bool = False) -> Outcome:
+    """Load (or reuse) the framework, run ``body``, and turn failures into truthful outcomes.
+
+    A model folder the weights audit refuses is an error here, or a failure with the audit's
+    rows where ``refusal_fails`` (the load check, which is what judges the folder).
+    """
     try:
         active = acquire(ctx, params.framework, ctx.check_id, **params.load_overrides())
+    except ModelRefused as exc:
+        outcome = refused_outcome(exc, failed=refusal_fails)
+        outcome.details["framework"] = params.framework
+        return outcome
     except FrameworkUnavailable as exc:
         return Outcome.skipped(f"{params.framework}: {exception_line(exc, with_type=False)}", applicable=False,
                                details={"framework": params.framework})
