@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import adaptcheck
+from adaptcheck.frameworks.modelsrc import is_named_model
 from adaptcheck.grade import compute_grade
 from adaptcheck.models.environment import Environment
 from adaptcheck.models.ladder import LadderSpec, Quantization
@@ -52,7 +53,8 @@ class RunMeta(BaseModel):
     device: DeviceRef = Field(description="Device under test.")
     device_index: int = Field(default=0, description="Device index used.")
     op_provider: str | None = Field(default=None, description="--ops: provider for every step-3 op check.")
-    model: str | None = Field(default=None, description="--model: model used instead of the ladder's ('embedded:NAME' or a local path).")
+    model: str | None = Field(default=None, description="--model: model used instead of the ladder's ('auto', 'pretrained:NAME', "
+                         "'embedded:NAME', a local folder or a .gguf file).")
     endpoint: str | None = Field(default=None, description="--endpoint: base URL of an OpenAI-compatible server under test "
                                  "(credentials redacted: a resume is given --endpoint again).")
     endpoint_model: str | None = Field(default=None, description="--endpoint-model: served model name to request.")
@@ -110,7 +112,8 @@ def with_run_model(spec: LadderSpec, meta: RunMeta) -> LadderSpec:
     if meta.model is None:
         return spec
     update: dict[str, Any] = {"name": meta.model}
-    declared = None if meta.model.startswith("embedded:") else hf_quantization(Path(meta.model))
+    # A named model (embedded:, pretrained:, auto) or a converted .gguf is unquantized (bf16).
+    declared = None if is_named_model(meta.model) else hf_quantization(Path(meta.model))
     if declared is not None:
         update["quantization"] = declared
     return spec.model_copy(update={"model": spec.model.model_copy(update=update)})

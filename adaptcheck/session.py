@@ -108,10 +108,21 @@ def run_header(run_dir: Path, meta: RunMeta, spec: LadderSpec, selected: list[Ch
     todo = [c for c in selected if c.id not in done]
     return RunHeader(
         device=f"{d.device_name} ({d.display_name}, {d.torch_device}, {d.device_count} visible)",
-        ladder=f"{meta.ladder.id} {meta.ladder.version} ({meta.ladder.source})", model=f"{spec.model.name} "
-        f"({spec.model.precision}{'' if spec.model.quantization == 'none' else ', ' + spec.model.quantization})",
+        ladder=f"{meta.ladder.id} {meta.ladder.version} ({meta.ladder.source})",
+        model=f"{_model_label(spec.model.name)} ({spec.model.precision}{'' if spec.model.quantization == 'none' else ', ' + spec.model.quantization})",
         run_dir=run_dir, steps=list(meta.steps), checks=len(selected),
         already_done=len(selected) - len(todo), expected=estimate(todo).text(), endpoint=meta.endpoint)
+
+
+def _model_label(name: str) -> str:
+    """The model as the header names it: ``auto`` with what it stands for here."""
+    from adaptcheck.frameworks.modelsrc import AUTO_MODEL
+
+    if name != AUTO_MODEL:
+        return name
+    from adaptcheck.frameworks.pretrained import auto_choice
+
+    return f"auto = {auto_choice()[0]}"
 
 
 def parse_steps(text: str | None, available: list[int]) -> list[int]:

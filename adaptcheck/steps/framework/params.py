@@ -23,7 +23,7 @@ class FrameworkParams(BaseModel):
     framework: str = Field(description="Adapter: transformers, vllm, vllm_serve, transformers_serve, endpoint, "
                                        "or 'module:Class' (``adaptcheck frameworks`` lists them).")
     model: str | None = Field(default=None, description="Model for this check instead of the run's: 'embedded:NAME' "
-                              "(e.g. embedded:tiny-moe to cover MoE) or a local path.")
+                              "(e.g. embedded:tiny-moe to cover MoE), 'pretrained:NAME', 'auto' or a local path.")
     dtype: Precision | None = Field(default=None, description="Serving dtype; default: the ladder model's precision.")
     max_model_len: int | None = Field(default=None, gt=0, description="Context length to load with; default: the ladder's.")
     compile: bool | None = Field(default=None, description="Graph capture / torch.compile on or off (vLLM: "

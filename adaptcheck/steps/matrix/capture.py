@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from adaptcheck.compat.versions import distribution_version as dist_version
+from adaptcheck.frameworks.modelsrc import model_source
 from adaptcheck.models.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
 from adaptcheck.redact import redact_env, scrub_text
 
@@ -181,7 +182,7 @@ def model_info(model: ModelSpec) -> ModelInfo:
         revision=model.revision,
         precision=model.precision,
         context_length=model.context_length,
-        source="embedded" if model.name.startswith("embedded:") else "path",
+        source=model_source(model.name),
     )
 
 
