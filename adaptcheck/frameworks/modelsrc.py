@@ -24,7 +24,6 @@ report, so a result names exactly which model it was measured on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptcheck import safejson
-from adaptcheck.errors import InvalidInputError
+from adaptcheck.frameworks.modelfiles import ModelError, _weights_sha256
 
 EMBEDDED_PREFIX = "embedded:"
 PRETRAINED_PREFIX = "pretrained:"
@@ -46,17 +45,6 @@ GGUF (a package's or a file given by path), or a local Hugging Face folder used 
 _FIX = "pass --model with a folder holding config.json, tokenizer files and *.safetensors"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_HASH_CACHE_MIN_BYTES = 256 * 2**20
-"""Weights at least this big have their hash cached (keyed by path, size and mtime): hashing
-a 15 GB checkpoint on every run would cost tens of seconds."""
-
-
-class ModelError(InvalidInputError):
-    """The model given to adaptcheck cannot be used; the message says why and what to pass.
-
-    An :class:`~adaptcheck.errors.InvalidInputError`: like a malformed ladder, it is an input
-    the user supplied that adaptcheck cannot use (exit code 3).
-    """
 
 
 @dataclass
@@ -327,43 +315,3 @@ def _inspect(name: str, path: Path, *, embedded: bool, generated_s: float | None
         weights_sha256=sha,
         weights_bytes=size,
     )
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of one file, cached by (path, size, mtime) whatever its size: for a file read on
-    every run (a GGUF a pretrained model is converted from) that is not worth hashing again."""
-    return _weights_sha256([path], cache_min_bytes=0)[0]
-
-
-def _weights_sha256(files: list[Path], *, cache_min_bytes: int | None = None) -> tuple[str, int]:
-    """(hash, total bytes): one file's sha256, or the sha256 of a ``sha256sum`` listing.
-
-    Files of ``cache_min_bytes`` or more in all (default :data:`_HASH_CACHE_MIN_BYTES`) have
-    their hash cached."""
-    size = sum(f.stat().st_size for f in files)
-    cache: Path | None = None
-    if size >= (_HASH_CACHE_MIN_BYTES if cache_min_bytes is None else cache_min_bytes):
-        from adaptcheck.paths import cache_dir
-
-        key = "\n".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-        cache = cache_dir("weights-sha256") / (hashlib.sha256(key.encode()).hexdigest() + ".txt")
-        if cache.is_file():
-            cached = cache.read_text().strip()
-            if re.fullmatch(r"[0-9a-f]{64}", cached):
-                return cached, size
-    sums = [(f.name, _file_sha256(f)) for f in files]
-    if len(sums) == 1:
-        sha = sums[0][1]
-    else:
-        sha = hashlib.sha256("".join(f"{h}  {n}\n" for n, h in sums).encode()).hexdigest()
-    if cache is not None:
-        cache.write_text(sha + "\n")
-    return sha, size

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptcheck.errors import UnknownNameError, did_you_mean, exception_line
-from adaptcheck.frameworks.modelsrc import ModelError, file_sha256
+from adaptcheck.frameworks.modelfiles import ModelError, file_sha256
 
 PRETRAINED_PREFIX = "pretrained:"
 AUTO = "auto"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from adaptcheck.errors import ExitCode, InvalidInputError, UnknownNameError
-from adaptcheck.frameworks import modelsrc, synthetic
+from adaptcheck.frameworks import modelfiles, modelsrc, synthetic
 from adaptcheck.frameworks.modelsrc import ModelError, ResolvedModel, resolve_model
 
 
@@ -177,7 +177,7 @@ def test_embedded_name_is_written_once_into_the_cache(tmp_path: Path, tiny_llama
 
 def test_big_weights_hash_is_cached(tmp_path: Path, tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADAPTCHECK_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(modelsrc, "_HASH_CACHE_MIN_BYTES", 1)
+    monkeypatch.setattr(modelfiles, "_HASH_CACHE_MIN_BYTES", 1)
     folder = model_folder(tmp_path, tiny_llama)
     first = resolve_model(str(folder)).weights_sha256
     calls: list[Path] = []
