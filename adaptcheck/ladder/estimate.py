@@ -1,7 +1,8 @@
 """How long a ladder is expected to take, for the header ``adaptcheck run`` prints first.
 
-Two kinds of time are added up. What the ladder states: a soak's ``duration_s``, a timed
-serving scenario's ``duration_s`` × levels × ``min_runs``. And what it does not: every other
+Two kinds of time are added up. What the ladder states: a soak's budget (``max_duration_s``,
+else ``duration_s``; it stops sooner once decided), a timed serving scenario's
+``duration_s`` × levels × ``min_runs``. And what it does not: every other
 check gets a typical time for its kind (measured on a 2-core CPU running the quick ladder;
 a big model or a slow device takes longer), a serving scenario counted in requests gets a
 typical time per measured run, an op check a share of its ``budget_s``. Whenever a typical
@@ -34,7 +35,7 @@ SERVING_RUN_S = 10.0
 OP_BUDGET_SHARE = 0.2
 """Op checks shrink their cases to fit ``budget_s``, and most finish well inside it."""
 SOAK_DRAIN_S = 15.0
-"""After ``duration_s`` a soak waits for the requests still in flight."""
+"""After its last look a soak waits for the requests still in flight."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,9 @@ def check_estimate(spec: CheckSpec) -> tuple[float, bool]:
     p = spec.params or {}
     try:
         if spec.kind == "perf.soak":
-            return float(_param(p, "duration_s", 300.0)) + SOAK_DRAIN_S, True
+            # The budget: a soak stops sooner once its memory trends are decided.
+            shortest = float(_param(p, "duration_s", 300.0))
+            return max(shortest, float(_param(p, "max_duration_s", shortest))) + SOAK_DRAIN_S, True
         if spec.kind == "perf.serving":
             # min_runs are always measured; more only while undecided and within budget_s.
             runs = len(_param(p, "levels", [1])) * int(_param(p, "min_runs", 3))

@@ -29,6 +29,10 @@ Nothing hangs: each request has its own deadline (``request_timeout_s``), the ru
 deadline after which in-flight requests are cancelled and counted as failed, and a server
 that refuses connections (dead) or lets a request time out (hung) stops the run from
 sending more: those requests are counted, and the run ends early with ``aborted`` saying why.
+
+A caller may also end a timed window early from another thread (``stop``, a
+:class:`threading.Event`: the soak does when its memory trends are decided): no request
+starts after it is set, and those in flight finish as usual.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import itertools
 import json
 import math
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -189,11 +194,13 @@ class LoadGenerator:
         """Optional request fields the server refuses (learnt once, kept for every run)."""
         self._learnt = False
 
-    def run(self, cfg: RunConfig, *, level_index: int, run: int) -> RunResult:
-        """One run on a fresh event loop (the caller has none running)."""
-        return asyncio.run(self.arun(cfg, level_index=level_index, run=run))
+    def run(self, cfg: RunConfig, *, level_index: int, run: int, stop: threading.Event | None = None) -> RunResult:
+        """One run on a fresh event loop (the caller has none running); ``stop`` set from another
+        thread starts no further request of the window (in-flight ones finish)."""
+        return asyncio.run(self.arun(cfg, level_index=level_index, run=run, stop=stop))
 
-    async def arun(self, cfg: RunConfig, *, level_index: int, run: int) -> RunResult:
+    async def arun(self, cfg: RunConfig, *, level_index: int, run: int,
+                   stop: threading.Event | None = None) -> RunResult:
         control = AsyncOpenAIClient(self.base_url, model=self.model, timeout_s=cfg.request_timeout_s)
         try:
             await self._learn(control, cfg)  # before the stream client: it decides the route
@@ -217,7 +224,8 @@ class LoadGenerator:
                 if sampler is not None:
                     await sampler.start()
                 monitor.start()
-                await self._window(stream, cfg, state, lambda i: self.workload.request(level_index, run, "measured", i))
+                await self._window(stream, cfg, state, lambda i: self.workload.request(level_index, run, "measured", i),
+                                   stop)
                 stats = await monitor.stop()
         finally:
             heap.thaw()
@@ -325,13 +333,16 @@ class LoadGenerator:
         await self._bounded(drivers, cfg.request_timeout_s * 2 + 5.0, state, "warm-up")
 
     async def _window(self, client: StreamClient, cfg: RunConfig, state: _State,
-                      request: Callable[[int], PreparedRequest]) -> None:
+                      request: Callable[[int], PreparedRequest], stop: threading.Event | None = None) -> None:
         t0 = time.perf_counter()
         stop_at = t0 + cfg.duration_s if cfg.duration_s is not None else None
 
+        def stopped() -> bool:
+            return stop is not None and stop.is_set()
+
         def more(i: int) -> bool:
             return (state.abort is None and (cfg.num_requests is None or i < cfg.num_requests)
-                    and (stop_at is None or time.perf_counter() < stop_at))
+                    and (stop_at is None or time.perf_counter() < stop_at) and not stopped())
 
         def send(i: int, scheduled: float) -> Awaitable[None]:
             return self._send(client, cfg, request(i), scheduled, state)
@@ -356,11 +367,13 @@ class LoadGenerator:
                 sent: list[asyncio.Future[None]] = []
                 try:
                     for i, at in enumerate(arrivals):
-                        if state.abort is not None:
+                        if state.abort is not None or stopped():
                             break
                         delay = t0 + at - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)
+                        if stopped():
+                            break
                         sent.append(asyncio.ensure_future(send(i, t0 + at)))
                     await asyncio.gather(*sent)
                 finally:  # cancelled at the deadline: cancel what is in flight, and let each record it

@@ -173,7 +173,14 @@ class TelemetrySampler:
             notes.append("server memory not sampled: the server's process is not on this machine (or not visible)")
         if self._device is None:
             notes.append("device telemetry not sampled: no device on this machine serves the endpoint")
-        with self._lock:  # an abandoned reading may still append: copy under the lock
+        return self._collected(notes)
+
+    def snapshot(self) -> Telemetry:
+        """What has been collected so far, while sampling goes on (a copy: the sampler keeps appending)."""
+        return self._collected([])
+
+    def _collected(self, notes: list[str]) -> Telemetry:
+        with self._lock:  # a reading (or an abandoned one) may still append: copy under the lock
             return Telemetry(interval_s=self.interval_s, host=_copy(self._host),
                              device=_copy(self._device) if self._device is not None else None,
                              errors={k: _Errors(dict(v.seen), v.dropped) for k, v in self._errors.items()},

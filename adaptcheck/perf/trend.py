@@ -19,20 +19,33 @@ growth the line projects over the fitted window and over an hour.
 The verdict is on the slope's confidence interval, not on the slope itself. Samples of a
 memory series are not independent (memory moves in steps, a warm-up leaves a curve that a
 line does not follow), so the standard error of ordinary least squares is too small. The
-lag-1 autocorrelation ρ of the residuals (time order) gives an effective sample size
+lag-1 autocorrelation ρ of the residuals (time order; bias-corrected, plus one standard
+error of its estimate so that a low draw does not narrow the interval) gives an effective sample size
 n_eff = n (1 − ρ) / (1 + ρ) and a standard error inflated by √((1 + ρ) / (1 − ρ)) (the AR(1)
 correction used for climate trends, Santer et al. 2000, and by perf.serving's drift); the
 one-sided bounds are Student-t with n_eff − 2 degrees of freedom. Lower bound above the
 growth bound: over (a leak). Upper bound within it: within. Otherwise inconclusive — the
 measurement cannot tell, and says how long a soak would (the interval narrows as the
 fitted window T grows, as T^-3/2 for the same noise).
+
+A soak that decides (:class:`SequentialRule`) looks at its series several times while it
+runs — at ``looks`` times evenly spaced from its shortest to its longest duration — and
+stops at the first look where every series is decided (or one is over the bound); only
+the last look may leave a series inconclusive. Looking K times at data that keep arriving
+gives chance K opportunities to push a bound across the line, so each look is taken at the
+stricter confidence 1 − (1 − c)/K (Bonferroni: the K looks together keep each wrong
+decision — a leak called within, a flat server called over — at most 1 − c, whatever the
+correlation between looks). The looks share most of their samples (the slope's information
+grows as T³), so the real rate is well below that; docs/perf.md, "Soak", has the simulated
+rates and :func:`sequential_verdict` is the rule applied to complete series.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import Any, Literal
@@ -52,6 +65,9 @@ DEFAULT_CONFIDENCE = 0.95
 """One-sided confidence of each bound of the slope: a flat-enough server fails, or a leaking one passes, at most 5 % of the time at the bound."""
 MAX_RHO = 0.99
 """Cap of the residual autocorrelation (1 would mean no independent information at all)."""
+RHO_SE_MARGIN = 1.0
+"""Standard errors of the lag-1 estimate added to it (see :func:`_lag1`): ρ is read from the
+same short series, and an underestimate would make the interval too narrow."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,7 @@ class Fit:
     residual_std_mib: float
     """Standard deviation of the residuals: the noise around the line."""
     autocorrelation: float = 0.0
-    """Lag-1 autocorrelation of the residuals in time order, clamped to [0, MAX_RHO]."""
+    """Lag-1 autocorrelation of the residuals in time order, bias-corrected plus one standard error, in [0, MAX_RHO]."""
     effective_n: float = 0.0
     """n (1 − ρ) / (1 + ρ): how many independent samples the series is worth."""
 
@@ -174,14 +190,19 @@ def fit_trend(times_s: Sequence[float], values: Sequence[float | None], *, after
 
 
 def _lag1(points: Sequence[tuple[float, float]], slope: float, intercept: float) -> float:
-    """Lag-1 autocorrelation of the residuals (points in time order), bias-corrected, clamped to [0, MAX_RHO].
+    """Lag-1 autocorrelation of the residuals (points in time order), bias-corrected plus
+    :data:`RHO_SE_MARGIN` standard errors, clamped to [0, MAX_RHO]: the ρ the interval uses.
 
     The sample autocorrelation of residuals from a fitted line underestimates ρ by about
     (2 + 4ρ)/n on a short series, which would make the interval too narrow (with n = 31 and
     ρ = 0.8, 12 % of series at the bound were called over instead of 5 %); adding it back
-    brings the rate to ~5-6 % (docs/perf.md, "Soak"). Negative values are set to 0: they
-    would narrow the interval below ordinary least squares, which short noisy series would
-    do by chance alone.
+    brings the rate to ~5-6 % (docs/perf.md, "Soak"). The estimate still scatters by about
+    √((1 − ρ²)/n), and a low draw narrows the interval: harmless for one look at 95 %, but a
+    soak that looks several times at a stricter confidence lives in the tail, where it
+    doubled the wrong decisions (7-10 % per side at ρ = 0.5-0.8 instead of ≤ 5 %); one
+    standard error added brings them to 1-5 %. Negative values are set to 0: they would
+    narrow the interval below ordinary least squares, which short noisy series would do by
+    chance alone.
     """
     res = [v - intercept - slope * t for t, v in points]
     ss = sum(r * r for r in res)
@@ -189,7 +210,8 @@ def _lag1(points: Sequence[tuple[float, float]], slope: float, intercept: float)
     if ss <= 0 or n < 3:
         return 0.0
     r = sum(a * b for a, b in pairwise(res)) / ss
-    return min(MAX_RHO, max(0.0, r + (2 + 4 * r) / n))
+    r = min(MAX_RHO, max(0.0, r + (2 + 4 * r) / n))
+    return min(MAX_RHO, r + RHO_SE_MARGIN * math.sqrt((1 - r * r) / n))
 
 
 State = Literal["within", "over", "inconclusive", "not judged"]
@@ -271,3 +293,118 @@ def memory_growth_verdict(samples: Iterable[tuple[float, float | None]], bound_m
     return GrowthVerdict(None, f"{text}: inconclusive: run longer (the slope's interval [{lo:.3g}, {hi:.3g}] MiB/min "
                          f"straddles the bound {bound_mib_per_min:g} MiB/min; {about})",
                          fit, "inconclusive", bounds, confidence, need)
+
+
+# ------------------------------------------------------------------------- a soak that decides --
+
+def look_confidence(confidence: float, looks: int) -> float:
+    """The confidence of each of ``looks`` looks so that all of them together keep each wrong
+    decision at most ``1 − confidence`` (Bonferroni: α/K per look and side)."""
+    if looks < 1 or not 0.0 < confidence < 1.0:
+        raise ValueError("look_confidence needs looks ≥ 1 and 0 < confidence < 1")
+    return 1.0 - (1.0 - confidence) / looks
+
+
+def settled(states: Iterable[str]) -> bool:
+    """Whether a soak may stop looking: some series is over the bound (the soak fails whatever
+    the others do), or none is left inconclusive."""
+    seen = list(states)
+    return "over" in seen or "inconclusive" not in seen
+
+
+@dataclass(frozen=True)
+class SequentialRule:
+    """When a soak judges its memory series, and at which confidence.
+
+    Looks at ``looks`` times evenly spaced from ``first_s`` to ``last_s`` (seconds since
+    sampling started; one look when they are equal). Each look fits the samples taken from
+    ``warmup_s`` to the look and decides each series on its slope's one-sided bounds at
+    :attr:`per_look_confidence`.
+    """
+
+    bound_mib_per_min: float
+    first_s: float
+    last_s: float
+    looks: int = 1
+    warmup_s: float = 0.0
+    confidence: float = DEFAULT_CONFIDENCE
+    min_samples: int = MIN_SAMPLES
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.first_s <= self.last_s and self.looks >= 1 and 0.5 < self.confidence < 1.0):
+            raise ValueError("a sequential rule needs 0 < first_s ≤ last_s, looks ≥ 1 and 0.5 < confidence < 1")
+
+    def times(self) -> list[float]:
+        """The looks, in seconds since sampling started (the last one is ``last_s``)."""
+        if self.looks == 1 or self.last_s <= self.first_s:
+            return [self.last_s]
+        step = (self.last_s - self.first_s) / (self.looks - 1)
+        return [self.first_s + i * step for i in range(self.looks - 1)] + [self.last_s]
+
+    @property
+    def per_look_confidence(self) -> float:
+        return look_confidence(self.confidence, len(self.times()))
+
+    def judge(self, samples: Iterable[tuple[float, float | None]], at_s: float) -> GrowthVerdict:
+        """One series at one look: the samples taken up to ``at_s``."""
+        return memory_growth_verdict([(t, v) for t, v in samples if t <= at_s], self.bound_mib_per_min,
+                                     warmup_s=self.warmup_s, min_samples=self.min_samples,
+                                     confidence=self.per_look_confidence)
+
+
+@dataclass(frozen=True)
+class SequentialVerdict:
+    """Where the looks stopped and what each series was there."""
+
+    look: int
+    """0-based index of the look that stopped."""
+    at_s: float
+    verdicts: dict[str, GrowthVerdict]
+    stop: Literal["decided", "budget"]
+    """decided: every series decided (or one over) at that look; budget: the last look, something undecided."""
+
+
+def sequential_verdict(series: Mapping[str, Sequence[tuple[float, float | None]]],
+                       rule: SequentialRule) -> SequentialVerdict:
+    """The rule applied to complete series, look by look, as a soak applies it while it runs
+    (used to simulate its error rates and in tests; the soak takes the same steps live)."""
+    times = rule.times()
+    for i, at in enumerate(times):
+        verdicts = {key: rule.judge(samples, at) for key, samples in series.items()}
+        if settled(v.state for v in verdicts.values()):
+            return SequentialVerdict(i, at, verdicts, "decided")
+    return SequentialVerdict(len(times) - 1, times[-1], verdicts, "budget")
+
+
+# ------------------------------------------------------------------ simulated wrong decisions --
+
+def ar1_noise(rng: random.Random, n: int, rho: float, sd: float) -> list[float]:
+    """Stationary AR(1) noise of standard deviation ``sd`` and lag-1 correlation ``rho``: what
+    memory sampled every second looks like (it moves in runs)."""
+    out = [rng.gauss(0.0, sd)]
+    for _ in range(n - 1):
+        out.append(rho * out[-1] + math.sqrt(1 - rho * rho) * rng.gauss(0.0, sd))
+    return out
+
+
+def simulate_sequential(rule: SequentialRule, slope_mib_per_min: float, noise_mib: float, rho: float = 0.0, *,
+                        interval_s: float = 1.0, trials: int = 1000, seed: int = 0,
+                        judge: Callable[[Mapping[str, Sequence[tuple[float, float | None]]], SequentialRule],
+                                        SequentialVerdict] | None = None) -> dict[str, float]:
+    """Monte Carlo of the sequential rule, every look included, on a line of
+    ``slope_mib_per_min`` under AR(1) noise sampled every ``interval_s``: the share of trials
+    that end within / over / inconclusive (at the budget), and the mean time of the stopping
+    look. ``judge`` replaces :func:`sequential_verdict` (to show what a weaker rule would do)."""
+    rng = random.Random(seed)
+    n = int(rule.last_s / interval_s) + 1
+    ends = {"within": 0, "over": 0, "inconclusive": 0}
+    stop_s = 0.0
+    for _ in range(trials):
+        noise = ar1_noise(rng, n, rho, noise_mib)
+        samples: list[tuple[float, float | None]] = [
+            (i * interval_s, 1000.0 + slope_mib_per_min * i * interval_s / 60.0 + e) for i, e in enumerate(noise)]
+        verdict = (judge or sequential_verdict)({"memory": samples}, rule)
+        state = verdict.verdicts["memory"].state
+        ends[state if state in ("within", "over") else "inconclusive"] += 1
+        stop_s += verdict.at_s
+    return {k: v / trials for k, v in ends.items()} | {"mean_stop_s": stop_s / trials}

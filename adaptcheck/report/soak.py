@@ -113,13 +113,37 @@ def _offered(soak: dict[str, Any]) -> list[Fact]:
     load = f"{level} req/s (Poisson arrivals)" if arrival == "poisson" else f"{level} requests in flight"
     mix = [f"{format_value(m.get('input_tokens'))}→{format_value(m.get('output_tokens'))} ×{format_value(m.get('weight', 1))}"
            for m in as_list(soak.get("mixed")) if isinstance(m, dict)]
-    facts = [Fact("duration", f"{num(soak.get('duration_s'))} s"), Fact("load", load)]
+    shortest, longest = as_float(soak.get("duration_s")), as_float(soak.get("max_duration_s"))
+    if longest is not None and shortest is not None and longest > shortest:
+        # A soak that decides: from its shortest length, on until the memory trends are decided.
+        looks = format_value(soak.get("looks")) if soak.get("looks") is not None else "several"
+        duration = f"{num(shortest)} s, up to {num(longest)} s while a memory trend is undecided ({looks} looks)"
+    else:
+        duration = f"{num(soak.get('duration_s'))} s"
+    facts = [Fact("duration", duration), Fact("load", load)]
     if mix:
         facts.append(Fact("lengths (in→out tokens, weight)", ", ".join(mix)))
     facts += [Fact("sampled every", f"{num(soak.get('sample_interval_s'))} s"),
               Fact("warm-up (not in the trend)", f"{num(soak.get('warmup_s'))} s"),
               Fact("growth bound", f"{num(soak.get('max_growth_mib_per_min'))} MiB/min"),
               Fact("error bound", pct(soak.get("max_error_rate")))]
+    return facts
+
+
+def _ran(decision: dict[str, Any]) -> list[Fact]:
+    """How long the soak ran and why it stopped (results written before the looks have no decision)."""
+    if not decision:
+        return []
+    facts = []
+    if decision.get("ran_s") is not None:
+        facts.append(Fact("ran", f"{num(decision.get('ran_s'))} s"))
+    if decision.get("why"):
+        facts.append(Fact("stopped", str(decision["why"])))
+    looks = [x for x in as_list(decision.get("looks")) if isinstance(x, dict)]
+    if looks:
+        shown = "; ".join(f"{num(x.get('at_s'))} s: " + ", ".join(f"{k} {v}" for k, v in as_dict(x.get("states")).items())
+                          for x in looks)
+        facts.append(Fact(f"looks (each at {pct(decision.get('look_confidence'))} confidence)", shown))
     return facts
 
 
@@ -225,7 +249,8 @@ def build_soak(c: CheckResult, status: Label, anchor: str, block: str, duration:
     sparks = _sparks(telemetry, memory, as_float(soak.get("warmup_s")))
     return SoakView(
         id=c.id, anchor=anchor, block=block, status=status, message=c.message, duration=duration,
-        offered=_offered(soak) if soak else [], requests=requests, errors=errors, process=process,
+        offered=(_offered(soak) if soak else []) + _ran(as_dict(d.get("decision"))), requests=requests,
+        errors=errors, process=process,
         fits=[_fit_row(m) for m in memory],
         bound=f"{num(soak.get('max_growth_mib_per_min'))} MiB/min" if soak else "",
         counters=counters, sparks=sparks, notes=notes,

@@ -98,6 +98,26 @@ def test_a_passing_soak_shows_fit_sparklines_and_facts() -> None:
     assert s.notes == ["device: RuntimeError: smi crashed ×2 (first at 3 s)"]
     assert s.records is not None and s.records.href == "perf/soak/perf.soak.jsonl"
     assert not [m for m in perf([soak_check(0.5)]).micro if m.kind == "perf.soak"]  # not a micro-benchmark
+    assert ("duration", "30 s") in [(f.label, f.value) for f in s.offered]  # a fixed-length soak (older results)
+    assert "stopped" not in [f.label for f in s.offered]
+
+
+def test_a_soak_that_decided_says_how_long_it_ran_and_why_it_stopped() -> None:
+    soak = {"duration_s": 20, "max_duration_s": 60, "looks": 4, "arrival": "concurrency", "level": 2,
+            "sample_interval_s": 0.5, "warmup_s": 5.0, "max_growth_mib_per_min": 10.0, "max_error_rate": 0.0}
+    decision = {"looks_at_s": [20.0, 33.333, 46.667, 60.0], "look_confidence": 0.9875, "ran_s": 35.2,
+                "looks": [{"at_s": 20.0, "states": {"server_rss_mib": "inconclusive"}},
+                          {"at_s": 33.333, "states": {"server_rss_mib": "within"}}],
+                "stop": "decided", "stopped_at_s": 33.333, "why": "decided at 33.33 s, look 2 of 4"}
+    s = only(perf([soak_check(0.5, soak=soak, decision=decision)]))
+    facts = dict((f.label, f.value) for f in s.offered)
+    assert facts["duration"] == "20 s, up to 60 s while a memory trend is undecided (4 looks)"
+    assert facts["ran"] == "35.2 s" and facts["stopped"] == "decided at 33.33 s, look 2 of 4"
+    assert facts["looks (each at 98.8% confidence)"] == ("20 s: server_rss_mib inconclusive; "
+                                                         "33.33 s: server_rss_mib within")
+    page = render(build_view(make_results(steps=[1, 2, 3, 4, 5], checks=[soak_check(0.5, soak=soak,
+                                                                                     decision=decision)])))
+    assert "decided at 33.33 s, look 2 of 4" in page
 
 
 def test_a_failing_soak_marks_the_series_over_bound() -> None:

@@ -1,12 +1,23 @@
 """Check kind ``perf.soak``: serve mixed traffic for a while, watch telemetry the whole time (L5).
 
 The check takes the server step 4 loaded (same load options; ``framework: auto`` as for
-``perf.serving``), drives it for ``duration_s`` with mixed request lengths through
+``perf.serving``), drives it with mixed request lengths through
 :mod:`adaptcheck.perf.loadgen` (a closed loop of ``level`` requests in flight, or Poisson
 arrivals at ``level`` req/s), and meanwhile samples, every ``sample_interval_s``, the
 server's process-tree RSS, host CPU utilisation and frequency, and the backend's device
 telemetry (:mod:`adaptcheck.perf.telemetry`). Every request is written to
 ``<run_dir>/perf/soak/<check id>.jsonl``.
+
+How long: like step 5's serving runs, until the evidence decides. At ``looks`` times evenly
+spaced from ``duration_s`` to ``max_duration_s`` (seconds since the soak started; one look
+when they are equal, the default) a thread beside the load fits each memory trend on the
+samples so far (:class:`adaptcheck.perf.trend.SequentialRule`) and stops the load at the
+first look where every bounded series is decided (or one is over the bound); requests in
+flight then finish. Each look's bounds are at the confidence ``1 − (1 − confidence)/looks``
+(Bonferroni), so that looking several times does not raise the rate of wrong decisions
+above ``1 − confidence`` per side. The verdict is the stopping look's: its fits cover the
+samples up to that look (the drain after it is shown, not fitted). ``details.decision``
+says when it stopped, why, and what each look found.
 
 Status (docs/perf.md, "Soak"): ``pass`` only when no request failed (``max_error_rate``,
 default 0) and the least-squares memory trend after ``warmup_s``
@@ -16,10 +27,10 @@ every memory series sampled — server RSS, and device memory used on an acceler
 CPU backend the "device" memory is the whole host's, moved by every process: it is shown,
 not bounded) — and no uncorrectable-error counter of the device rose. ``fail`` names the
 series, its slope, interval and the bound (its lower confidence bound above the bound), or
-the errors. ``error`` when a slope's interval straddles the bound ("inconclusive: run
-longer", with the duration that would decide): the soak measured, but too briefly to say,
-which is neither a pass nor a fault of the server — and, unlike a skip, shows as an error
-in CI (JUnit) and blocks L5. ``skip`` when there is no server to soak, or when no memory
+the errors. ``error`` when at the last look (``max_duration_s`` spent) a slope's interval
+still straddles the bound ("inconclusive: run longer", with the duration that would
+decide): the soak measured, but too briefly to say, which is neither a pass nor a fault of
+the server — and, unlike a skip, shows as an error in CI (JUnit) and blocks L5. ``skip`` when there is no server to soak, or when no memory
 series could be sampled: a soak without memory evidence is not a pass, and the skip stays
 *applicable* (L5 still lacks its soak). ``error`` also when no request completed at all.
 """
@@ -28,6 +39,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -39,7 +52,7 @@ from adaptcheck.models.results import Status
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
 from adaptcheck.perf.monitors import local_server_pid
 from adaptcheck.perf.telemetry import Telemetry, TelemetrySampler
-from adaptcheck.perf.trend import MIN_SAMPLES, GrowthVerdict, memory_growth_verdict
+from adaptcheck.perf.trend import MIN_SAMPLES, GrowthVerdict, SequentialRule, settled
 from adaptcheck.perf.workload import PromptFactory, Shape, Workload
 from adaptcheck.steps.framework.lifecycle import (
     Active,
@@ -63,8 +76,16 @@ SERIES_LABELS = {"server_rss_mib": "server RSS", "memory_used_mib": "device memo
 class SoakParams(ServerParams):
     """``perf.soak``: a stability run under mixed load with telemetry."""
 
-    duration_s: float = Field(default=300.0, gt=0, description="How long requests keep starting (they are then "
-                              "waited for).")
+    duration_s: float = Field(default=300.0, gt=0, description="Shortest soak (s): the memory trends are first "
+                              "judged then; with max_duration_s the soak goes on while one is undecided. Requests in "
+                              "flight when it stops are waited for.")
+    max_duration_s: float | None = Field(default=None, gt=0, description="Longest soak (s), the budget: while a "
+                                         "memory trend's interval straddles the bound the soak goes on, judged at "
+                                         "`looks` times from duration_s to this; undecided here is an error "
+                                         "(inconclusive). Default: duration_s (one look).")
+    looks: int = Field(default=4, ge=1, le=100, description="Looks at the memory trends, evenly spaced from "
+                       "duration_s to max_duration_s (one when they are equal); each look's bounds are at the "
+                       "confidence 1 - (1 - confidence)/looks (Bonferroni), docs/perf.md, Soak.")
     arrival: Literal["concurrency", "poisson"] = Field(default="concurrency", description="concurrency: keep "
                                                        "`level` requests in flight; poisson: `level` req/s.")
     level: float = Field(default=2, gt=0, description="Requests in flight (concurrency) or rate in req/s (poisson).")
@@ -76,8 +97,9 @@ class SoakParams(ServerParams):
     max_growth_mib_per_min: float = Field(default=10.0, ge=0, description="Largest fitted memory growth (MiB per "
                                           "minute) of server RSS and of device memory used.")
     confidence: float = Field(default=0.95, gt=0.5, lt=1, description="One-sided confidence of each bound of the "
-                              "fitted slope: the lower bound above max_growth_mib_per_min fails, the upper bound "
-                              "within it passes, an interval across it is inconclusive (an error: run longer).")
+                              "fitted slope over all looks: the lower bound above max_growth_mib_per_min fails, the "
+                              "upper bound within it passes, an interval across it at the last look is inconclusive "
+                              "(an error: run longer).")
     max_error_rate: float = Field(default=0.0, ge=0, le=1, description="Largest fraction of failed requests "
                                   "(default 0: none may fail).")
     request_timeout_s: float = Field(default=60.0, gt=0, description="Longest one request may take.")
@@ -92,7 +114,20 @@ class SoakParams(ServerParams):
         if left < MIN_SAMPLES * self.sample_interval_s:
             raise ValueError(f"duration_s - warmup_s ({left:g} s) must leave at least {MIN_SAMPLES} samples of "
                              f"sample_interval_s ({self.sample_interval_s:g} s) for the memory trend")
+        if self.max_duration_s is not None and self.max_duration_s < self.duration_s:
+            raise ValueError(f"max_duration_s ({self.max_duration_s:g} s) must be ≥ duration_s "
+                             f"({self.duration_s:g} s): it is the budget the soak may extend to")
         return self
+
+    @property
+    def budget_s(self) -> float:
+        """The longest the soak may run (max_duration_s, else duration_s)."""
+        return self.max_duration_s if self.max_duration_s is not None else self.duration_s
+
+    def rule(self) -> SequentialRule:
+        return SequentialRule(bound_mib_per_min=self.max_growth_mib_per_min, first_s=self.duration_s,
+                              last_s=self.budget_s, looks=self.looks if self.budget_s > self.duration_s else 1,
+                              warmup_s=self.warmup_s, confidence=self.confidence)
 
     def shapes(self) -> list[Shape]:
         return [Shape(m.input_tokens, m.output_tokens, m.weight) for m in self.mixed]
@@ -103,8 +138,9 @@ class SoakCheck(Check):
 
     kind = "perf.soak"
     step = 5
-    description = ("Stability soak: mixed traffic for duration_s with device/host telemetry sampled throughout; "
-                   "no request errors and no fitted memory growth beyond the bound.")
+    description = ("Stability soak: mixed traffic from duration_s until the memory trends are decided (at most "
+                   "max_duration_s) with device/host telemetry sampled throughout; no request errors and no fitted "
+                   "memory growth beyond the bound.")
     params_model = SoakParams
 
     def run(self, ctx: CheckContext, params: SoakParams) -> Outcome:
@@ -142,25 +178,33 @@ def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
                         rejected_fields=set(getattr(client, "rejected_fields", set())))
     pid, found_by = _server_process(fw, url)
     local = pid is not None or getattr(fw, "server", None) is not None or _on_this_host(url)
-    cfg = RunConfig(arrival=params.arrival, level=params.level, duration_s=params.duration_s,
+    # The window's own duration is only a backstop: the looks (on the sampler's clock, which
+    # starts before the warm-up requests) stop the load at the last look at the latest.
+    cfg = RunConfig(arrival=params.arrival, level=params.level, duration_s=params.budget_s,
                     warmup_requests=max(1, int(params.level)) if params.arrival == "concurrency" else 1,
                     request_timeout_s=params.request_timeout_s, arrival_seed=ctx.seed_for(f"{name}:arrival"))
     rel = Path("perf") / "soak" / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.jsonl"
     path = ctx.run_dir / rel
     path.parent.mkdir(parents=True, exist_ok=True)
+    accelerator = ctx.backend.is_accelerator
     sampler = TelemetrySampler(params.sample_interval_s, pid=pid, backend=ctx.backend if local else None,
                                device_index=ctx.device_index).start()
+    looker = Looker(sampler, params, accelerator=accelerator).start()
+    started = time.monotonic()
     try:
-        # Elapsed against duration_s, live in the progress bar (requests still in flight are then waited for).
-        with ctx.timed_progress(params.duration_s, note="soak"):
-            result = gen.run(cfg, level_index=0, run=0)
+        # Elapsed against the budget, live in the progress bar (it usually stops sooner).
+        with ctx.timed_progress(params.budget_s, note="soak"):
+            result = gen.run(cfg, level_index=0, run=0, stop=looker.stop_load)
     finally:
+        looker.close()
+        ran_s = time.monotonic() - started
         telemetry = sampler.stop()
     with path.open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(rec.to_dict()) + "\n" for rec in result.records)
-    memory = _memory(telemetry, params, accelerator=ctx.backend.is_accelerator)
+    decision = looker.decision(telemetry, ran_s=ran_s, aborted=result.aborted)
     details: dict[str, Any] = {
-        "soak": {"duration_s": params.duration_s, "arrival": params.arrival, "level": params.level,
+        "soak": {"duration_s": params.duration_s, "max_duration_s": params.budget_s, "looks": len(params.rule().times()),
+                 "arrival": params.arrival, "level": params.level,
                  "mixed": [m.model_dump() for m in params.mixed], "sample_interval_s": params.sample_interval_s,
                  "warmup_s": params.warmup_s, "max_growth_mib_per_min": params.max_growth_mib_per_min,
                  "confidence": params.confidence,
@@ -170,11 +214,96 @@ def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
         "requests": _requests(result),
         "records_file": rel.as_posix(),
         "telemetry": telemetry.to_dict(),
-        "memory": memory,
+        "memory": decision.pop("memory"),
+        "decision": decision,
         "counters": _counters(telemetry),
         "kv_cache_peak": result.kv_cache_peak,
     }
     return soak_verdict(params, details)
+
+
+LOOK_SETTLE_S = 0.25
+"""A look waits this long (at most half a sample interval) past its time, so that the sample due then is in."""
+
+
+class Looker:
+    """Judges the memory trends at the rule's looks while the load runs, and stops the load
+    (:attr:`stop_load`) at the first look that settles them, or at the last.
+
+    A thread of its own: a fit over a few hundred samples takes milliseconds, which the load
+    generator's event loop (in the caller's thread) must not spend. Each look's memory
+    entries are kept; the stopping look's are the verdict.
+    """
+
+    def __init__(self, sampler: TelemetrySampler, params: SoakParams, *, accelerator: bool) -> None:
+        self.sampler = sampler
+        self.params = params
+        self.rule = params.rule()
+        self.accelerator = accelerator
+        self.stop_load = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="adaptcheck-soak-looks", daemon=True)
+        self.looks: list[dict[str, Any]] = []
+        self.memory: list[dict[str, Any]] | None = None
+        """The memory entries of the latest look."""
+        self.stop: str | None = None
+        """decided | budget | nothing to judge (no bounded series could be judged), once a look stopped the load."""
+        self.error: str | None = None
+
+    def start(self) -> Looker:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        times = self.rule.times()
+        settle = min(LOOK_SETTLE_S, self.params.sample_interval_s / 2)
+        try:
+            for i, at in enumerate(times):
+                if self._closed.wait(max(0.0, at + settle - self.sampler.elapsed_s)):
+                    return  # the load ended before this look
+                memory = _memory(self.sampler.snapshot(), self.params, accelerator=self.accelerator, until_s=at)
+                states = {m["series"]: m["state"] for m in memory}
+                self.looks.append({"at_s": round(at, 3), "states": states})
+                self.memory = memory
+                bounded = [m["state"] for m in memory if m["bounded"]]
+                if settled(bounded) or i == len(times) - 1:
+                    self.stop = ("budget" if not settled(bounded) else "decided"
+                                 if {"within", "over"} & set(bounded) else "nothing to judge")
+                    self.stop_load.set()
+                    return
+        except Exception as exc:  # noqa: BLE001 - a broken look must not leave the load running to its backstop
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.stop_load.set()
+
+    def decision(self, telemetry: Telemetry, *, ran_s: float, aborted: str | None) -> dict[str, Any]:
+        """``details.decision`` (with the verdict's ``memory`` entries, popped by the caller)."""
+        times = self.rule.times()
+        out: dict[str, Any] = {"looks_at_s": [round(t, 3) for t in times],
+                               "look_confidence": round(self.rule.per_look_confidence, 6),
+                               "looks": list(self.looks), "ran_s": round(ran_s, 2)}
+        if self.memory is not None and self.stop is not None:
+            at = self.looks[-1]["at_s"]
+            why = {"decided": f"decided at {at:.4g} s, look {len(self.looks)} of {len(times)}",
+                   "budget": f"budget of {self.rule.last_s:.4g} s spent, undecided at its last look",
+                   "nothing to judge": f"stopped at {at:.4g} s: no memory trend to judge"}[self.stop]
+            out |= {"stop": self.stop, "stopped_at_s": at, "memory": self.memory, "why": why}
+            return out
+        # The load ended before the looks did (the server stopped answering, or a look broke):
+        # the last look taken stands, else one on every sample there is.
+        why = aborted or self.error or "the load ended early"
+        if self.memory is not None:
+            at = self.looks[-1]["at_s"]
+            memory = self.memory
+        else:
+            at = None
+            memory = _memory(telemetry, self.params, accelerator=self.accelerator)
+        out |= {"stop": "load ended", "stopped_at_s": at, "memory": memory,
+                "why": f"the load ended before the looks were done ({why})"}
+        return out
 
 
 def _requests(result: RunResult) -> dict[str, Any]:
@@ -187,8 +316,12 @@ def _requests(result: RunResult) -> dict[str, Any]:
     return summary
 
 
-def _memory(telemetry: Telemetry, params: SoakParams, *, accelerator: bool) -> list[dict[str, Any]]:
-    """One entry per memory series sampled: its fit and verdict, or why it is not bounded."""
+def _memory(telemetry: Telemetry, params: SoakParams, *, accelerator: bool,
+            until_s: float | None = None) -> list[dict[str, Any]]:
+    """One entry per memory series sampled: its fit and verdict at a look (the samples up to
+    ``until_s``; None: all of them), at the rule's per-look confidence, or why it is not bounded."""
+    rule = params.rule()
+    at = until_s if until_s is not None else float("inf")
     out: list[dict[str, Any]] = []
     sources = [("host", telemetry.host, "server_rss_mib", True)]
     if telemetry.device is not None:
@@ -198,8 +331,7 @@ def _memory(telemetry: Telemetry, params: SoakParams, *, accelerator: bool) -> l
         values = series.fields.get(key)
         if not values or all(v is None for v in values):
             continue
-        verdict = memory_growth_verdict(zip(series.t_s, values, strict=True), params.max_growth_mib_per_min,
-                                        warmup_s=params.warmup_s, confidence=params.confidence)
+        verdict = rule.judge(zip(series.t_s, values, strict=True), at)
         entry: dict[str, Any] = {"series": key, "source": source,
                                  "label": SERIES_LABELS[key] if bounded else "host memory used (whole machine)",
                                  "bounded": bounded, **verdict.to_dict()}
@@ -251,7 +383,7 @@ def soak_verdict(params: SoakParams, details: dict[str, Any]) -> Outcome:
     problems += [f"{m['label']} ({m['series']}) {m['reason']}" for m in judged if m["ok"] is False]
     problems += [f"device counter {c['counter']} rose from {c['first']:g} to {c['last']:g}"
                  for c in details["counters"] if c["rose"]]
-    head = f"soak {params.duration_s:g} s, {total} requests"
+    head = f"soak {_ran(params, details.get('decision'))}, {total} requests"
     if problems:
         return Outcome.failed(f"{head}: " + "; ".join(problems), details=details, metrics=metrics)
     # Too short to tell a leak from noise or warm-up: an error (never a pass), saying how long would do.
@@ -269,9 +401,17 @@ def soak_verdict(params: SoakParams, details: dict[str, Any]) -> Outcome:
     return Outcome.passed(f"{head}, 0 errors; {growth}", details=details, metrics=metrics)
 
 
+def _ran(params: SoakParams, decision: Any) -> str:
+    """'41 s (decided at 40 s, look 2 of 4)', or the planned duration for details without a decision."""
+    if not isinstance(decision, dict) or decision.get("ran_s") is None:
+        return f"{params.duration_s:g} s"
+    return f"{float(decision['ran_s']):.0f} s ({decision.get('why') or decision.get('stop')})"
+
+
 def _metrics(details: dict[str, Any], failed: int, total: int) -> dict[str, Any]:
     req = details["requests"]
-    out: dict[str, Any] = {"requests": total, "failed_requests": failed,
+    decision = details.get("decision") or {}
+    out: dict[str, Any] = {"requests": total, "failed_requests": failed, "soak_s": decision.get("ran_s"),
                            "error_rate": failed / total if total else None,
                            "output_tok_per_s": req["output_throughput"], "ttft_ms_p99": req["ttft_ms"]["p99"]}
     for m in details["memory"]:

@@ -33,11 +33,12 @@ pytestmark = pytest.mark.slow  # ~38 s of the full suite on 2 cores: outside the
 
 REPO = Path(__file__).resolve().parents[3]
 MIX = [{"input_tokens": 32, "output_tokens": 16, "weight": 2}, {"input_tokens": 128, "output_tokens": 32, "weight": 1}]
-# 15 s at 2 in flight, sampled every 0.5 s, the first 4 s left out: 23 samples in the trend.
-# The bound (10 MiB/min) sits far from both cases measured here: a 2 MiB/request leak grows
-# ~1,000-1,600 MiB/min at the ~10-15 req/s this machine serves; the flat relay ~0.6 MiB/min.
-SOAK: dict[str, Any] = {"duration_s": 15, "warmup_s": 4, "sample_interval_s": 0.5, "level": 2, "mixed": MIX,
-                        "max_growth_mib_per_min": 10, "request_timeout_s": 30}
+# 15 s at 2 in flight, sampled every 0.5 s, the first 4 s left out: 23 samples in the trend at
+# the first look, up to 30 s (looks at 15, 22.5 and 30 s) while undecided. The bound (10 MiB/min)
+# sits far from both cases measured here: a 2 MiB/request leak grows ~1,000-1,600 MiB/min at
+# the ~10-15 req/s this machine serves; the flat relay ~0.6 MiB/min.
+SOAK: dict[str, Any] = {"duration_s": 15, "max_duration_s": 30, "looks": 3, "warmup_s": 4, "sample_interval_s": 0.5,
+                        "level": 2, "mixed": MIX, "max_growth_mib_per_min": 10, "request_timeout_s": 30}
 
 
 def context(run_dir: Path, served_model: Path, url: str | None, check_id: str) -> CheckContext:
@@ -104,6 +105,8 @@ def test_a_leaking_server_fails_naming_rss_growth(leaking: tuple[Outcome, Path])
     assert fit["r2"] > 0.9
     assert m["state"] == "over" and m["slope_bounds_mib_per_min"][0] > 10
     assert req["failed"] == 0 and outcome.metrics["server_rss_slope_mib_per_min"] == fit["slope_mib_per_min"]
+    # A leak this size is decided at the first look: the soak stops there, not at its 30 s budget.
+    assert outcome.details["decision"]["stop"] == "decided" and outcome.details["decision"]["stopped_at_s"] == 15
 
 
 def test_a_flat_server_passes(flat: tuple[Outcome, Path]) -> None:
@@ -114,26 +117,33 @@ def test_a_flat_server_passes(flat: tuple[Outcome, Path]) -> None:
     assert m["slope_bounds_mib_per_min"][1] <= 10  # the whole interval, not just the slope, within the bound
     assert "0 errors" in outcome.message and "server RSS" in outcome.message
     assert outcome.details["requests"]["completed"] > 30
+    decision = outcome.details["decision"]
+    assert decision["stop"] == "decided" and outcome.message.startswith(f"soak {decision['ran_s']:.0f} s (decided at ")
+    assert m["fit"]["t_end_s"] <= decision["stopped_at_s"] and decision["ran_s"] < 30 + 10
 
 
 def test_the_details_have_the_contract_shape(flat: tuple[Outcome, Path]) -> None:
     outcome, run_dir = flat
     d = outcome.details
-    assert {"soak", "server", "server_process", "requests", "records_file", "telemetry", "memory", "counters",
-            "kv_cache_peak"} <= set(d)
-    assert d["soak"] == {"duration_s": 15, "arrival": "concurrency", "level": 2, "mixed": MIX,
-                         "sample_interval_s": 0.5, "warmup_s": 4, "max_growth_mib_per_min": 10,
+    assert {"soak", "server", "server_process", "requests", "records_file", "telemetry", "memory", "decision",
+            "counters", "kv_cache_peak"} <= set(d)
+    assert d["soak"] == {"duration_s": 15, "max_duration_s": 30, "looks": 3, "arrival": "concurrency", "level": 2,
+                         "mixed": MIX, "sample_interval_s": 0.5, "warmup_s": 4, "max_growth_mib_per_min": 10,
                          "confidence": 0.95, "max_error_rate": 0.0, "request_timeout_s": 30}
+    assert d["decision"]["looks_at_s"] == [15, 22.5, 30] and d["decision"]["look_confidence"] == pytest.approx(
+        1 - 0.05 / 3)
+    assert {"looks", "ran_s", "stop", "stopped_at_s", "why"} <= set(d["decision"])
     assert d["server_process"]["found_by"] == "listening on the endpoint's port" and d["server_process"]["pid"] > 0
     tel = d["telemetry"]
     host = tel["host"]
-    assert len(host["t_s"]) >= 28  # 15 s + the last requests, every 0.5 s
+    assert len(host["t_s"]) >= 28  # 15 s (the first look) + the last requests, every 0.5 s
     assert all(len(v) == len(host["t_s"]) for v in host.values())
     assert {"server_rss_mib", "cpu_utilization_pct"} <= set(host)
     # The CPU backend's "device" memory is the host's: sampled and shown, never bounded.
     dev = next(m for m in d["memory"] if m["source"] == "device")
     assert dev["bounded"] is False and dev["ok"] is None and dev["label"] == "host memory used (whole machine)"
     assert rss(outcome)["fit"]["n"] >= 20 and rss(outcome)["fit"]["t_start_s"] >= 4
+    assert rss(outcome)["fit"]["t_end_s"] <= d["decision"]["stopped_at_s"]  # the stopping look's samples only
     assert d["counters"] == []  # no device error counters on a CPU
     lines = [json.loads(x) for x in (run_dir / d["records_file"]).read_text().splitlines()]
     assert d["records_file"] == "perf/soak/perf.soak.flat.jsonl"
@@ -144,7 +154,7 @@ def test_the_details_have_the_contract_shape(flat: tuple[Outcome, Path]) -> None
 def test_request_errors_fail_the_soak(vllm_server: ManagedServer, served_model: Path, tmp_path: Path) -> None:
     with fault_proxy(vllm_server.base_url, "fail_every", every=5) as (url, state):
         outcome = soak(context(tmp_path, served_model, url, "perf.soak.errors"),
-                       **(SOAK | {"duration_s": 5, "warmup_s": 1}))
+                       **(SOAK | {"duration_s": 5, "max_duration_s": 5, "warmup_s": 1}))
     assert state.failed > 0 and outcome.status == Status.FAIL
     assert "requests failed (bound 0%)" in outcome.message and "injected failure" in outcome.message, outcome.message
     assert outcome.metrics["failed_requests"] == state.failed

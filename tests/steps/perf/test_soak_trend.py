@@ -1,20 +1,24 @@
 """perf.soak's memory verdict on its confidence interval: inconclusive is an error, never a pass.
 
 No server here: the details are built in the docs/perf.md shape around memory entries made by
-the real :func:`memory_growth_verdict`, so what is tested is the step's decision on them.
+the real :func:`memory_growth_verdict`, so what is tested is the step's decision on them; and
+the looks (:class:`~adaptcheck.steps.perf.soak.Looker`) run live on a synthetic series handed
+out as time passes, so what is tested is when they stop the load and what they leave.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+import time
+from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
 
 from adaptcheck.models.results import Status
+from adaptcheck.perf.telemetry import SeriesSet, Telemetry, TelemetrySampler
 from adaptcheck.perf.trend import memory_growth_verdict
-from adaptcheck.steps.perf.soak import SoakParams, soak_verdict
+from adaptcheck.steps.perf.soak import Looker, SoakParams, soak_verdict
 
 PARAMS = SoakParams(framework="endpoint", duration_s=40, warmup_s=10, sample_interval_s=1)
 
@@ -96,3 +100,95 @@ def test_the_report_shows_the_interval_and_an_inconclusive_label() -> None:
     old.pop("state")
     legacy = _fit_row(old)
     assert " ± " in legacy.slope and legacy.verdict.label == "within bound"
+
+
+# --------------------------------------------------------------- the looks, live, without a server --
+
+class FakeSampler:
+    """Hands out, as time passes, the samples of a synthetic series (what the telemetry sampler
+    would have collected by then)."""
+
+    def __init__(self, series: list[tuple[float, float]], interval_s: float) -> None:
+        self.series = series
+        self.interval_s = interval_s
+        self.t0 = time.monotonic()
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def snapshot(self) -> Telemetry:
+        host = SeriesSet()
+        now = self.elapsed_s
+        for t, v in self.series:
+            if t <= now:
+                host.add(t, {"server_rss_mib": v}, 0.0)
+        return Telemetry(interval_s=self.interval_s, host=host, device=None, errors={}, notes=[])
+
+
+# 0.1 s samples, looks at 0.6, 0.9, 1.2 and 1.5 s: the same rule as a soak of minutes, faster.
+FAST = SoakParams(framework="endpoint", duration_s=0.6, max_duration_s=1.5, looks=4, warmup_s=0.0,
+                  sample_interval_s=0.1, max_growth_mib_per_min=10)
+
+
+def look(slope: float, noise: float, seed: int) -> tuple[Looker, float]:
+    rng = random.Random(seed)
+    series = [(i / 10, 800.0 + slope * i / 600 + rng.gauss(0.0, noise)) for i in range(40)]
+    sampler = FakeSampler(series, 0.1)
+    looker = Looker(cast(TelemetrySampler, sampler), FAST, accelerator=False).start()
+    stopped = looker.stop_load.wait(5.0)
+    took = sampler.elapsed_s
+    looker.close()
+    assert stopped, "the looks never stopped the load"
+    return looker, took
+
+
+def test_the_looks_stop_a_flat_soak_at_the_first_look() -> None:
+    looker, took = look(0.0, 0.001, seed=1)
+    assert 0.6 <= took < 0.9 and looker.stop == "decided"
+    decision = looker.decision(cast(Telemetry, None), ran_s=took, aborted=None)
+    assert decision["stop"] == "decided" and decision["stopped_at_s"] == 0.6
+    assert decision["looks_at_s"] == [0.6, 0.9, 1.2, 1.5] and decision["look_confidence"] == pytest.approx(0.9875)
+    assert decision["looks"] == [{"at_s": 0.6, "states": {"server_rss_mib": "within"}}]
+    assert decision["why"] == "decided at 0.6 s, look 1 of 4"
+    (rss,) = decision["memory"]
+    assert rss["state"] == "within" and rss["fit"]["t_end_s"] <= 0.6 and rss["confidence"] == pytest.approx(0.9875)
+
+
+def test_the_looks_stop_a_leak_at_the_first_look() -> None:
+    looker, took = look(6000.0, 0.001, seed=2)
+    assert took < 0.9 and looker.stop == "decided" and looker.looks[0]["states"] == {"server_rss_mib": "over"}
+
+
+def test_growth_at_the_bound_goes_to_the_budget_and_is_an_error() -> None:
+    looker, took = look(10.0, 0.05, seed=3)
+    assert took >= 1.5 and looker.stop == "budget" and len(looker.looks) == 4
+    decision = looker.decision(cast(Telemetry, None), ran_s=1.6, aborted=None)
+    assert decision["why"] == "budget of 1.5 s spent, undecided at its last look"
+    memory = decision.pop("memory")
+    assert [m["state"] for m in memory] == ["inconclusive"]
+    outcome = soak_verdict(FAST, details(*memory) | {"decision": decision})
+    assert outcome.status == Status.ERROR, outcome.message
+    assert outcome.message.startswith("soak 2 s (budget of 1.5 s spent, undecided at its last look), 302 requests, "
+                                      "0 errors, but memory growth inconclusive: server RSS (server_rss_mib) ")
+    assert "straddles the bound 10 MiB/min" in outcome.message and outcome.metrics["soak_s"] == 1.6
+
+
+def test_a_load_that_ends_before_the_first_look_is_judged_on_what_there_is() -> None:
+    rng = random.Random(4)
+    series = [(i / 10, 800.0 + rng.gauss(0.0, 0.01)) for i in range(8)]
+    sampler = FakeSampler(series, 0.1)
+    looker = Looker(cast(TelemetrySampler, sampler), FAST, accelerator=False).start()
+    looker.close()  # the load ended at once (the server died)
+    decision = looker.decision(sampler.snapshot(), ran_s=0.1, aborted="the server stopped accepting connections")
+    assert decision["stop"] == "load ended" and decision["looks"] == [] and decision["stopped_at_s"] is None
+    assert "the server stopped accepting connections" in decision["why"]
+
+
+def test_max_duration_is_checked_and_defaults_to_one_look() -> None:
+    assert PARAMS.budget_s == 40 and PARAMS.rule().times() == [40.0]
+    assert PARAMS.rule().per_look_confidence == pytest.approx(0.95)
+    with pytest.raises(ValidationError, match="max_duration_s"):
+        SoakParams(framework="endpoint", duration_s=40, max_duration_s=30, warmup_s=10)
+    with pytest.raises(ValidationError):
+        SoakParams(framework="endpoint", looks=0)
