@@ -200,8 +200,10 @@ class RopeTableTooShort(_Planted):
             pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
             if pos is None:
                 return None
-            x = kwargs.get("x", args[0] if args else None)
-            return module.forward(x, position_ids=pos % self.WRAP)
+            # Everything else as the model passed it (Gemma 3's rotary also takes the layer type).
+            if "position_ids" in kwargs:
+                return module.forward(*args, **{**kwargs, "position_ids": pos % self.WRAP})
+            return module.forward(args[0], pos % self.WRAP, *args[2:], **kwargs)
 
         handles = [m.register_forward_hook(hook, with_kwargs=True) for _, m in self.model.named_modules()
                    if type(m).__name__.endswith("RotaryEmbedding")]
