@@ -27,7 +27,8 @@ class ModelError(InvalidInputError):
     """
 
 
-def _file_sha256(path: Path) -> str:
+def sha256_of_file(path: Path) -> str:
+    """sha256 of one file, read now (no cache: for a file just written, or to verify one)."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -57,7 +58,7 @@ def _weights_sha256(files: list[Path], *, cache_min_bytes: int | None = None) ->
             cached = cache.read_text().strip()
             if re.fullmatch(r"[0-9a-f]{64}", cached):
                 return cached, size
-    sums = [(f.name, _file_sha256(f)) for f in files]
+    sums = [(f.name, sha256_of_file(f)) for f in files]
     if len(sums) == 1:
         sha = sums[0][1]
     else:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import io
 import json
 import math
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptcheck.errors import UnknownNameError, did_you_mean, exception_line
-from adaptcheck.frameworks.modelfiles import ModelError, file_sha256
+from adaptcheck.frameworks.modelfiles import ModelError, file_sha256, sha256_of_file
 
 PRETRAINED_PREFIX = "pretrained:"
 AUTO = "auto"
@@ -525,7 +524,7 @@ def _convert(gguf: Path, final: Path, origin: dict[str, Any], *, fix: str) -> Pa
             "conversion": f"dequantized by transformers (from_pretrained gguf_file=) to float32, rounded to "
                           f"{CONVERTED_DTYPE}",
             "weights_file": WEIGHTS_FILE,
-            "weights_sha256": _sha256(out / WEIGHTS_FILE),
+            "weights_sha256": sha256_of_file(out / WEIGHTS_FILE),
             "transformers_version": _version("transformers"),
             "gguf_version": _version("gguf"),
             "torch_version": _version("torch"),
@@ -542,14 +541,6 @@ def _convert(gguf: Path, final: Path, origin: dict[str, Any], *, fix: str) -> Pa
 _RECORDED_GENERAL = ("general.architecture", "general.name", "general.basename", "general.finetune",
                      "general.organization", "general.size_label", "general.license", "general.file_type",
                      "general.quantization_version", "general.repo_url", "general.source.repo_url")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _require_converters() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from adaptcheck.errors import ExitCode, InvalidInputError, UnknownNameError
-from adaptcheck.frameworks import modelfiles, modelsrc, synthetic
+from adaptcheck.frameworks import modelfiles, synthetic
 from adaptcheck.frameworks.modelsrc import ModelError, ResolvedModel, resolve_model
 
 
@@ -181,7 +181,7 @@ def test_big_weights_hash_is_cached(tmp_path: Path, tiny_llama: Path, monkeypatc
     folder = model_folder(tmp_path, tiny_llama)
     first = resolve_model(str(folder)).weights_sha256
     calls: list[Path] = []
-    monkeypatch.setattr(modelfiles, "_file_sha256", lambda p: calls.append(p) or "0" * 64)
+    monkeypatch.setattr(modelfiles, "sha256_of_file", lambda p: calls.append(p) or "0" * 64)
     assert resolve_model(str(folder)).weights_sha256 == first
     assert calls == []
     (folder / "model.safetensors").write_bytes(b"changed")  # new size and mtime: hashed again
