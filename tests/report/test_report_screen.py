@@ -221,15 +221,20 @@ def measured(rendered: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[i
     try:
         out = {}
         for width, height in SCREENS:
-            shot = rendered.parent / f"report-{width}.png"
-            out[width] = look(browser, rendered.resolve().as_uri(), width, height, shot)
-            keep = os.environ.get("ADAPTCHECK_SCREENSHOTS")
-            if keep:
-                Path(keep).mkdir(parents=True, exist_ok=True)
-                shutil.copy(shot, Path(keep) / shot.name)
+            out[width] = look_and_keep(browser, rendered, width, height, rendered.parent / f"report-{width}.png")
         return out
     finally:
         browser.close()
+
+
+def look_and_keep(browser: Browser, page: Path, width: int, height: int, shot: Path) -> dict[str, Any]:
+    """``look`` at the page, keeping the screenshot in $ADAPTCHECK_SCREENSHOTS when it is set."""
+    seen = look(browser, page.resolve().as_uri(), width, height, shot)
+    keep = os.environ.get("ADAPTCHECK_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(keep) / shot.name)
+    return seen
 
 
 def test_main_page_is_small_and_its_details_page_is_beside_it(rendered: Path) -> None:
@@ -302,12 +307,8 @@ def subject_measured(subject_pages: dict[str, Path],
         out = {}
         for name, page in subject_pages.items():
             for width, height in SCREENS:
-                shot = page.parent / f"report-{name}-{width}.png"
-                out[(name, width)] = look(browser, page.resolve().as_uri(), width, height, shot)
-                keep = os.environ.get("ADAPTCHECK_SCREENSHOTS")
-                if keep:
-                    Path(keep).mkdir(parents=True, exist_ok=True)
-                    shutil.copy(shot, Path(keep) / shot.name)
+                out[(name, width)] = look_and_keep(browser, page, width, height,
+                                                   page.parent / f"report-{name}-{width}.png")
         return out
     finally:
         browser.close()
