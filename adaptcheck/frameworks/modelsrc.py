@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,28 +136,20 @@ def resolve_model(name: str, *, seed: int = 0) -> ResolvedModel:
     embedded = converted = False
     if concrete.startswith(EMBEDDED_PREFIX):
         variant = concrete[len(EMBEDDED_PREFIX):]
-        cached = synthetic.is_complete(synthetic.model_dir(variant, seed=seed))  # unknown name raises here
-        started = time.perf_counter()
-        path = synthetic.ensure_model(variant, seed=seed)
-        if not cached:
-            generated_s = time.perf_counter() - started
+        # is_complete before writing: an unknown name raises here, and a cached model costs nothing.
+        path, generated_s = _written(synthetic.is_complete(synthetic.model_dir(variant, seed=seed)),
+                                     lambda: synthetic.ensure_model(variant, seed=seed))
         embedded = True
     elif concrete.startswith(PRETRAINED_PREFIX):
         variant = concrete[len(PRETRAINED_PREFIX):]
-        cached = pretrained.is_complete(pretrained.converted_dir(variant))  # unknown or missing raises here
-        started = time.perf_counter()
-        path = pretrained.ensure_pretrained(variant)
-        if not cached:
-            generated_s = time.perf_counter() - started
+        path, generated_s = _written(pretrained.is_complete(pretrained.converted_dir(variant)),  # unknown raises
+                                     lambda: pretrained.ensure_pretrained(variant))
         converted = True
     else:
         target = _local_path(concrete)
         if target.is_file():
-            cached = pretrained.is_complete(pretrained.converted_gguf_dir(target))
-            started = time.perf_counter()
-            path = pretrained.ensure_gguf(target)
-            if not cached:
-                generated_s = time.perf_counter() - started
+            path, generated_s = _written(pretrained.is_complete(pretrained.converted_gguf_dir(target)),
+                                         lambda: pretrained.ensure_gguf(target))
             converted = True
         else:
             path = target
@@ -191,6 +184,13 @@ def model_source(name: str) -> str:
         return "pretrained" if path.is_file() and looks_like_gguf(path) else "path"
     except (OSError, RuntimeError):  # a name no file can have (too long, ~user unknown)
         return "path"
+
+
+def _written(cached: bool, write: Callable[[], Path]) -> tuple[Path, float | None]:
+    """(folder, seconds spent writing it now): None when it was already in the cache."""
+    started = time.perf_counter()
+    path = write()
+    return path, None if cached else time.perf_counter() - started
 
 
 def _local_path(name: str) -> Path:
