@@ -297,8 +297,9 @@ def distribution_view(kind: str, details: dict[str, Any]) -> DistributionView | 
         vb = as_dict(as_dict(vs.get("bounds")).get("kl_mean"))
         text += (f"; batched vs float64 KL mean {_num(as_dict(vs.get('batched')).get('kl_mean'))} against alone "
                  f"{_num(as_dict(vs.get('alone')).get('kl_mean'))}")
-        if vb and as_float(vb.get("bound")) is not None:
-            text += f" (bound {format_float(as_float(vb.get('bound')))}{', exceeded' if vb.get('ok') is False else ''})"
+        vbound = as_float(vb.get("bound")) if vb else None
+        if vbound is not None:
+            text += f" (bound {format_float(vbound)}{', exceeded' if vb.get('ok') is False else ''})"
     return DistributionView(text=text, verdict=_verdict(d.get("ok")) if "ok" in d else None)
 
 
