@@ -93,18 +93,38 @@ class Fit:
     """Lag-1 autocorrelation of the residuals in time order, bias-corrected plus one standard error, in [0, MAX_RHO]."""
     effective_n: float = 0.0
     """n (1 − ρ) / (1 + ρ): how many independent samples the series is worth."""
+    increment_slope_mib_per_min: float | None = None
+    """The growth rate read from the steps between consecutive samples (their sum over the time
+    they span); None with fewer than 3 samples. See :func:`_increments`."""
+    increment_stderr_mib_per_min: float | None = None
+    increment_autocorrelation: float = 0.0
+    """Lag-1 autocorrelation of those steps, treated as :func:`_lag1` treats the residuals."""
+    increment_effective_n: float = 0.0
 
     def slope_bounds(self, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float] | None:
-        """One-sided ``confidence`` lower and upper bounds of the slope (MiB/min), autocorrelation included.
+        """One-sided ``confidence`` lower and upper bounds of the growth rate (MiB/min).
 
+        Two models of the series, each bound at 1 − (1 − c)/2 and the two intervals
+        intersected (a union bound: the intersection covers the true rate with probability
+        ≥ c whichever model holds). *Levels*: a line plus stationary noise (least squares,
+        the residuals' autocorrelation included) — right for a flat or steadily growing
+        server with noise around a level. *Increments*: the steps between samples as the
+        draws — right for memory that grows a little at every completed request, a random
+        walk with drift whose residuals from a line are one long wander (autocorrelation at
+        its cap, 0.99 measured on a 2 MiB/request leak at R² 1.00), which makes the levels
+        interval say nothing. Each interval stays valid (only wider) under the other model.
         None with fewer than 3 points (no standard error).
         """
         if self.slope_stderr_mib_per_min is None:
             return None
-        inflation = (1 + self.autocorrelation) / (1 - self.autocorrelation)
-        df = max(1.0, self.effective_n - 2)
-        half = t_ppf(confidence, df) * self.slope_stderr_mib_per_min * math.sqrt(inflation)
-        return self.slope_mib_per_min - half, self.slope_mib_per_min + half
+        each = 1.0 - (1.0 - confidence) / 2.0
+        levels = _interval(self.slope_mib_per_min, self.slope_stderr_mib_per_min, self.autocorrelation,
+                           self.effective_n - 2, each)
+        if self.increment_slope_mib_per_min is None or self.increment_stderr_mib_per_min is None:
+            return levels
+        steps = _interval(self.increment_slope_mib_per_min, self.increment_stderr_mib_per_min,
+                          self.increment_autocorrelation, self.increment_effective_n - 1, each)
+        return max(levels[0], steps[0]), min(levels[1], steps[1])
 
     @property
     def growth_over_window_mib(self) -> float:
@@ -123,6 +143,12 @@ class Fit:
         out["growth_over_window_mib"] = _round(self.growth_over_window_mib)
         out["growth_per_hour_mib"] = _round(self.growth_per_hour_mib)
         return out
+
+
+def _interval(rate: float, stderr: float, rho: float, df: float, confidence: float) -> tuple[float, float]:
+    """One-sided ``confidence`` bounds of ``rate`` with its standard error inflated for AR(1) ρ."""
+    half = t_ppf(confidence, max(1.0, df)) * stderr * math.sqrt((1 + rho) / (1 - rho))
+    return rate - half, rate + half
 
 
 def _round(value: Any) -> Any:
@@ -182,11 +208,42 @@ def fit_trend(times_s: Sequence[float], values: Sequence[float | None], *, after
     sxx = sum((t - mt) ** 2 for t, _ in kept)
     stderr = math.sqrt(ss_res / (n - 2) / sxx) * 60.0 if n > 2 else None
     rho = _lag1(sorted(kept), slope, intercept)
+    inc_rate, inc_se, inc_rho, inc_n = _increments(sorted(kept))
     return Fit(n=n, outliers=len(dropped), t_start_s=min(t for t, _ in kept), t_end_s=max(t for t, _ in kept),
                slope_mib_per_min=slope * 60.0, slope_stderr_mib_per_min=stderr, intercept_mib=intercept,
                r2=1.0 - ss_res / ss_tot if ss_tot > 0 else None,
                residual_std_mib=math.sqrt(ss_res / (n - 2)) if n > 2 else 0.0,
-               autocorrelation=rho, effective_n=n * (1 - rho) / (1 + rho))
+               autocorrelation=rho, effective_n=n * (1 - rho) / (1 + rho),
+               increment_slope_mib_per_min=inc_rate, increment_stderr_mib_per_min=inc_se,
+               increment_autocorrelation=inc_rho, increment_effective_n=inc_n)
+
+
+def _increments(points: Sequence[tuple[float, float]]) -> tuple[float | None, float | None, float, float]:
+    """(rate MiB/min, its standard error, ρ, effective count) from the steps between
+    consecutive samples (points in time order, outliers already set aside).
+
+    The rate is the steps' sum over the time they span; its standard error is that of a mean
+    of the per-second step rates weighted by their intervals, with the steps' lag-1
+    autocorrelation handled as :func:`_lag1` handles the residuals (bias-corrected, one
+    standard error added, negative set to 0). Steps of stationary noise are negatively
+    correlated, so setting ρ to 0 there only widens this interval; a decelerating curve (a
+    warm-up settling) has smoothly shrinking, positively correlated steps, which widen it too.
+    """
+    steps = [(b[0] - a[0], b[1] - a[1]) for a, b in pairwise(points) if b[0] > a[0]]
+    m = len(steps)
+    span = sum(dt for dt, _ in steps)
+    if m < 2 or span <= 0:
+        return None, None, 0.0, 0.0
+    rate = sum(dv for _, dv in steps) / span
+    dev = [dv - rate * dt for dt, dv in steps]  # each step's departure from the mean rate
+    ss = sum(d * d for d in dev)
+    se = math.sqrt(ss / (m - 1)) * math.sqrt(m) / span  # sd of the sum of m steps, over the span
+    if ss <= 0:
+        return rate * 60.0, 0.0, 0.0, float(m)
+    r = sum(a * b for a, b in pairwise(dev)) / ss
+    r = min(MAX_RHO, max(0.0, r + (1 + 4 * r) / m))
+    rho = min(MAX_RHO, r + RHO_SE_MARGIN * math.sqrt((1 - r * r) / m))
+    return rate * 60.0, se * 60.0, rho, m * (1 - rho) / (1 + rho)
 
 
 def _lag1(points: Sequence[tuple[float, float]], slope: float, intercept: float) -> float:

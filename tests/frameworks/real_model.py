@@ -8,6 +8,7 @@ skips the calling test where the package or ``gguf`` is not installed.
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import pytest
 
@@ -24,10 +25,11 @@ def real_model() -> ResolvedModel:
     return resolve_model(REAL_MODEL)
 
 
-def reference_requests(model: ResolvedModel, seed: int = 0) -> list[GenRequest]:
-    """What ``framework.reference`` asks the float64 reference with its default params."""
+def reference_requests(model: ResolvedModel, seed: int = 0, **params: Any) -> list[GenRequest]:
+    """What ``framework.reference`` asks the float64 reference with its default params, or
+    with ``params`` (ReferenceParams fields: prompts, long_prompt_tokens, max_tokens …) instead."""
     from adaptcheck.steps.framework.params import ReferenceParams
     from adaptcheck.steps.framework.probes import Tok
     from adaptcheck.steps.framework.probes import reference_requests as requests
 
-    return requests(Tok(None, model.path), ReferenceParams(framework="transformers"), seed)
+    return requests(Tok(None, model.path), ReferenceParams(framework="transformers", **params), seed)

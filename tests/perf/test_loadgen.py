@@ -110,7 +110,11 @@ def test_fixed_lengths_warmup_excluded_on_vllm(vllm_server: ManagedServer, token
     s = result.summary()
     assert s["completed"] == 8 and s["total_output_tokens"] == 96 and s["token_mismatches"] == 0
     assert s["duration_s"] == pytest.approx(result.duration_s)
-    assert s["chunks_per_token"] == pytest.approx(1.0)  # vLLM streams one token per event at this size
+    # The figure is the events counted over the tokens counted. vLLM streams one token per event
+    # at this size, but a busy host sometimes coalesces two tokens into one event (CI: 47 events
+    # for 48 tokens), so it is at most 1, never above, and mostly 1.
+    events = sum(len(r.chunk_tokens) for r in measured)
+    assert s["chunks_per_token"] == pytest.approx(events / 96) and 0.75 <= s["chunks_per_token"] <= 1.0
     assert result.client is not None and result.client.cpu_s > 0 and result.client.lag_ms
     assert "ignore_eos" not in gen.rejected_fields and result.kv_cache_peak is not None
 

@@ -7,6 +7,7 @@ plain least-squares part.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -146,7 +147,9 @@ def test_a_constant_series_has_zero_slope_and_no_r2() -> None:
     assert fit.to_dict()["slope_mib_per_min"] == 0.0
     assert set(fit.to_dict()) == {"n", "outliers", "t_start_s", "t_end_s", "slope_mib_per_min",
                                   "slope_stderr_mib_per_min", "intercept_mib", "r2", "residual_std_mib",
-                                  "autocorrelation", "effective_n", "growth_over_window_mib", "growth_per_hour_mib"}
+                                  "autocorrelation", "effective_n", "increment_slope_mib_per_min",
+                                  "increment_stderr_mib_per_min", "increment_autocorrelation",
+                                  "increment_effective_n", "growth_over_window_mib", "growth_per_hour_mib"}
 
 
 # ----------------------------------------------------------- the slope's confidence interval --
@@ -249,3 +252,24 @@ def test_the_duration_it_names_does_decide() -> None:
     decided = sum(memory_growth_verdict(zip(*series(5.0, n=n, noise=3.0, seed=s), strict=True), 10.0).state
                   == "within" for s in range(100, 200))
     assert decided >= 75
+
+
+def test_a_leak_that_grows_per_completed_request_is_decided() -> None:
+    """Memory that grows 2 MiB at each completed request (a random walk with drift: the steps
+    between samples are the draws) fails, though its residuals from a line are one long wander.
+    Measured on the leak proxy of tests/steps/perf/test_soak.py: +1138 MiB/min at R² 1.00 with
+    autocorrelation 0.99, which the levels model alone called [-779, +3055] MiB/min, inconclusive."""
+    rng = random.Random(1)
+    times = [0.5 * i for i in range(52)]
+    values, rss = [], 500.0
+    for _ in times:
+        values.append(rss)
+        rss += max(0.0, rng.gauss(9.5, 6.0))  # ~5 completions of 2 MiB per 0.5 s, bursty; never shrinks
+    verdict = memory_growth_verdict(zip(times, values, strict=True), 10.0)
+    assert verdict.state == "over" and verdict.bounds is not None and verdict.bounds[0] > 10.0, verdict.reason
+    fit = verdict.fit
+    assert fit is not None and fit.increment_slope_mib_per_min == pytest.approx((values[-1] - values[0]) / 25.5 * 60)
+    # The levels model alone (the line and its residuals' autocorrelation) could not tell.
+    levels_only = dataclasses.replace(fit, increment_slope_mib_per_min=None, increment_stderr_mib_per_min=None)
+    lo, hi = levels_only.slope_bounds()  # type: ignore[misc]
+    assert lo < 10.0 < hi and fit.autocorrelation > 0.95

@@ -138,7 +138,11 @@ def test_looking_often_without_the_stricter_confidence_is_caught(monkeypatch: py
     assert honest["within"] + honest["over"] <= 2 * WRONG_AT_BOUND, honest
     monkeypatch.setattr(trend, "look_confidence", lambda confidence, looks: confidence)  # 95 % at every look
     naive = simulate_sequential(often, BOUND, 2.0, 0.0, trials=200, seed=15)
-    assert naive["within"] + naive["over"] > 2 * WRONG_AT_BOUND, naive
+    # 11 % wrong at 95 % a look (above the 10 % two 5 % sides allow) against 0.5 % honest. Less
+    # than before the two-model interval (each model is bound at 97.5 %, see Fit.slope_bounds),
+    # which is why the comparison is with the nominal rate and with the honest rule.
+    wrong = naive["within"] + naive["over"]
+    assert wrong > 2 * (1 - 0.95) and wrong > 10 * (honest["within"] + honest["over"]), (naive, honest)
 
 
 def test_the_single_look_verdict_is_the_rule_with_one_look() -> None:

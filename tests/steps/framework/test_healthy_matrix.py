@@ -1,4 +1,4 @@
-"""Zero false failures on healthy kernels: 5 seeds x dtypes x every framework installed here.
+"""Zero false failures on healthy kernels: 3 seeds x dtypes x every framework installed here.
 
 Runs ``benchmarks/step4_false_failures.py``'s matrix through the real CLI (one ``adaptcheck
 run --seed S`` per seed; the seed also draws the embedded model's weights, so each seed is
@@ -7,13 +7,17 @@ covers the same three dtypes (its CPU build serves fp16 here too). The full matr
 embedded models is the benchmark's default run, quoted in docs/step4-numerics.md; this test
 keeps one model per framework so the suite stays within CI's budget.
 
-vLLM costs ~50 s per seed and dtype (loaded in process and started as a server), so its five
-seeds are spread over the three dtypes (bf16: 0 and 3, fp32: 1 and 4, fp16: 2): five different
-models, every dtype, in a third of the time of 5 × 3 (~260 s instead of ~780 s on 2 cores).
-The fp32 seed-1 cell is ``test_served_frameworks.py::test_vllm_in_process_and_served``: that
-run brings up the same two vLLM paths with every other step-4 check kind beside the matrix's
-two, and is held to this module's healthy-cell conditions (:func:`assert_healthy_cells`), so one
-vLLM load serves both instead of two (~50 s less). transformers, cheap, keeps 5 seeds × 3 dtypes.
+The five-seed claim is the benchmark's (its figures are in docs/step4-numerics.md); CI runs
+three seeds, which still makes three different models per framework, because on CI's 2-core
+AVX2 host (no native bf16) each vLLM cell costs ~100 s and each transformers seed ~37 s, and
+the whole suite has to stay within CI's budget (issue 27).
+
+vLLM's three seeds are spread over the three dtypes (bf16: 0, fp32: 1, fp16: 2): three
+different models, every dtype, in a third of the time of 3 × 3. The fp32 seed-1 cell is
+``test_served_frameworks.py::test_vllm_in_process_and_served``: that run brings up the same
+two vLLM paths with every other step-4 check kind beside the matrix's two, and is held to this
+module's healthy-cell conditions (:func:`assert_healthy_cells`), so one vLLM load serves both
+instead of two. transformers, cheap, keeps 3 seeds × 3 dtypes.
 """
 
 from __future__ import annotations
@@ -28,12 +32,12 @@ import yaml
 
 from tests.benchmarks import load_script
 
-pytestmark = pytest.mark.slow  # ~220 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # ~320 s of the full suite on 2 AVX2 cores: outside the fast lane (-m "not slow")
 
-SEEDS = (0, 1, 2, 3, 4)
+SEEDS = (0, 1, 2)
 VLLM_FULL_RUN = ("fp32", 1)
 """(dtype, seed) of the vLLM cell run by test_served_frameworks.py with every check kind."""
-VLLM_SEEDS = {"bf16": (0, 3), "fp32": (4,), "fp16": (2,)}
+VLLM_SEEDS = {"bf16": (0,), "fp16": (2,)}
 """The vLLM cells this module runs itself; with VLLM_FULL_RUN, each seed once."""
 VLLM_MODEL = "tiny-llama"
 MATRIX_KINDS = ["reference", "concurrent"]
@@ -79,7 +83,7 @@ def test_transformers_has_no_false_failures(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-@pytest.mark.parametrize("dtype", ["bf16", "fp32", "fp16"])  # one test per dtype: each stays within the per-test limit
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])  # one test per dtype: each stays within the per-test limit
 def test_vllm_in_process_and_served_have_no_false_failures(tmp_path: Path, dtype: str) -> None:
     print(_matrix(tmp_path, ["vllm", "vllm_serve"], [dtype], [VLLM_MODEL], MATRIX_KINDS, seeds=VLLM_SEEDS[dtype]))
 
@@ -87,4 +91,4 @@ def test_vllm_in_process_and_served_have_no_false_failures(tmp_path: Path, dtype
 def test_vllm_seeds_cover_every_seed_once() -> None:
     spread = sorted([*(s for seeds in VLLM_SEEDS.values() for s in seeds), VLLM_FULL_RUN[1]])
     assert spread == list(SEEDS)
-    assert VLLM_FULL_RUN[0] in VLLM_SEEDS  # its dtype is also run here with another seed
+    assert {*VLLM_SEEDS, VLLM_FULL_RUN[0]} == {"bf16", "fp32", "fp16"}  # every dtype once

@@ -9,8 +9,10 @@ judge them.
 
 What this module shows, beside "the shipped rules pass healthy and fail each defect":
 
-- the same-framework rule as it was calibrated on 2-layer random models (alone vs batched
-  within 1x the control's divergence) fails this healthy machine: the reason the rule changed;
+- (not asserted, host-dependent) the same-framework rule as calibrated on 2-layer random models
+  (alone vs batched within 1x the control) refused this healthy model at 1.43x on a Xeon with
+  native bf16, and passed it at 0.16x on an AVX2 EPYC without: the reason the rule changed is
+  the first figure, and a test cannot demand it of every host;
 - the batched-vs-alone rule that replaced it still fails a batch-dependent GEMM, and a
   weakened variant of it (multiple 100x) lets that defect through;
 - RMSNorm without eps changes nothing measurable on trained weights (step 3 catches it);
@@ -41,9 +43,15 @@ from adaptcheck.steps.framework.teacher import (
 )
 from tests.steps.framework import planted
 
-pytestmark = pytest.mark.slow  # one float64 reference of a 30-layer model (~1-2 min on 2 cores)
+pytestmark = pytest.mark.slow  # one float64 reference of a 30-layer model and six scorings (~75 s on 2 AVX2 cores)
 
 TOP_K = 20
+SIZE = {"prompts": 3, "long_prompt_tokens": 48, "max_tokens": 16}
+"""Smaller than framework.reference's defaults (6 prompts, a 300-token one, 32 tokens: 532 s of
+CI's 2-core AVX2 host, where bf16 is emulated), still past the rotary defect's 24 positions
+(the long prompt and the chat prompts) with 96 judged positions. Measured at this size (figure
+/ bound): healthy 0.19 (reference) and 0.54 (batched vs alone); SiLU 28.7x, rotary wrap 215x,
+batch-dependent GEMM 2.7x (batched vs alone), RMSNorm without eps 0.2 (invisible)."""
 DTYPE = "bf16"
 PLANTED = {"silu": planted.BadSiluBf16, "rmsnorm": planted.RmsNormNoEps, "rope": planted.RopeTableTooShort,
            "gemm": planted.BatchDependentGemm}
@@ -55,7 +63,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
     model = real_model()
     cache = tmp_path_factory.mktemp("teacher-real")
-    teacher = teacher_data(model, reference_requests(model), cache, load_numerics().reference_top_k)
+    teacher = teacher_data(model, reference_requests(model, **SIZE), cache, load_numerics().reference_top_k)
     control = control_scores(model, teacher, DTYPE, TOP_K, cache)
     out: dict[str, Any] = {"model": model, "teacher": teacher, "control": control}
     batch = [ScoreRequest(s.token_ids, s.start, TOP_K) for s in teacher.sequences]
@@ -97,7 +105,7 @@ def _same(real: dict[str, Any], name: str, policy: Any = None) -> tuple[bool, di
 def test_it_is_a_real_deep_model(real: dict[str, Any]) -> None:
     model = real["model"]
     assert model.num_layers == 30 and model.head_dim == 64 and model.vocab_size == 49152
-    assert sum(len(s.token_logprobs) for s in real["teacher"].scores) > 200  # positions judged
+    assert sum(len(s.token_logprobs) for s in real["teacher"].scores) > 80  # positions judged
 
 
 def test_the_healthy_adapter_passes_every_rule(real: dict[str, Any]) -> None:
@@ -111,26 +119,16 @@ def test_the_healthy_adapter_passes_every_rule(real: dict[str, Any]) -> None:
     assert judged["kl_mean"]["control"] > 1e-4
 
 
-def test_the_old_same_framework_rule_fails_this_healthy_model(real: dict[str, Any]) -> None:
-    """Alone vs batched within 1x the control (the 2-layer calibration) refuses a healthy deep
-    model: two correct bf16 computations differ by about their own distance from float64."""
-    policy = load_numerics()
-    old = {"kl_mean": Rule(multiple=1.0, floor={"fp32": 1e-6, "fp16": 2e-5, "bf16": 2e-4}, reason="2-layer calibration"),
-           "kl_max": Rule(multiple=2.0, floor={"fp32": 1e-5, "fp16": 2e-4, "bf16": 2e-3}, reason="2-layer calibration")}
-    ok, details = _same(real, "healthy", policy.model_copy(update={"same_framework": old}))
-    ratio = details["kl_mean"] / details["bounds"]["kl_mean"]["control"]
-    assert 0.5 < ratio < 4.0, ratio  # the difference is of the order of the control itself
-    assert ok is False, details
-
-
 @pytest.mark.parametrize("defect", ["silu", "rope"])
 def test_a_planted_kernel_defect_fails_the_reference_rule(real: dict[str, Any], defect: str) -> None:
     ok, judged = _cross(real, real[defect]["alone"])
     assert ok is False, judged
     worst = max(v["value"] / v["bound"] for v in judged.values())
     assert worst > 1.5, judged  # clearly beyond, not at the edge
-    # The same defect with the bounds 100x looser passes: the shipped bound is what catches it.
-    assert _cross(real, real[defect]["alone"], scale=100.0)[0] is True
+    # The same defect with the bounds looser than its measured excess passes: the shipped bound
+    # is what catches it (the excess is host-dependent: rotary wrap 271x on a Xeon with bf16,
+    # more on an AVX2 host without, so the weakening follows the measurement).
+    assert _cross(real, real[defect]["alone"], scale=2.0 * worst)[0] is True
 
 
 def test_rmsnorm_without_eps_is_invisible_on_trained_weights(real: dict[str, Any]) -> None:

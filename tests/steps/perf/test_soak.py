@@ -105,8 +105,13 @@ def test_a_leaking_server_fails_naming_rss_growth(leaking: tuple[Outcome, Path])
     assert fit["r2"] > 0.9
     assert m["state"] == "over" and m["slope_bounds_mib_per_min"][0] > 10
     assert req["failed"] == 0 and outcome.metrics["server_rss_slope_mib_per_min"] == fit["slope_mib_per_min"]
-    # A leak this size is decided at the first look: the soak stops there, not at its 30 s budget.
-    assert outcome.details["decision"]["stop"] == "decided" and outcome.details["decision"]["stopped_at_s"] == 15
+    # A leak this size is decided, not left to the budget: here at the first look (15 s); on a
+    # slow 2-core CI host (AVX2 EPYC, ~8 req/s) the first look's interval was still open and it
+    # stopped at the last. Whatever the look, no earlier look ever called the leak "within".
+    decision = outcome.details["decision"]
+    assert decision["stop"] == "decided" and decision["stopped_at_s"] in decision["looks_at_s"]
+    assert decision["looks"][-1]["states"]["server_rss_mib"] == "over"
+    assert all(look["states"]["server_rss_mib"] in ("inconclusive", "over") for look in decision["looks"])
 
 
 def test_a_flat_server_passes(flat: tuple[Outcome, Path]) -> None:
