@@ -238,11 +238,7 @@ def _increments(points: Sequence[tuple[float, float]]) -> tuple[float | None, fl
     dev = [dv - rate * dt for dt, dv in steps]  # each step's departure from the mean rate
     ss = sum(d * d for d in dev)
     se = math.sqrt(ss / (m - 1)) * math.sqrt(m) / span  # sd of the sum of m steps, over the span
-    if ss <= 0:
-        return rate * 60.0, 0.0, 0.0, float(m)
-    r = sum(a * b for a, b in pairwise(dev)) / ss
-    r = min(MAX_RHO, max(0.0, r + (1 + 4 * r) / m))
-    rho = min(MAX_RHO, r + RHO_SE_MARGIN * math.sqrt((1 - r * r) / m))
+    rho = _ar1(dev, fitted=1)
     return rate * 60.0, se * 60.0, rho, m * (1 - rho) / (1 + rho)
 
 
@@ -261,13 +257,20 @@ def _lag1(points: Sequence[tuple[float, float]], slope: float, intercept: float)
     narrow the interval below ordinary least squares, which short noisy series would do by
     chance alone.
     """
-    res = [v - intercept - slope * t for t, v in points]
+    return _ar1([v - intercept - slope * t for t, v in points], fitted=2)
+
+
+def _ar1(res: Sequence[float], *, fitted: int) -> float:
+    """The lag-1 autocorrelation the intervals use, of departures from ``fitted`` estimated
+    parameters (2: a line, 1: a mean): the sample value plus its bias (fitted + 4ρ)/n, plus
+    :data:`RHO_SE_MARGIN` standard errors, clamped to [0, MAX_RHO]; 0 without spread or with
+    too few points."""
     ss = sum(r * r for r in res)
     n = len(res)
-    if ss <= 0 or n < 3:
+    if ss <= 0 or n <= fitted:
         return 0.0
     r = sum(a * b for a, b in pairwise(res)) / ss
-    r = min(MAX_RHO, max(0.0, r + (2 + 4 * r) / n))
+    r = min(MAX_RHO, max(0.0, r + (fitted + 4 * r) / n))
     return min(MAX_RHO, r + RHO_SE_MARGIN * math.sqrt((1 - r * r) / n))
 
 
