@@ -135,8 +135,8 @@ def cpu_transformers(model: ResolvedModel, dtype: str) -> Any:
 
 
 def teacher_data(model: ResolvedModel, requests: list[GenRequest], cache_dir: Path, top_k: int) -> TeacherData:
-    """Greedy float64 answers to ``requests`` (one at a time: no batching effects) and their
-    teacher-forced scores; cached in ``cache_dir``."""
+    """Greedy float64 answers to ``requests`` as each gets it alone (drafted in batches, every
+    token proven alone: :func:`_greedy_alone`) and their teacher-forced scores; cached in ``cache_dir``."""
     dtype = _ref_dtype(model)
     path = cache_dir / f"teacher-{_key(model, requests, dtype)}-k{top_k}.json"
     data = _cached(path)
@@ -149,49 +149,154 @@ def teacher_data(model: ResolvedModel, requests: list[GenRequest], cache_dir: Pa
             pass
     fw = cpu_transformers(model, dtype)
     try:
-        gens = [fw.generate([req])[0] for req in requests]
+        gens, scores, how = _greedy_alone(fw, requests, top_k)
         seqs = _sequences(gens, top_k)
-        scores = [fw.score([s])[0] for s in seqs]
         attention = fw.attn_implementation()
     finally:
         fw.shutdown()
     _store(path, {"generations": [asdict(g) for g in gens], "scores": [asdict(x) for x in scores],
-                  "attention": attention, "sequences": [asdict(x) for x in seqs], "dtype": dtype})
+                  "attention": attention, "sequences": [asdict(x) for x in seqs], "dtype": dtype, "generation": how})
     return TeacherData(dtype=dtype, attention=attention, generations=gens, sequences=seqs, scores=scores)
+
+
+GROUP_PAD_TOKENS = 32
+"""Most left padding a request may get in a batch of the reference's greedy drafts (prompts
+within this many tokens of each other share a batch; the long prompt goes alone)."""
+GROUP_SIZE = 8
+TIE_NATS = 1e-9
+"""A draft token whose float64 logprob is this close to the row's maximum is a greedy choice
+(float64 rounding between a batched and a single-sequence forward is ~1e-15)."""
+
+
+def _greedy_alone(fw: Any, requests: list[GenRequest], top_k: int) -> tuple[list[Generation], list[Scored], dict[str, Any]]:
+    """Each request's greedy float64 answer *alone*, and its teacher-forced scores — the answers
+    drafted in batches, then proven to be the single-request ones.
+
+    Why: the reference decodes token by token in float64, whose step is memory-bound on the
+    weights (8 bytes per parameter); answering the requests one at a time read all weights once
+    per token per request, 288 steps for the 9 requests of a quick ladder on the 30-layer default
+    model, the largest single cost of step 4 (issue 27, "Time"). A batch reads them once per
+    step for all its rows.
+
+    What keeps it the single-request answer: greedy decoding *is* "each token is the argmax of
+    the distribution given everything before it". The scores are computed as before, one
+    sequence per forward pass (alone, no padding), and cover every generated position. So a
+    drafted answer whose every token is the argmax of its own alone float64 distribution (to
+    :data:`TIE_NATS`), and that ended as the request says (EOS argmax, or ``max_tokens``), is
+    exactly the answer the request gets alone; its logprobs are then taken from those alone
+    scores. A draft that fails (a batching or padding defect, a float64 tie) is generated again
+    alone, as before. Requests with stop strings or ``ignore_eos`` are generated alone.
+    """
+    drafts: dict[int, Generation] = {}
+    batchable = [i for i, r in enumerate(requests) if not r.stop and not r.ignore_eos and r.logprobs <= top_k]
+    lengths = {i: len(fw._prompt_ids(requests[i])) for i in batchable}  # the adapter's own prompt ids
+    groups: list[list[int]] = []
+    for i in sorted(batchable, key=lambda j: (lengths[j], j)):
+        if groups and len(groups[-1]) < GROUP_SIZE and lengths[i] - lengths[groups[-1][0]] <= GROUP_PAD_TOKENS:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for group in groups:
+        for i, g in zip(group, fw.generate([requests[i] for i in group]), strict=True):
+            drafts[i] = g
+    gens: list[Generation] = []
+    scores: list[Scored] = []
+    redone = 0
+    for i, req in enumerate(requests):
+        g = drafts.get(i)
+        if g is None:
+            g = fw.generate([req])[0]
+        score = _score_one(fw, g, top_k)
+        if i in drafts and not _is_greedy(g, req, score, fw):
+            redone += 1
+            g = fw.generate([req])[0]
+            score = _score_one(fw, g, top_k)
+        elif i in drafts and req.logprobs and score is not None:
+            g = _with_alone_logprobs(g, score, req.logprobs)
+        gens.append(g)
+        if score is not None:
+            scores.append(score)
+    how = {"drafted_in_batches": [len(x) for x in groups if len(x) > 1], "regenerated_alone": redone,
+           "verified": "every drafted token is the argmax of its single-sequence float64 distribution"}
+    return gens, scores, how
+
+
+def _score_one(fw: Any, g: Generation, top_k: int) -> Scored | None:
+    """The teacher-forced score of one answer, alone (None for an answer _sequences leaves out)."""
+    seqs = _sequences([g], top_k)
+    return fw.score(seqs)[0] if seqs else None
+
+
+def _is_greedy(g: Generation, req: GenRequest, score: Scored | None, fw: Any) -> bool:
+    """Every token of ``g`` is the argmax of its alone float64 row, and it stopped where alone would."""
+    tokens = g.token_ids or []
+    if score is None or len(score.top_logprobs) != len(tokens) or not tokens:
+        return False
+    for lp, row in zip(score.token_logprobs, score.top_logprobs, strict=True):
+        if lp < max(row.values()) - TIE_NATS:
+            return False
+    eos = set(fw._eos_ids())
+    ended_eos = tokens[-1] in eos
+    if g.finish_reason == "stop":
+        return ended_eos and all(t not in eos for t in tokens[:-1])
+    return len(tokens) == req.max_tokens and not any(t in eos for t in tokens)
+
+
+def _with_alone_logprobs(g: Generation, score: Scored, n: int) -> Generation:
+    """``g`` with its per-position top-``n`` logprobs from the alone float64 scores (the chosen
+    token kept, as generate() keeps it)."""
+    tops = []
+    for tok, lp, row in zip(g.token_ids or [], score.token_logprobs, score.top_logprobs, strict=True):
+        top = dict(sorted(row.items(), key=lambda kv: kv[1], reverse=True)[:n])
+        top.setdefault(int(tok), float(lp))
+        tops.append(top)
+    return Generation(token_ids=g.token_ids, text=g.text, finish_reason=g.finish_reason, prompt_tokens=g.prompt_tokens,
+                      completion_tokens=g.completion_tokens, top_logprobs=tops, prompt_ids=g.prompt_ids,
+                      extra=dict(g.extra))
 
 
 @dataclass
 class Control:
-    """The teacher sequences scored on the CPU at the served dtype, alone and batched."""
+    """The teacher sequences scored on the CPU at the served dtype, alone (and batched, on request)."""
 
     dtype: str
     attention: str | None
     alone: list[Scored]
-    batched: list[Scored]
+    batched: list[Scored] | None = None
+    """All sequences in one left-padded batch; only with ``control_scores(..., batched=True)``."""
 
 
-def control_scores(model: ResolvedModel, teacher: TeacherData, dtype: str, top_k: int, cache_dir: Path) -> Control:
-    """The healthy control for ``dtype`` (cached in ``cache_dir`` by weights, sequences and K)."""
+def control_scores(model: ResolvedModel, teacher: TeacherData, dtype: str, top_k: int, cache_dir: Path, *,
+                   batched: bool = False) -> Control:
+    """The healthy control for ``dtype`` (cached in ``cache_dir`` by weights, sequences and K).
+
+    Every bound of step 4 is a multiple of the control *alone* (cross-framework, same-framework;
+    batched-vs-alone holds the framework's batch against its own run alone), so the batched
+    control is computed only when asked for: one left-padded batch pads every sequence to the
+    longest (the 300-token reference prompt), which cost twice the alone scoring on the 30-layer
+    default model (issue 27, "Time") for figures no verdict read.
+    """
     blob = json.dumps({"weights": model.weights_sha256, "dtype": dtype, "k": top_k,
                        "seqs": [[s.token_ids, s.start] for s in teacher.sequences]})
     path = cache_dir / f"control-{hashlib.sha256(blob.encode()).hexdigest()[:20]}.json"
     data = _cached(path)
-    if isinstance(data, dict):
+    if isinstance(data, dict) and (not batched or data.get("batched") is not None):
         try:
-            return Control(dtype=dtype, attention=data.get("attention"),
-                           alone=[load_scored(x) for x in data["alone"]], batched=[load_scored(x) for x in data["batched"]])
+            return Control(dtype=dtype, attention=data.get("attention"), alone=[load_scored(x) for x in data["alone"]],
+                           batched=None if data.get("batched") is None else [load_scored(x) for x in data["batched"]])
         except (KeyError, TypeError, ValueError):
             pass
     seqs = [ScoreRequest(token_ids=s.token_ids, start=s.start, top_k=top_k) for s in teacher.sequences]
     fw = cpu_transformers(model, dtype)
     try:
         alone = [fw.score([s])[0] for s in seqs]
-        batched = fw.score(seqs)
+        together = fw.score(seqs) if batched else None
         attention = fw.attn_implementation()
     finally:
         fw.shutdown()
-    _store(path, {"alone": [asdict(x) for x in alone], "batched": [asdict(x) for x in batched], "attention": attention})
-    return Control(dtype=dtype, attention=attention, alone=alone, batched=batched)
+    _store(path, {"alone": [asdict(x) for x in alone],
+                  "batched": None if together is None else [asdict(x) for x in together], "attention": attention})
+    return Control(dtype=dtype, attention=attention, alone=alone, batched=together)
 
 
 def load_scored(d: dict[str, Any]) -> Scored:

@@ -220,10 +220,17 @@ class ServingParams(ServerParams):
         assert self.input_tokens is not None and self.output_tokens is not None
         return [Shape(self.input_tokens, self.output_tokens)]
 
-    def warmups(self) -> int:
+    def warmups(self, level: float | None = None) -> int:
+        """Warm-up requests before each measured run at ``level`` (None: the most of any level).
+
+        By default one per in-flight slot of that level (2 to 16): they open the connections
+        the window reuses. Per level, not the most of all levels: a level-1 run of a 1/4/16
+        scenario used to send 16 warm-ups one after the other, each as long as a measured
+        request (3.6 s apiece on the 30-layer default model here) for one connection.
+        """
         if self.warmup_requests is not None:
             return self.warmup_requests
-        return min(16, max(2, math.ceil(max(self.levels))))
+        return min(16, max(2, math.ceil(max(self.levels) if level is None else level)))
 
     def rule(self) -> Rule:
         return Rule(max_cv=self.max_cv, min_runs=self.min_runs, max_runs=self.max_runs, confidence=self.confidence)
@@ -231,7 +238,7 @@ class ServingParams(ServerParams):
     def run_config(self, level: float, arrival_seed: int) -> RunConfig:
         return RunConfig(arrival=self.arrival, level=level,
                          num_requests=int(level) if self.arrival == "burst" else self.num_requests,
-                         duration_s=self.duration_s, warmup_requests=self.warmups(),
+                         duration_s=self.duration_s, warmup_requests=self.warmups(level),
                          request_timeout_s=self.request_timeout_s, run_timeout_s=self.run_timeout_s,
                          arrival_seed=arrival_seed)
 
@@ -326,6 +333,7 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
                      "mixed": [m.model_dump() for m in params.mixed] if params.mixed else None,
                      "num_requests": params.num_requests, "duration_s": params.duration_s,
                      "warmup_requests": params.warmups(), "min_runs": params.min_runs,
+                     "warmup_requests_by_level": {f"{lv:g}": params.warmups(lv) for lv in params.levels},
                      "max_runs": params.max_runs, "max_cv": params.max_cv, "confidence": params.confidence,
                      "budget_s": params.budget_s, "max_drift": params.max_drift,
                      "max_disturbed_runs": params.max_disturbed_runs, "host": params.host.model_dump(),

@@ -71,7 +71,8 @@ def test_the_outcome_has_the_contract_shape(passed: tuple[Outcome, Path]) -> Non
     assert {"scenario", "server", "levels", "records_file", "client", "server_memory"} <= set(d)
     assert d["scenario"] == {"name": "concurrent_short", "arrival": "concurrency", "levels": [1, 2],
                              "input_tokens": 24, "output_tokens": 6, "mixed": None, "num_requests": 4,
-                             "duration_s": None, "warmup_requests": 2, "min_runs": 2, "max_runs": 2,
+                             "duration_s": None, "warmup_requests": 2, "warmup_requests_by_level": {"1": 2, "2": 2},
+                             "min_runs": 2, "max_runs": 2,
                              "max_cv": 5.0, "confidence": 0.95, "budget_s": 120.0, "max_drift": 0.2,
                              "max_disturbed_runs": 3, "host": {"max_other_cores": 1000.0, "max_steal_fraction": 0.05},
                              "slo": {"ttft_ms": 10_000, "tpot_ms": 10_000, "e2el_ms": None}}
@@ -171,6 +172,10 @@ def test_params_defaults() -> None:
     assert (p.framework, p.arrival, p.levels, p.input_tokens, p.output_tokens, p.num_requests) == \
         ("auto", "concurrency", [1], 128, 64, 32)
     assert p.warmups() == 2 and ServingParams(scenario="x", levels=[4, 32]).warmups() == 16
+    # Per level: one warm-up per in-flight slot of that level (2 to 16), not the most of all levels.
+    wide = ServingParams(scenario="x", levels=[1, 4, 32])
+    assert [wide.run_config(lv, 0).warmup_requests for lv in (1, 4, 32)] == [2, 4, 16]
+    assert ServingParams(scenario="x", levels=[1, 4], warmup_requests=1).run_config(4, 0).warmup_requests == 1
     burst = ServingParams(scenario="x", arrival="burst", levels=[8]).run_config(8, 0)
     assert (burst.num_requests, burst.slots) == (8, 8)
     poisson = ServingParams(scenario="x", arrival="poisson", levels=[0.5], duration_s=10).run_config(0.5, 0)
