@@ -55,21 +55,47 @@ class SingleRequestParams(FrameworkParams):
     long_max_tokens: int = Field(default=16, gt=0, description="max_tokens for the long prompt.")
 
 
-class ReferenceParams(FrameworkParams):
-    """``framework.reference``."""
+class TeacherSize(BaseModel):
+    """The requests the float64 reference answers: ``framework.reference`` compares them, and
+    every other check's teacher-forced rows are scaled by the CPU control's divergence on them.
+
+    One set per run is the point: the float64 teacher is the largest single cost of step 4 on a
+    deep model (it decodes token by token at 8 bytes a parameter), and it is cached by its
+    requests, so checks that ask for the same sizes share one (a ladder that shrinks
+    ``framework.reference`` gives its other checks the same ``teacher``)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     prompts: int = Field(default=6, ge=1, description="Short prompts compared (plus one long prompt and the chat ones).")
     long_prompt_tokens: int = Field(default=300, ge=0, description="Long prompt length in tokens (0: none).")
     chat: bool = Field(default=True, description="Also compare chat-template prompts (when the model has a template).")
     max_tokens: int = Field(default=32, gt=0, description="Tokens generated per prompt.")
     top_n: int = Field(default=5, ge=1, le=20, description="At the first divergence each token must be in the other's top-N.")
+
+
+class TeacherSized(FrameworkParams):
+    """A check whose same-framework rows read the CPU control's divergence from the float64 teacher."""
+
+    teacher: TeacherSize = Field(default_factory=TeacherSize, description="The float64 reference's requests whose "
+                                 "control divergence scales this check's same-framework bound; give the ladder's "
+                                 "framework.reference sizes so one float64 teacher serves every check.")
+
+
+class ReferenceParams(FrameworkParams, TeacherSize):
+    """``framework.reference``: its own size fields are the teacher's requests."""
+
     top_k: int = Field(default=20, ge=1, le=20, description="Alternatives per position in the teacher-forced comparison "
                        "(the KL estimator's buckets; vLLM's default cap is 20).")
     greedy: bool = Field(default=True, description="Also compare greedy answers with the reference's (the visible "
                          "symptom; the whole verdict where the framework cannot score a given sequence).")
 
+    @property
+    def teacher(self) -> TeacherSize:
+        return TeacherSize(prompts=self.prompts, long_prompt_tokens=self.long_prompt_tokens, chat=self.chat,
+                           max_tokens=self.max_tokens, top_n=self.top_n)
 
-class ConcurrentParams(FrameworkParams):
+
+class ConcurrentParams(TeacherSized):
     """``framework.concurrent``."""
 
     batch: int = Field(default=8, ge=2, description="Requests sent together.")
@@ -80,7 +106,7 @@ class ConcurrentParams(FrameworkParams):
     stream: bool = Field(default=True, description="Endpoints: also compare streamed with non-streamed answers.")
 
 
-class KvCacheParams(FrameworkParams):
+class KvCacheParams(TeacherSized):
     """``framework.kv_cache``."""
 
     rounds: int = Field(default=4, ge=2, description="Rounds of the same batch after one warm-up round.")
@@ -95,7 +121,7 @@ class KvCacheParams(FrameworkParams):
     tie_margin: float | None = Field(default=None, ge=0, description="Tie margin in nats; default by dtype.")
 
 
-class CompileParams(FrameworkParams):
+class CompileParams(TeacherSized):
     """``framework.compile``: graph capture / compile on vs off."""
 
     prompts: int = Field(default=4, ge=1, description="Short prompts compared.")
@@ -103,7 +129,7 @@ class CompileParams(FrameworkParams):
     top_n: int = Field(default=5, ge=1, le=20, description="Top-N rule at the first divergence.")
 
 
-class TensorParallelParams(FrameworkParams):
+class TensorParallelParams(TeacherSized):
     """``framework.tensor_parallel``: TP over every device vs one device."""
 
     prompts: int = Field(default=4, ge=1, description="Short prompts compared.")

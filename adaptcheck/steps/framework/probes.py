@@ -41,6 +41,7 @@ from adaptcheck.steps.framework.params import (
     KvCacheParams,
     ReferenceParams,
     SingleRequestParams,
+    TeacherSize,
     TensorParallelParams,
 )
 from adaptcheck.steps.framework.reference import (
@@ -332,7 +333,7 @@ def _eos_rows(active: Active) -> list[Row]:
 
 # -------------------------------------------------------------------------- reference --
 
-def reference_requests(tok: Tok, p: ReferenceParams, seed: int = 0) -> list[GenRequest]:
+def reference_requests(tok: Tok, p: TeacherSize, seed: int = 0) -> list[GenRequest]:
     """What the float64 reference answers for ``framework.reference`` (and the other checks'
     teacher-forced rows): the run seed draws the prompts (see prompts.reference_prompts)."""
     reqs = [GenRequest(prompt=t, max_tokens=p.max_tokens, logprobs=p.top_n)
@@ -431,7 +432,7 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
     rows.append(_usage_row("usage counts in the batch", together, eos, required=_speaks_openai(fw),
                            max_tokens=[r.max_tokens for r in reqs]))
     metrics: dict[str, Any] = {**cmp.metrics(), "batch": len(reqs), "tie_margin": margin}
-    tf_rows, distribution = _scored_alone_vs_batched(ctx, active, tok)
+    tf_rows, distribution = _scored_alone_vs_batched(ctx, active, tok, p.teacher)
     rows.extend(tf_rows)
     if p.stream and getattr(fw, "supports_stream", False):
         streamed = fw.generate([GenRequest(prompt=r.prompt, max_tokens=r.max_tokens, stream=True) for r in reqs])
@@ -448,13 +449,13 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
 
 # ------------------------------------------------- same-framework distribution rule --
 
-def _control_sum(ctx: CheckContext, active: Active, tok: Tok) -> tuple[Any, dict[str, float]] | None:
+def _control_sum(ctx: CheckContext, active: Active, tok: Tok, size: TeacherSize) -> tuple[Any, dict[str, float]] | None:
     """The reference's teacher data and the CPU control's divergence from it (cached), or
     None where there is no local copy of the weights or no room for the reference."""
     if tok.hf is None:
         return None
     policy = load_numerics()
-    reqs = reference_requests(tok, ReferenceParams(framework=active.name), ctx.seed)
+    reqs = reference_requests(tok, size, ctx.seed)
     try:
         teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k)
     except ReferenceUnavailable:
@@ -463,11 +464,12 @@ def _control_sum(ctx: CheckContext, active: Active, tok: Tok) -> tuple[Any, dict
     return teacher, tf_rules.control_summary(control, teacher)
 
 
-def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok) -> tuple[list[Row], dict[str, Any] | None]:
+def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok,
+                             size: TeacherSize) -> tuple[list[Row], dict[str, Any] | None]:
     """Teacher-forced: the reference sequences scored one per request and all in one batch,
     compared with each other (same-framework rule) and each against float64 (batched vs alone)."""
     name = "teacher-forced distributions alone vs batched"
-    found = _control_sum(ctx, active, tok)
+    found = _control_sum(ctx, active, tok, size)
     if found is None:
         return [_row(name, None, "no local copy of the weights: no reference sequences or control")], None
     teacher, control_sum = found
@@ -487,13 +489,13 @@ def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok) -> tup
     return [row, ref_row], distribution
 
 
-def _generations_distribution_row(ctx: CheckContext, active: Active, tok: Tok, name: str, a: list[Generation],
-                                  b: list[Generation]) -> tuple[Row, dict[str, Any] | None]:
+def _generations_distribution_row(ctx: CheckContext, active: Active, tok: Tok, size: TeacherSize, name: str,
+                                  a: list[Generation], b: list[Generation]) -> tuple[Row, dict[str, Any] | None]:
     """Two greedy runs of one framework: their top-N distributions where the tokens so far agree."""
     sa, sb = tf_rules.common_prefix_scores(a, b)
     if not any(x.token_logprobs for x in sa):
         return _row(name, None, "the answers carry no logprobs to compare"), None
-    found = _control_sum(ctx, active, tok)
+    found = _control_sum(ctx, active, tok, size)
     return tf_rules.same_framework_row(name, sa, sb, found[1] if found else None, load_numerics(),
                                        active.options.dtype)
 
@@ -537,8 +539,8 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
             worst = cmp
     assert worst is not None
     rows.append(_row(f"{p.rounds} more rounds give the same answers (cached prefixes reused)", worst.ok, worst.summary()))
-    dist_row, distribution = _generations_distribution_row(ctx, active, tok, "distributions: cached rounds vs the first",
-                                                           first, again)
+    dist_row, distribution = _generations_distribution_row(ctx, active, tok, p.teacher,
+                                                           "distributions: cached rounds vs the first", first, again)
     rows.append(dist_row)
     state, rss = fw.memory_state(), _rss_bytes()
     metrics: dict[str, Any] = {"rounds": p.rounds, "batch": p.batch, "rss_growth_mib": round((rss - base_rss) / 2**20, 1)}
@@ -629,7 +631,7 @@ def toggle(ctx: CheckContext, p: CompileParams | TensorParallelParams, toggle: s
         cmp = compare(answers[0], answers[1], mode="top_n", top_n=p.top_n, codec=tok.codec())
         rows = [_row(f"{variants[0][0]} vs {variants[1][0]}", cmp.ok, cmp.summary())]
         dist_row, distribution = _generations_distribution_row(
-            ctx, active, tok, f"distributions: {variants[0][0]} vs {variants[1][0]}", answers[0], answers[1])
+            ctx, active, tok, p.teacher, f"distributions: {variants[0][0]} vs {variants[1][0]}", answers[0], answers[1])
         rows.append(dist_row)
         return _verdict(rows, toggle.replace("_", " "), metrics={**cmp.metrics(), **loads},
                         details={"comparison": cmp.details(), "distribution": distribution})
