@@ -15,11 +15,17 @@ failed or errored.
 
     python benchmarks/step4_false_failures.py                       # transformers, 5 seeds, 3 dtypes
     python benchmarks/step4_false_failures.py --frameworks transformers,vllm,vllm_serve --dtypes bf16,fp32
+    python benchmarks/step4_false_failures.py --models auto --sizes quick    # the real default model, quick sizes
+
+``--sizes quick`` gives every check the sizes the quick ladder gives its transformers check of
+that kind (teacher prompts, batch, rounds …): the false-failure rate of the ladder a user runs
+by default; the default, ``defaults``, is the params models' own defaults (the standard ladder).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import subprocess
@@ -36,6 +42,7 @@ import yaml
 from adaptcheck.procs import child_environ
 
 KINDS = ("reference", "concurrent", "kv_cache")
+REPO = Path(__file__).resolve().parents[1]
 GRADE = """
 grade:
   levels:
@@ -69,12 +76,23 @@ def model_spec(model: str) -> tuple[str, str]:
     return model, f"embedded:{model}"
 
 
-def ladder(frameworks: Iterable[str], dtypes: Iterable[str], models: Iterable[str], kinds: Iterable[str]) -> str:
+def ladder_sizes(name: str) -> dict[str, dict[str, Any]]:
+    """The step-4 sizes a shipped ladder gives its transformers checks, by kind (``framework.reference``
+    → its params without ``framework``)."""
+    spec = yaml.safe_load((REPO / "ladders" / f"{name}.yaml").read_text(encoding="utf-8"))
+    return {c["kind"]: {k: v for k, v in (c.get("params") or {}).items() if k != "framework"}
+            for c in spec["checks"] if c["step"] == 4 and (c.get("params") or {}).get("framework") == "transformers"}
+
+
+def ladder(frameworks: Iterable[str], dtypes: Iterable[str], models: Iterable[str], kinds: Iterable[str],
+           sizes: dict[str, dict[str, Any]] | None = None) -> str:
     specs = [model_spec(m) for m in models]
     checks = [{"id": f"{fw}.{label}.{d}.{k}", "step": 4, "kind": f"framework.{k}", "timeout_s": 900,
-               "params": {"framework": fw, "dtype": d, "model": name,
+               "params": {**copy.deepcopy((sizes or {}).get(f"framework.{k}", {})), "framework": fw, "dtype": d, "model": name,
                           **({"compile": False} if fw.startswith("vllm") else {})}}
               for fw in frameworks for label, name in specs for d in dtypes for k in kinds]
+    # Each check its own copy of the sizes: a shared dict would be dumped as a YAML alias, which
+    # the ladder loader refuses (data files write their values out).
     return yaml.safe_dump({"schema_version": 1, "id": "false-failures", "version": "1",
                            "defaults": {"timeout_s": 900}, "checks": checks}, sort_keys=False) + GRADE
 
@@ -142,10 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frameworks", default="transformers")
     ap.add_argument("--models", default="tiny-llama,tiny-qwen2-d80,tiny-moe")
     ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--sizes", choices=["defaults", "quick", "standard"], default="defaults",
+                    help="check sizes: the params models' defaults, or those a shipped ladder gives its transformers checks")
     ap.add_argument("--out", type=Path, default=None, help="keep the run folders here (default: a temporary folder)")
     args = ap.parse_args(argv)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    text = ladder(split(args.frameworks), split(args.dtypes), split(args.models), split(args.kinds))
+    sizes = None if args.sizes == "defaults" else ladder_sizes(args.sizes)
+    text = ladder(split(args.frameworks), split(args.dtypes), split(args.models), split(args.kinds), sizes)
     with tempfile.TemporaryDirectory(prefix="adaptcheck-ff-") as tmp:
         root = args.out or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
