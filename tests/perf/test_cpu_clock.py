@@ -101,23 +101,32 @@ def test_the_back_branch_reaches_the_loop_start() -> None:
 @needs_x86
 def test_the_loop_takes_chain_times_iterations_cycles() -> None:
     """Twice the dependent adds per iteration take twice the CPU time: the loop is bound by
-    the 1-cycle add latency (not by the front end or the branch), so cycles = chain × iters."""
+    the 1-cycle add latency (not by the front end or the branch), so cycles = chain × iters.
+
+    The two lengths are timed in alternation (a disturbance lasting a few milliseconds hits
+    both, not one), each figure is the best of 9, and a ratio outside the band is measured
+    again up to twice: load only ever makes a call slower, so a disturbed attempt reads high
+    or low at random, while a loop that is not latency-bound reads outside the band every
+    time (CI once read 2.40 in a full suite; the same lengths alone read 1.97-2.03 on a Xeon).
+    """
     width = _best_width()
-
-    def best(chain: int) -> float:
-        code = ExecutableCode(loop_code(width, chain=chain))
-        try:
-            times = []
-            for _ in range(5):
-                t0 = time.thread_time()
-                code.fn(200_000)
-                times.append(time.thread_time() - t0)
-            return min(times)
-        finally:
+    codes = {chain: ExecutableCode(loop_code(width, chain=chain)) for chain in (64, 128)}
+    ratios: list[float] = []
+    try:
+        for _attempt in range(3):
+            best = {chain: float("inf") for chain in codes}
+            for _ in range(9):
+                for chain, code in codes.items():
+                    t0 = time.thread_time()
+                    code.fn(200_000)
+                    best[chain] = min(best[chain], time.thread_time() - t0)
+            ratios.append(best[128] / best[64])
+            if 1.7 < ratios[-1] < 2.3:
+                break
+    finally:
+        for code in codes.values():
             code.close()
-
-    ratio = best(128) / best(64)
-    assert 1.7 < ratio < 2.3, ratio
+    assert 1.7 < ratios[-1] < 2.3, ratios
 
 
 @needs_x86
