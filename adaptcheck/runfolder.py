@@ -55,6 +55,9 @@ class RunMeta(BaseModel):
     op_provider: str | None = Field(default=None, description="--ops: provider for every step-3 op check.")
     model: str | None = Field(default=None, description="--model: model used instead of the ladder's ('auto', 'pretrained:NAME', "
                          "'embedded:NAME', a local folder or a .gguf file).")
+    model_auto: str | None = Field(default=None, description="What the model name 'auto' stood for when the run started "
+                                   "('pretrained:NAME' or 'embedded:tiny-llama'); a resume refuses to go on where 'auto' "
+                                   "now stands for another model. None when the run's model is not 'auto'.")
     endpoint: str | None = Field(default=None, description="--endpoint: base URL of an OpenAI-compatible server under test "
                                  "(credentials redacted: a resume is given --endpoint again).")
     endpoint_model: str | None = Field(default=None, description="--endpoint-model: served model name to request.")

@@ -116,13 +116,8 @@ def run_header(run_dir: Path, meta: RunMeta, spec: LadderSpec, selected: list[Ch
 
 def _model_label(name: str) -> str:
     """The model as the header names it: ``auto`` with what it stands for here."""
-    from adaptcheck.frameworks.modelsrc import AUTO_MODEL
-
-    if name != AUTO_MODEL:
-        return name
-    from adaptcheck.frameworks.pretrained import auto_choice
-
-    return f"auto = {auto_choice()[0]}"
+    now = _auto_now(name)
+    return name if now is None else f"auto = {now}"
 
 
 def parse_steps(text: str | None, available: list[int]) -> list[int]:
@@ -217,7 +212,8 @@ def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunRe
         run_id=run_id, started_at=started, command=opts.command,
         ladder=LadderRef(id=ladder.spec.id, version=ladder.spec.version, source=ladder.source, sha256=ladder.sha256),
         seed=opts.seed, steps=steps, device=_device_ref(backend, 0, probe.device_count), op_provider=opts.ops,
-        model=opts.model, endpoint=opts.endpoint, endpoint_model=opts.endpoint_model,
+        model=opts.model, model_auto=_auto_now(opts.model or ladder.spec.model.name),
+        endpoint=opts.endpoint, endpoint_model=opts.endpoint_model,
         baseline=str(opts.baseline) if opts.baseline is not None else None,
     )
     if baseline_text is not None:
@@ -247,7 +243,8 @@ def resume_run(run_dir: Path, progress: Progress | None = None,
 
     Guarantees: the folder is locked before anything in it is read or run (a live run or a
     second resume is refused, exit 2); the stored ladder is the one the run started with
-    (sha256 in run.json, else exit 5); a journal line torn by the kill is set aside and its
+    (sha256 in run.json, else exit 5), and so is the model ``auto`` stands for (else exit 5);
+    a journal line torn by the kill is set aside and its
     check runs again, so every check is in the results exactly once.
     """
     meta_path = run_dir / RUN_META
@@ -262,6 +259,7 @@ def resume_run(run_dir: Path, progress: Progress | None = None,
         # ``endpoint``: --endpoint given again (run.json keeps it without credentials).
         meta = meta.model_copy(update={"endpoint": resume_endpoint(meta.endpoint, endpoint)})
         spec = _stored_ladder(run_dir, meta)
+        _same_auto_model(run_dir, meta)
         backend = get_backend(meta.device.backend)
         probe = backend.probe()
         if not probe.available:
@@ -270,6 +268,33 @@ def resume_run(run_dir: Path, progress: Progress | None = None,
         lock.release()
         raise
     return _continue(run_dir, meta, spec, backend, progress, lock), run_dir
+
+
+def _auto_now(name: str) -> str | None:
+    """What the model name ``auto`` stands for here and now (None for any other name)."""
+    from adaptcheck.frameworks.modelsrc import AUTO_MODEL
+
+    if name != AUTO_MODEL:
+        return None
+    from adaptcheck.frameworks.pretrained import auto_choice
+
+    return auto_choice()[0]
+
+
+def _same_auto_model(run_dir: Path, meta: RunMeta) -> None:
+    """Refuse a resume where ``auto`` now stands for another model than when the run started.
+
+    Every check resolves its model when it runs, so a pretrained package installed or removed
+    between the kill and the resume would have the rest of the run certify another model than
+    its first checks did, under one certificate.
+    """
+    if meta.model_auto is None:  # not an 'auto' run, or a run.json written before the field
+        return
+    now = _auto_now("auto")
+    if now != meta.model_auto:
+        raise IntegrityError(f"{run_dir} started with model 'auto' = {meta.model_auto}, and 'auto' stands for "
+                             f"{now} here now",
+                             hint=f"install what made 'auto' mean {meta.model_auto} again, or start a new run")
 
 
 def _stored_ladder(run_dir: Path, meta: RunMeta) -> LadderSpec:
