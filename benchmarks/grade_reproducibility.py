@@ -5,8 +5,8 @@ Each run is ``python -m adaptcheck run --ladder LADDER --seed S --out DIR/<ladde
 inputs each time, as on different days), one after the other on this machine. Prints one row
 per run — ladder, seed, grade, wall time, exit status, the blockers for the next level (the
 grade rules' condition names) and the checks that did not pass — then, per ladder, the grades
-seen and the quick ladder's wall time (median and worst, against ``--max-quick-s``, the
-3-minute budget of issue 14).
+seen and the quick ladder's wall time (median and worst, against ``--max-quick-s``: the
+4-minute budget of issue 27 with the real default model; issue 14 set 3 minutes for the embedded one).
 
 Exit 1 when the runs of one ladder got different grades, a run wrote no results, or a quick
 run took longer than ``--max-quick-s``; else 0. A benchmark for a quiet machine, not a test:
@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-QUICK_BUDGET_S = 180.0
+QUICK_BUDGET_S = 240.0
+"""Issue 27's budget for the quick ladder with the real default model on a 2-core CPU (was 180 s
+with the 2-layer embedded model)."""
 
 
 @dataclass

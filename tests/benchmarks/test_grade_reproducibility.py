@@ -37,7 +37,7 @@ def test_two_tiny_runs_same_grade(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "quick: 2 runs, grades L0 x2 — the same grade every time" in out
-    assert "quick ladder wall time: median" in out and "budget 180 s)" in out
+    assert "quick ladder wall time: median" in out and "budget 240 s)" in out
     assert (tmp_path / "quick-1" / "results.json").is_file() and (tmp_path / "quick-2" / "results.json").is_file()
     seeds = [json.loads((tmp_path / f"quick-{s}" / "results.json").read_text())["seed"] for s in (1, 2)]
     assert seeds == [1, 2]  # one seed per run, from --seed-start
