@@ -244,8 +244,8 @@ def resume_run(run_dir: Path, progress: Progress | None = None,
     Guarantees: the folder is locked before anything in it is read or run (a live run or a
     second resume is refused, exit 2); the stored ladder is the one the run started with
     (sha256 in run.json, else exit 5), and so is the model ``auto`` stands for (else exit 5);
-    a journal line torn by the kill is set aside and its
-    check runs again, so every check is in the results exactly once.
+    a journal line torn by the kill is set aside and its check runs again, so every check is
+    in the results exactly once.
     """
     meta_path = run_dir / RUN_META
     if not meta_path.is_file():
