@@ -143,21 +143,19 @@ def test_a_model_auto_that_now_means_another_model_is_refused(tmp_path: Path) ->
 
     ladder = tmp_path / "ladder.yaml"
     ladder.write_text(ladder_text(CHEAP).replace("checks:", "model: {name: auto}\nchecks:", 1))
-    run_dir = tmp_path / "run"
-    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(run_dir), "--quiet"])
+    clean = tmp_path / "clean"
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(clean), "--quiet"])
     assert done.returncode == 0, done.stderr
-    meta_path = run_dir / "run.json"
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads((clean / "run.json").read_text())
     assert meta["model"] is None and meta["model_auto"] == auto_choice()[0]  # pinned when the run started
 
-    def killed() -> None:  # the run as a kill after its first check left it
-        for name in ("results.json", "report.html"):
-            (run_dir / name).unlink(missing_ok=True)
-        lines = (run_dir / "checks.jsonl").read_bytes().splitlines(keepends=True)
-        (run_dir / "checks.jsonl").write_bytes(lines[0])
+    def killed(name: str, run_meta: dict[str, object]) -> Path:
+        """The run as a kill after its first check left it, with this run.json."""
+        run_dir = _killed_copy(clean, tmp_path / name, keep_lines=1, torn_tail=False)
+        (run_dir / "run.json").write_text(json.dumps(run_meta))
+        return run_dir
 
-    killed()
-    meta_path.write_text(json.dumps({**meta, "model_auto": "pretrained:another-model"}))
+    run_dir = killed("other", {**meta, "model_auto": "pretrained:another-model"})
     ran_before, journal_before = _ran(run_dir), (run_dir / "checks.jsonl").read_bytes()
     done = run_cli(["run", "--resume", str(run_dir)])
     assert done.returncode == 5, done.stderr
@@ -166,11 +164,9 @@ def test_a_model_auto_that_now_means_another_model_is_refused(tmp_path: Path) ->
     assert _ran(run_dir) == ran_before and (run_dir / "checks.jsonl").read_bytes() == journal_before
 
     # The same model as at the start: the resume goes on (a run.json without the field too).
-    meta_path.write_text(json.dumps(meta))
-    assert run_cli(["run", "--resume", str(run_dir)]).returncode == 0
-    killed()
-    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "model_auto"}))
-    assert run_cli(["run", "--resume", str(run_dir)]).returncode == 0
+    assert run_cli(["run", "--resume", str(killed("same", meta))]).returncode == 0
+    old = killed("old", {k: v for k, v in meta.items() if k != "model_auto"})
+    assert run_cli(["run", "--resume", str(old)]).returncode == 0
 
 
 def test_missing_ladder_is_a_bad_folder(clean_run: Path, tmp_path: Path) -> None:
