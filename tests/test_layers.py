@@ -26,7 +26,7 @@ LOWER = ("adaptcheck.perf", "adaptcheck.frameworks", "adaptcheck.backends", "ada
          "adaptcheck.compat", "adaptcheck.repro", "adaptcheck.grade", "adaptcheck.runfolder",
          # the base layer
          "adaptcheck.models", "adaptcheck.errors", "adaptcheck.yamldata", "adaptcheck.paths", "adaptcheck.redact",
-         "adaptcheck.hostfacts", "adaptcheck.terminal", "adaptcheck.atomic", "adaptcheck.safejson",
+         "adaptcheck.dtypes", "adaptcheck.hostfacts", "adaptcheck.terminal", "adaptcheck.atomic", "adaptcheck.safejson",
          "adaptcheck.integrity", "adaptcheck.jsonvalues", "adaptcheck.klestimate", "adaptcheck.trusted",
          "adaptcheck.runlock")
 

@@ -31,8 +31,6 @@ from adaptcheck.models.environment import DeviceInfo
 if TYPE_CHECKING:  # torch is imported lazily: `adaptcheck backends` must work without importing it
     import torch
 
-ALL_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8")
-
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -163,7 +161,7 @@ class Backend(ABC):
         module = sys.modules[cls.__module__]
         return Path(module.__file__ or ".").resolve().parent / relative
     dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
-    """Dtypes the backend claims to support (subset of ALL_DTYPES); the smoke probe holds it to that."""
+    """Dtypes the backend claims to support (subset of ``adaptcheck.dtypes.ALL_DTYPES``); the smoke probe holds it to that."""
     fp8_flavour: ClassVar[str | None] = None
     """'e4m3fn' (OCP), 'e4m3fnuz' (MI300) or None."""
     has_streams: ClassVar[bool] = False

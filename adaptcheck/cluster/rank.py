@@ -43,8 +43,9 @@ from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
 from adaptcheck.cluster.models import MultinodeCollectives, Settings
 from adaptcheck.cluster.verdict import Payload, RunInfo, build_report
 from adaptcheck.collectives.bandwidth import elements_for_bytes
-from adaptcheck.collectives.exact import DEFAULT_DTYPES, ITEMSIZE, OPS, DtypeName
+from adaptcheck.collectives.exact import DEFAULT_DTYPES, OPS
 from adaptcheck.collectives.plan import CollectivesParams, Plan, make_plan
+from adaptcheck.dtypes import ITEMSIZE, CollectiveDtype, FloatDtype
 from adaptcheck.errors import DeviceError, UsageError, exception_line
 from adaptcheck.models.results import utcnow
 from adaptcheck.perf.micro import MIB
@@ -57,14 +58,13 @@ LEAVE_S = 20.0
 """After a failure, how long teardown may take before the rank exits without it."""
 
 BenchOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
-BenchDtype = Literal["fp32", "bf16", "fp16"]
 
 
 def _default_bench_ops() -> list[BenchOp]:
     return ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]  # the four TP/EP uses, as perf.collectives
 
 
-def _default_bench_dtypes() -> list[BenchDtype]:
+def _default_bench_dtypes() -> list[FloatDtype]:
     return ["bf16"]
 
 
@@ -76,14 +76,14 @@ class ClusterCollectivesOptions(BaseModel):
     device: str | None = Field(default=None, description="Backend name; None: as 'adaptcheck run' chooses.")
     out: Path = Field(description="Folder rank 0 writes collectives-multinode.json into.")
     ops: list[str] = Field(default_factory=lambda: list(OPS), description="Collectives checked exactly.")
-    dtypes: list[DtypeName] = Field(default_factory=lambda: list(DEFAULT_DTYPES), description="Dtypes checked.")
+    dtypes: list[CollectiveDtype] = Field(default_factory=lambda: list(DEFAULT_DTYPES), description="Dtypes checked.")
     elements: list[int] = Field(default_factory=lambda: [1, 1031, 1_048_583],
                                 description="Per-rank chunk sizes (elements), as step 4: tiny, odd small, odd ~1M.")
     on_unsupported: Literal["fail", "report"] | None = Field(
         default=None, description="Cost of an op the library lacks; None: fail on accelerators, report on CPU.")
     bench: bool = Field(default=False, description="Also time algbw/busbw.")
     bench_ops: list[BenchOp] = Field(default_factory=_default_bench_ops, description="Collectives timed.")
-    bench_dtypes: list[BenchDtype] = Field(default_factory=_default_bench_dtypes, description="Dtypes timed.")
+    bench_dtypes: list[FloatDtype] = Field(default_factory=_default_bench_dtypes, description="Dtypes timed.")
     bench_sizes_mib: list[float] | None = Field(
         default=None, description="Full-tensor sizes S in MiB; None: [1, 256] on accelerators, [1, 32] on CPU.")
     bench_budget_s: float = Field(default=0.5, ge=0, le=600, description="Timed seconds per bench case.")

@@ -30,9 +30,9 @@ from adaptcheck.cluster.models import (
     SlowestRank,
 )
 from adaptcheck.collectives.bandwidth import busbw_factor, full_tensor_bytes
-from adaptcheck.collectives.exact import ITEMSIZE
 from adaptcheck.collectives.launch import LaunchResult, RankExit
 from adaptcheck.collectives.plan import Plan, merge_rows, summarize
+from adaptcheck.dtypes import ITEMSIZE
 from adaptcheck.perf.timing import summarize as timing_of
 
 Payload = dict[str, Any]

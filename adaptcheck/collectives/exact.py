@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
+from adaptcheck.dtypes import CollectiveDtype, torch_dtype
+
 if TYPE_CHECKING:
     import torch
 
@@ -22,8 +24,6 @@ if TYPE_CHECKING:
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 """The collectives checked, in the order they run (vLLM uses all five for TP/EP/PP)."""
-
-DtypeName = Literal["fp32", "bf16", "fp16", "int8", "int32", "int64"]
 
 EXACT_LIMIT: dict[str, int] = {
     # Largest L such that every integer in [0, L] is exactly representable: 2^(mantissa+1)
@@ -36,23 +36,12 @@ EXACT_LIMIT: dict[str, int] = {
     "int64": 2**63 - 1,
 }
 
-DEFAULT_DTYPES: tuple[DtypeName, ...] = ("fp32", "bf16", "int32")
+DEFAULT_DTYPES: tuple[CollectiveDtype, ...] = ("fp32", "bf16", "int32")
 """fp32 (integer-valued, exact below 2^24), bf16 (what vLLM all-reduces activations in), int32
 (an integer path: libraries implement integer reductions with separate kernels)."""
 
-ITEMSIZE: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "int32": 4, "int64": 8}
-"""Bytes per element (kept here so the launching process never needs to import torch)."""
-
 SENTINEL = -1
 """Initial value of every output buffer: inputs are >= 1, so an unwritten element shows."""
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """torch dtype of a dtype name used in params."""
-    import torch
-
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
-            "int32": torch.int32, "int64": torch.int64}[name]
 
 
 def value_scale(dtype: str, world_size: int) -> int:

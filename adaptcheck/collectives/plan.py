@@ -34,14 +34,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adaptcheck.collectives.exact import (
     DEFAULT_DTYPES,
-    ITEMSIZE,
     OPS,
-    DtypeName,
     broadcast_source,
     buffer_sizes,
     value_scale,
 )
 from adaptcheck.collectives.launch import LaunchResult
+from adaptcheck.dtypes import ITEMSIZE, CollectiveDtype
 from adaptcheck.ladder.check import Outcome
 
 if TYPE_CHECKING:
@@ -66,7 +65,7 @@ class CollectivesParams(BaseModel):
         description="Per-rank chunk sizes in elements, each run for every op and dtype: size 1, an odd small "
                     "size and an odd ~1M size, since libraries switch algorithms/protocols by message size. "
                     "all_gather/reduce_scatter/all_to_all move world_size × this.")
-    dtypes: list[DtypeName] = Field(
+    dtypes: list[CollectiveDtype] = Field(
         default_factory=lambda: list(DEFAULT_DTYPES),
         description="Dtypes, each with integer values small enough for exact sums (fp32 < 2^24, bf16 < 2^8 …). "
                     "bf16/fp16 run only where the backend declares them; an integer dtype the library lacks "

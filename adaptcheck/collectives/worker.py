@@ -35,8 +35,8 @@ from adaptcheck.collectives.exact import (
     compare,
     expected_output,
     output_buffer,
-    torch_dtype,
 )
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.plugins import load_ref
 
 if TYPE_CHECKING:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
+from adaptcheck.dtypes import FLOAT_DTYPES, framework_dtype
 from adaptcheck.errors import DeviceError
 from adaptcheck.frameworks.base import FrameworkError
 from adaptcheck.procs import child_environ, free_port
@@ -67,8 +68,10 @@ if TYPE_CHECKING:
 
 ServerKind = Literal["vllm", "transformers"]
 
-_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-           "fp16": "float16", "float16": "float16", "auto": "auto"}
+_DTYPES: dict[str, str] = {**{name: framework_dtype(name) for name in FLOAT_DTYPES},
+                           **{framework_dtype(name): framework_dtype(name) for name in FLOAT_DTYPES}, "auto": "auto"}
+"""What ``ServerSpec.dtype`` accepts → the servers' ``--dtype``: adaptcheck's names, the long
+names both servers take themselves, and 'auto' (the model's stored dtype)."""
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

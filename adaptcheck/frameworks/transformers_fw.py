@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.dtypes import framework_dtype
 from adaptcheck.frameworks.base import (
     Availability,
     Framework,
@@ -34,8 +35,6 @@ from adaptcheck.frameworks.base import (
 
 if TYPE_CHECKING:
     import torch
-
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
 
 def _version(dist: str) -> str | None:
@@ -101,7 +100,7 @@ class TransformersFramework(Framework):
         start = time.perf_counter()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(opts.model_path))
-            kwargs: dict[str, Any] = {_dtype_kwarg(): getattr(torch, TORCH_DTYPES[opts.dtype]),
+            kwargs: dict[str, Any] = {_dtype_kwarg(): getattr(torch, framework_dtype(opts.dtype)),
                                       **_moe_kwargs(opts.model_path)}
             # transformers' default attention (SDPA where torch has it) unless the ladder asks
             # otherwise: it is what `transformers serve` and most users run, so the device's

@@ -20,6 +20,7 @@ import time
 from importlib import metadata
 from typing import Any
 
+from adaptcheck.dtypes import framework_dtype
 from adaptcheck.frameworks.base import (
     Availability,
     Framework,
@@ -36,7 +37,6 @@ from adaptcheck.frameworks.base import (
 from adaptcheck.paths import cache_dir
 from adaptcheck.procs import process_local_environ
 
-VLLM_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 PLATFORM_GROUP = "vllm.platform_plugins"
 GENERAL_GROUP = "vllm.general_plugins"
 SCORE_MAX_LOGPROBS = 20
@@ -151,7 +151,7 @@ class VllmFramework(Framework):
                 self.platform = platform_report()
                 kwargs: dict[str, Any] = {
                     "model": str(opts.model_path),
-                    "dtype": VLLM_DTYPES[opts.dtype],
+                    "dtype": framework_dtype(opts.dtype),
                     "max_model_len": opts.max_model_len,
                     "tensor_parallel_size": opts.tensor_parallel_size,
                     "seed": 0,

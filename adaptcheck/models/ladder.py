@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from adaptcheck.dtypes import FloatDtype
+
 LADDER_SCHEMA_VERSION = 1
 LEVELS = ("L1", "L2", "L3", "L4", "L5")
 
@@ -33,7 +35,7 @@ class ModelSpec(Strict):
     name: str = Field(default="embedded:tiny-llama", description="'auto' (the first installed pretrained model, "
                       "else embedded:tiny-llama), 'pretrained:NAME', 'embedded:NAME', a local HF model folder "
                       "or a .gguf file.")
-    precision: Literal["fp32", "fp16", "bf16"] = Field(default="bf16", description="Serving precision.")
+    precision: FloatDtype = Field(default="bf16", description="Serving precision.")
     context_length: int = Field(default=2048, gt=0, description="Context length to certify.")
     revision: str | None = Field(default=None, description="Model revision, when known.")
     quantization: Quantization = Field(

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Dtype = Literal["fp32", "fp16", "bf16"]
+from adaptcheck.dtypes import FloatDtype
 
 
 class Rule(BaseModel):
@@ -23,7 +23,7 @@ class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     multiple: float = Field(gt=0, description="Allowed multiple of the healthy control's figure.")
-    floor: dict[Dtype, float] = Field(description="Added to the bound per served dtype (same unit as the statistic).")
+    floor: dict[FloatDtype, float] = Field(description="Added to the bound per served dtype (same unit as the statistic).")
     reason: str = Field(min_length=10, description="Why these numbers: what was measured, on what.")
 
     def bound(self, control: float, dtype: str) -> float:

@@ -26,12 +26,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.dtypes import ITEMSIZE, is_fnuz, torch_dtype
 from adaptcheck.perf.micro import (
     TimingOptions,
-    itemsize,
     make_row,
     not_run_row,
-    torch_dtype,
 )
 from adaptcheck.perf.peaks import Peak, fmt_rate
 
@@ -71,7 +70,7 @@ def sdpa_callable(dtype: str, b: int, hq: int, hkv: int, q_len: int, kv_len: int
     import torch.nn.functional as F
 
     device = backend.torch_device(index)
-    td = torch_dtype(dtype, backend)
+    td = torch_dtype(dtype, fnuz=is_fnuz(backend.fp8_flavour))  # as step 2 resolved it
     gen = torch.Generator(device="cpu").manual_seed(b * 7 + q_len * 13 + kv_len)
     q = torch.randn((b, hq, q_len, d), generator=gen).to(device=device, dtype=td)
     k = torch.randn((b, hkv, kv_len, d), generator=gen).to(device=device, dtype=td)
@@ -120,7 +119,7 @@ def bench_prefill(dtype: str, b: int, s: int, hq: int, hkv: int, d: int, backend
     fn = sdpa_callable(dtype, b, hq, hkv, fitted, fitted, d, True, backend, index)
     timing = opts.time(fn, backend, index)
     return make_row(name, dtype, {**requested, "seq_len": fitted, "causal": True}, prefill_flops(b, hq, fitted, d),
-                    prefill_bytes(b, hq, hkv, fitted, d, itemsize(dtype)), timing, peak, extra=extra)
+                    prefill_bytes(b, hq, hkv, fitted, d, ITEMSIZE[dtype]), timing, peak, extra=extra)
 
 
 def bench_decode(dtype: str, b: int, kv_len: int, hq: int, hkv: int, d: int, backend: Backend, index: int,
@@ -147,4 +146,4 @@ def bench_decode(dtype: str, b: int, kv_len: int, hq: int, hkv: int, d: int, bac
     fn = sdpa_callable(dtype, b, hq, hkv, 1, fitted, d, False, backend, index)
     timing = opts.time(fn, backend, index)
     return make_row(name, dtype, {**requested, "kv_len": fitted, "q_len": 1}, decode_flops(b, hq, fitted, d),
-                    decode_bytes(b, hq, hkv, fitted, d, itemsize(dtype)), timing, peak, extra=extra)
+                    decode_bytes(b, hq, hkv, fitted, d, ITEMSIZE[dtype]), timing, peak, extra=extra)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.dtypes import ITEMSIZE, GemmDtype, is_fnuz, torch_dtype
 from adaptcheck.perf.caches import DRAM_FACTOR, LastLevelCache, device_llc, residency
 from adaptcheck.perf.peaks import Peak, efficiency, fmt_rate, roofline
 from adaptcheck.perf.timing import CI_TARGET, Timing, time_callable
@@ -41,23 +42,9 @@ if TYPE_CHECKING:
 
     from adaptcheck.backends.base import Backend
 
-GEMM_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8_e4m3", "int8")
+GEMM_DTYPES: tuple[GemmDtype, ...] = ("fp32", "bf16", "fp16", "fp8_e4m3", "int8")
+"""The order auto-selected GEMM rows run in (every ``GemmDtype``; a test holds the two equal)."""
 MIB = 1 << 20
-
-
-def torch_dtype(name: str, backend: Backend | None = None) -> torch.dtype:
-    """torch dtype of an adaptcheck dtype name (fp8 in the backend's flavour)."""
-    import torch
-
-    if name == "fp8_e4m3":
-        flavour = getattr(backend, "fp8_flavour", None) or "e4m3fn"
-        return {"e4m3fnuz": torch.float8_e4m3fnuz}.get(flavour, torch.float8_e4m3fn)
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
-            "fp8_e5m2": torch.float8_e5m2}[name]
-
-
-def itemsize(name: str) -> int:
-    return {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}[name]
 
 
 def peak_dtype(dtype: str, peak: Peak | None) -> str:
@@ -160,8 +147,8 @@ def gemm_flops(m: int, n: int, k: int) -> float:
 
 
 def gemm_bytes(m: int, n: int, k: int, dtype: str) -> float:
-    out = {"int8": 4, "fp8_e4m3": 2}.get(dtype, itemsize(dtype))
-    return float((m * k + k * n) * itemsize(dtype) + m * n * out)
+    out = {"int8": 4, "fp8_e4m3": 2}.get(dtype, ITEMSIZE[dtype])
+    return float((m * k + k * n) * ITEMSIZE[dtype] + m * n * out)
 
 
 def gemm_callable(dtype: str, m: int, n: int, k: int, device: torch.device,
@@ -174,6 +161,9 @@ def gemm_callable(dtype: str, m: int, n: int, k: int, device: torch.device,
     """
     import torch
 
+    # fp8 in the backend's flavour through the same flag the dtype smoke probe uses: step 5
+    # must time the dtype step 2 proved works (float8_e4m3fnuz on MI300, not the OCP one).
+    fnuz = backend is not None and is_fnuz(backend.fp8_flavour)
     gen = torch.Generator(device="cpu").manual_seed(m * 131 + n * 17 + k)
     if dtype == "int8":
         a = torch.randint(-8, 8, (m, k), dtype=torch.int8, generator=gen).to(device)
@@ -181,12 +171,12 @@ def gemm_callable(dtype: str, m: int, n: int, k: int, device: torch.device,
         c = torch.empty((m, n), dtype=torch.int32, device=device)
         return lambda: torch._int_mm(a, b, out=c)
     if dtype == "fp8_e4m3":
-        fp8 = torch_dtype(dtype, backend)
+        fp8 = torch_dtype(dtype, fnuz=fnuz)
         a = torch.randn((m, k), generator=gen).to(device=device, dtype=fp8)
         b = torch.randn((n, k), generator=gen).to(device=device, dtype=fp8).t()  # column-major k×n
         one = torch.ones((), dtype=torch.float32, device=device)
         return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    td = torch_dtype(dtype)
+    td = torch_dtype(dtype, fnuz=fnuz)
     a = torch.randn((m, k), generator=gen).to(device=device, dtype=td)
     b = torch.randn((k, n), generator=gen).to(device=device, dtype=td)
     c = torch.empty((m, n), dtype=td, device=device)

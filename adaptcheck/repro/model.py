@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from adaptcheck import __version__, klestimate
+from adaptcheck.dtypes import FLOAT_DTYPES, framework_dtype
 from adaptcheck.repro.files import write_script
 
-DTYPES = ("fp32", "fp16", "bf16")
+DTYPES = FLOAT_DTYPES
+"""What the device side may run in; the reference also fp64."""
 
 
 @dataclass
@@ -90,7 +92,7 @@ import sys
 import urllib.request
 
 SPEC = json.loads(__SPEC__)
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
+TORCH_DTYPES = __TORCH_DTYPES__
 
 
 def transformers_scores(dtype, device, attn_implementation, top_k):
@@ -245,7 +247,11 @@ def render_model_script(check_id: str, spec: ModelReproSpec) -> str:
     # JSON inside a Python string literal: values from the run can never become code.
     # The estimator's own source (adaptcheck.klestimate): the script computes what the check did.
     estimator = "\n\n".join(inspect.getsource(f).rstrip() for f in (klestimate.position_kl, klestimate.quantile))
-    return header + _SCRIPT.replace("__SPEC__", repr(json.dumps(data)), 1).replace("__ESTIMATOR__", estimator, 1)
+    # The script cannot import adaptcheck: it gets adaptcheck's one dtype map as a literal.
+    torch_dtypes = repr({name: framework_dtype(name) for name in (*DTYPES, "fp64")})
+    # The run's values go in last, so a placeholder spelled inside them (a model path) stays text.
+    script = _SCRIPT.replace("__TORCH_DTYPES__", torch_dtypes, 1).replace("__ESTIMATOR__", estimator, 1)
+    return header + script.replace("__SPEC__", repr(json.dumps(data)), 1)
 
 
 def write_model_repro(run_dir: Path, check_id: str, spec: ModelReproSpec) -> Path:

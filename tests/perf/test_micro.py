@@ -11,7 +11,7 @@ Problems are tiny and timing budgets zero: nothing asserts a speed.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import torch
@@ -25,6 +25,7 @@ from adaptcheck.collectives.bandwidth import (
     elements_for_bytes,
     full_tensor_bytes,
 )
+from adaptcheck.dtypes import GemmDtype
 from adaptcheck.perf.attention import (
     bench_decode,
     bench_prefill,
@@ -35,6 +36,7 @@ from adaptcheck.perf.attention import (
     sdpa_callable,
 )
 from adaptcheck.perf.micro import (
+    GEMM_DTYPES,
     TimingOptions,
     bench_copy,
     bench_gemm,
@@ -47,7 +49,6 @@ from adaptcheck.perf.micro import (
     make_row,
     peak_dtype,
     probe_gemm_rate,
-    torch_dtype,
 )
 from adaptcheck.perf.peaks import Peak
 from adaptcheck.perf.timing import summarize
@@ -140,12 +141,20 @@ def test_fp32_is_held_to_tf32_only_when_torch_allows_it() -> None:
         torch.set_float32_matmul_precision(previous)
 
 
-def test_fp8_follows_the_backend_flavour() -> None:
+def test_auto_selection_knows_every_gemm_dtype_params_accept() -> None:
+    assert sorted(GEMM_DTYPES) == sorted(get_args(GemmDtype))
+
+
+def test_fp8_gemm_operands_follow_the_backend_flavour(monkeypatch: pytest.MonkeyPatch) -> None:
     class Fnuz(CpuBackend):
         fp8_flavour = "e4m3fnuz"
 
-    assert torch_dtype("fp8_e4m3", CPU) == torch.float8_e4m3fn
-    assert torch_dtype("fp8_e4m3", Fnuz()) == torch.float8_e4m3fnuz
+    seen: list[tuple[torch.dtype, torch.dtype]] = []
+    # Record what _scaled_mm is handed instead of running it (the CPU has no fnuz GEMM).
+    monkeypatch.setattr(torch, "_scaled_mm", lambda a, b, **_: seen.append((a.dtype, b.dtype)))
+    gemm_callable("fp8_e4m3", 16, 16, 16, torch.device("cpu"), CPU)()
+    gemm_callable("fp8_e4m3", 16, 16, 16, torch.device("cpu"), Fnuz())()
+    assert seen == [(torch.float8_e4m3fn,) * 2, (torch.float8_e4m3fnuz,) * 2]
 
 
 # --- rows ------------------------------------------------------------------------------------

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Precision = Literal["fp32", "fp16", "bf16"]
+from adaptcheck.dtypes import FloatDtype
 
 DEFAULT_TIE_MARGIN = {"fp32": 0.05, "fp16": 0.25, "bf16": 0.5}
 """Largest logprob gap (nats) between two tokens that still counts as a tie when the same
@@ -24,7 +24,7 @@ class FrameworkParams(BaseModel):
                                        "or 'module:Class' (``adaptcheck frameworks`` lists them).")
     model: str | None = Field(default=None, description="Model for this check instead of the run's: 'embedded:NAME' "
                               "(e.g. embedded:tiny-moe to cover MoE), 'pretrained:NAME', 'auto' or a local path.")
-    dtype: Precision | None = Field(default=None, description="Serving dtype; default: the ladder model's precision.")
+    dtype: FloatDtype | None = Field(default=None, description="Serving dtype; default: the ladder model's precision.")
     max_model_len: int | None = Field(default=None, gt=0, description="Context length to load with; default: the ladder's.")
     compile: bool | None = Field(default=None, description="Graph capture / torch.compile on or off (vLLM: "
                                  "enforce_eager = not compile); None: the framework's default.")

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from adaptcheck.dtypes import is_fnuz, torch_dtype
 from adaptcheck.steps.ops.judge import OutputComparison, compare
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef
 from adaptcheck.steps.ops.tolerance import TolerancePolicy
 from adaptcheck.steps.smoke.matmul import full_fp32_precision
-from adaptcheck.steps.smoke.ops import torch_dtype
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -158,7 +158,7 @@ def measure_speed(ctx: CheckContext, dtypes: list[str]) -> SpeedModel:
     rates: dict[str, float] = {}
     for dtype in dtypes:
         try:
-            tdt = torch_dtype(dtype, ctx.backend.fp8_flavour)
+            tdt = torch_dtype(dtype, fnuz=is_fnuz(ctx.backend.fp8_flavour))
             if not tdt.is_floating_point or tdt.itemsize < 2:
                 continue
             n = 64

@@ -21,9 +21,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from adaptcheck.collectives.bandwidth import collective_row, elements_for_bytes
-from adaptcheck.collectives.exact import ITEMSIZE
 from adaptcheck.collectives.launch import LaunchResult, launch
 from adaptcheck.collectives.plan import resolve_world_size
+from adaptcheck.dtypes import ITEMSIZE, FloatDtype
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.micro import MIB, not_run_row
 from adaptcheck.perf.timing import SYNC, summarize
@@ -31,14 +31,13 @@ from adaptcheck.plugins import class_ref, import_root
 from adaptcheck.steps.perf.common import TimedParams, headline, resolve_peak, verdict
 
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
-CollectiveDtype = Literal["fp32", "bf16", "fp16"]
 
 
 def _default_ops() -> list[CollectiveOp]:
     return ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 
 
-def _default_dtypes() -> list[CollectiveDtype]:
+def _default_dtypes() -> list[FloatDtype]:
     return ["bf16"]
 
 
@@ -48,7 +47,7 @@ class CollectivesBenchParams(TimedParams):
     ops: list[CollectiveOp] = Field(
         default_factory=_default_ops, min_length=1,
         description="Collectives to time (the four tensor/expert parallelism uses).")
-    dtypes: list[CollectiveDtype] = Field(
+    dtypes: list[FloatDtype] = Field(
         default_factory=_default_dtypes, min_length=1,
         description="Dtypes (bf16: what vLLM reduces activations in); undeclared ones are not_run rows.")
     sizes_mib: list[float] | None = Field(

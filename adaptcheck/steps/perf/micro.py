@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from adaptcheck.dtypes import FloatDtype, GemmDtype
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.attention import bench_decode, bench_prefill
 from adaptcheck.perf.caches import residency
@@ -64,8 +65,6 @@ __all__ = [
     "MemoryParams",
 ]
 
-GemmDtype = Literal["fp32", "bf16", "fp16", "fp8_e4m3", "int8"]
-AttentionDtype = Literal["bf16", "fp16", "fp32"]
 Direction = Literal["h2d", "d2h"]
 
 
@@ -73,7 +72,7 @@ def _both_directions() -> list[Direction]:
     return ["h2d", "d2h"]
 
 
-def _bf16_only() -> list[AttentionDtype]:
+def _bf16_only() -> list[FloatDtype]:
     return ["bf16"]
 
 
@@ -117,7 +116,7 @@ class GemmParams(MicroParams):
                     "model's 4096×4096 projection at 2048 prefill tokens and at a decode batch of 8.")
 
 
-def auto_gemm_dtypes(declared: tuple[str, ...], peak: Peak | None) -> list[str]:
+def auto_gemm_dtypes(declared: tuple[str, ...], peak: Peak | None) -> list[GemmDtype]:
     """Declared dtypes the peak knows (all declared ones when no peak is known at all)."""
     out = []
     for d in GEMM_DTYPES:
@@ -306,7 +305,7 @@ class DecodeShape(BaseModel):
 class AttentionParams(MicroParams):
     """Attention problems (defaults: a Llama-3-8B layer: 32 query heads, 8 KV heads, dim 128)."""
 
-    dtypes: list[AttentionDtype] = Field(
+    dtypes: list[FloatDtype] = Field(
         default_factory=_bf16_only, min_length=1,
         description="Dtypes; one the backend does not declare becomes a not_run row.")
     prefill: PrefillShape | None = Field(default_factory=PrefillShape, description="Prefill problem (None: skip).")

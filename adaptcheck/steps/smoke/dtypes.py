@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from adaptcheck.backends.base import ALL_DTYPES
+from adaptcheck.dtypes import ALL_DTYPES, is_fnuz, torch_dtype
 from adaptcheck.ladder.check import CheckContext, NoParams, Outcome
 from adaptcheck.steps.smoke.numerics import bit_diff, int_view
-from adaptcheck.steps.smoke.ops import SmokeCheck, torch_dtype
+from adaptcheck.steps.smoke.ops import SmokeCheck
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +66,7 @@ class DtypeProbeCheck(SmokeCheck):
             declared = name in ctx.backend.dtypes
             info: dict[str, Any] = {}
             try:
-                dtype = torch_dtype(name, ctx.backend.fp8_flavour)
+                dtype = torch_dtype(name, fnuz=is_fnuz(ctx.backend.fp8_flavour))
             except Exception as exc:  # noqa: BLE001 - this torch has no such dtype
                 tests = {"exists": f"error: {type(exc).__name__}: {exc}"}
             else:

@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.dtypes import FloatDtype, torch_dtype
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.smoke.numerics import (
     MATMUL_TOLERANCES,
     MatmulTolerance,
     compare_to_reference,
 )
-from adaptcheck.steps.smoke.ops import DeviceOps, SmokeCheck, timed, torch_dtype
+from adaptcheck.steps.smoke.ops import DeviceOps, SmokeCheck, timed
 from adaptcheck.steps.smoke.sizing import (
     RateProbe,
     estimated_seconds,
@@ -62,7 +63,6 @@ PROBE_FRACTION = 1 / 40
 """A sizing probe stops doubling once one run takes this share of the case budget."""
 
 
-MatmulDtype = Literal["fp32", "bf16", "fp16"]
 InputKind = Literal["normal", "uniform"]
 
 
@@ -71,7 +71,7 @@ class MatmulParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dtypes: list[MatmulDtype] = Field(
+    dtypes: list[FloatDtype] = Field(
         default=["fp32", "bf16", "fp16"], min_length=1,
         description="Dtypes to multiply in (each gets its own result).")
     budget_s: float = Field(

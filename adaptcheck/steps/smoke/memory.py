@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.dtypes import ALL_DTYPES, DeviceDtype, is_fnuz, torch_dtype
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.smoke.numerics import bit_diff, pattern_tensor
-from adaptcheck.steps.smoke.ops import SmokeCheck, timed, torch_dtype
+from adaptcheck.steps.smoke.ops import SmokeCheck, timed
 
 if TYPE_CHECKING:
     import torch
 
 MIB = 1 << 20
-DtypeName = Literal["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8"]
 
 
 def process_rss_bytes() -> int | None:
@@ -155,7 +155,7 @@ class RoundTripParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     size_mib: float = Field(default=16, gt=0, le=1 << 16, description="Bytes sent in total, split over the dtypes.")
-    dtypes: list[DtypeName] | None = Field(
+    dtypes: list[DeviceDtype] | None = Field(
         default=None,
         description="Dtypes to send (default: all). Those the backend declares are judged; others are informational.")
 
@@ -168,8 +168,6 @@ class RoundTripCheck(SmokeCheck):
     params_model = RoundTripParams
 
     def run(self, ctx: CheckContext, params: RoundTripParams) -> Outcome:
-        from adaptcheck.backends.base import ALL_DTYPES
-
         names = list(dict.fromkeys(params.dtypes or ALL_DTYPES))
         per_dtype = int(params.size_mib * MIB) // len(names)
         table: dict[str, dict[str, Any]] = {}
@@ -181,7 +179,7 @@ class RoundTripCheck(SmokeCheck):
             row: dict[str, Any] = {"declared": declared}
             table[name] = row
             try:
-                dtype = torch_dtype(name, ctx.backend.fp8_flavour)
+                dtype = torch_dtype(name, fnuz=is_fnuz(ctx.backend.fp8_flavour))
                 src = pattern_tensor(name, dtype, per_dtype, ctx.generator(f"smoke.roundtrip.{name}"))
                 expected = src.clone()
                 for label, part, want in (("whole", src, expected), ("offset_view", src[1:], expected[1:])):

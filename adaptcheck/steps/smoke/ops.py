@@ -8,7 +8,7 @@ back, leaving an element unfilled, a reduction that always answers 0) to prove t
 numerical check can fail; a backend whose vendor path differs from plain torch could
 provide its own the same way.
 
-Also here: the map from adaptcheck dtype names to torch dtypes, and a synchronized timer.
+Also here: a synchronized timer. Dtype names map to torch dtypes in :mod:`adaptcheck.dtypes`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     from adaptcheck.backends.base import Backend
 
 T = TypeVar("T")
-
-FLOAT_DTYPES = ("fp32", "fp16", "bf16")
-"""Dtypes with a matmul tolerance and ordinary arithmetic on every torch device."""
 
 
 class DeviceOps:
@@ -94,29 +91,6 @@ class DeviceOps:
             out = mask[:part.numel()].view(part.shape)
             total += torch.count_nonzero(torch.ne(part, want, out=out))
         return int(total.item())
-
-
-def torch_dtype(name: str, fp8_flavour: str | None = None) -> torch.dtype:
-    """The torch dtype for an adaptcheck dtype name (see ``ALL_DTYPES``).
-
-    fp8 follows the backend's declared flavour: OCP ``e4m3fn`` / ``e5m2`` or the MI300
-    ``fnuz`` variants (no negative zero, different bias, max 240 for e4m3).
-    Raises ``ValueError`` for unknown names and ``AttributeError`` when this torch lacks the dtype.
-    """
-    import torch
-
-    fnuz = fp8_flavour == "e4m3fnuz"
-    table = {
-        "fp32": "float32",
-        "fp16": "float16",
-        "bf16": "bfloat16",
-        "int8": "int8",
-        "fp8_e4m3": "float8_e4m3fnuz" if fnuz else "float8_e4m3fn",
-        "fp8_e5m2": "float8_e5m2fnuz" if fnuz else "float8_e5m2",
-    }
-    if name not in table:
-        raise ValueError(f"unknown dtype name {name!r}")
-    return getattr(torch, table[name])
 
 
 def timed(backend: Backend, device_index: int, fn: Callable[[], T]) -> tuple[T, float]:

@@ -42,7 +42,6 @@ from adaptcheck.collectives.exact import (
     classify_exception,
     compare,
     expected_output,
-    torch_dtype,
     value_scale,
 )
 from adaptcheck.collectives.launch import (
@@ -59,6 +58,7 @@ from adaptcheck.collectives.plan import (
     summarize,
 )
 from adaptcheck.collectives.worker import TorchCollectives
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.models.ladder import ModelSpec

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.steps.smoke.numerics import (
     MATMUL_TOLERANCES,
     MatmulTolerance,
@@ -15,7 +16,6 @@ from adaptcheck.steps.smoke.numerics import (
     compare_to_reference,
     pattern_tensor,
 )
-from adaptcheck.steps.smoke.ops import torch_dtype
 from adaptcheck.steps.smoke.sizing import estimated_seconds, largest_fitting, probe_rate
 
 # --- sizing -----------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def test_bit_diff_reports_dtype_or_shape_change() -> None:
 
 @pytest.mark.parametrize("name", ["fp16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2"])
 def test_narrow_dtypes_carry_every_bit_pattern(name: str) -> None:
-    dtype = torch_dtype(name, "e4m3fn")
+    dtype = torch_dtype(name)
     t = pattern_tensor(name, dtype, 1 << 20, torch.Generator().manual_seed(0))
     size = t.element_size()
     bits = t.view(torch.uint8 if size == 1 else torch.int16).to(torch.int64)
@@ -168,14 +168,6 @@ def test_fp32_patterns_include_the_special_values() -> None:
         assert special in bits
     assert torch.isnan(t).any() and torch.isinf(t).any()
     assert ((t != 0) & (t.abs() < torch.finfo(torch.float32).tiny)).any()  # a denormal
-
-
-def test_torch_dtype_follows_fp8_flavour() -> None:
-    assert torch_dtype("fp8_e4m3", "e4m3fn") == torch.float8_e4m3fn
-    assert torch_dtype("fp8_e4m3", "e4m3fnuz") == torch.float8_e4m3fnuz
-    assert torch_dtype("fp8_e5m2", "e4m3fnuz") == torch.float8_e5m2fnuz
-    with pytest.raises(ValueError):
-        torch_dtype("fp4")
 
 
 # --- device mismatch count ----------------------------------------------------------------------

@@ -36,8 +36,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
-from adaptcheck.steps.smoke.ops import torch_dtype
 from reference_kernels import activations as ref
 
 ActDist = Literal["mixed", "normal", "large", "denormal", "overflow"]

@@ -21,8 +21,8 @@ import math
 import torch
 from pydantic import Field, model_validator
 
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
-from adaptcheck.steps.smoke.ops import torch_dtype
 from reference_kernels import attention as ref
 
 GARBAGE_KEY_STD = 4.0

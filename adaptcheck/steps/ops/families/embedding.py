@@ -18,8 +18,8 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
-from adaptcheck.steps.smoke.ops import torch_dtype
 from reference_kernels import embedding as ref
 
 IdDist = Literal["mixed", "uniform", "high", "repeated"]

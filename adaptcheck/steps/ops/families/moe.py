@@ -21,8 +21,8 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
-from adaptcheck.steps.smoke.ops import torch_dtype
 from reference_kernels import moe as ref
 
 Routing = Literal["random", "same_expert", "near_tie"]

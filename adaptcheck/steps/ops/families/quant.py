@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from adaptcheck.dtypes import is_fnuz, torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
-from adaptcheck.steps.smoke.ops import torch_dtype
 from reference_kernels import quant as ref
 
 FP8_OPS = ("fp8_quantize", "fp8_scaled_gemm")
@@ -73,7 +73,7 @@ def _backend_fp8_scope(backend: Any) -> AbstractContextManager[None]:
 
 def fp8_torch_dtype() -> torch.dtype:
     """The torch fp8 e4m3 dtype of the flavour in effect."""
-    return torch_dtype("fp8_e4m3", current_fp8_flavour())
+    return torch_dtype("fp8_e4m3", fnuz=is_fnuz(current_fp8_flavour()))
 
 
 # ---------------------------------------------------------------------------------- int8 GEMM

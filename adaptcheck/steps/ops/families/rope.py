@@ -19,8 +19,8 @@ from functools import lru_cache
 import torch
 from pydantic import Field, model_validator
 
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
-from adaptcheck.steps.smoke.ops import torch_dtype
 from reference_kernels import rope as ref
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from adaptcheck.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
-from adaptcheck.steps.smoke.ops import torch_dtype
 from reference_kernels import sampling as ref
 
 CLEAR_GAP = 2.0**-5
