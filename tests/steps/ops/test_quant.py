@@ -252,3 +252,56 @@ def test_fp8_gemm_torch_and_reordered_pass(seed: int) -> None:
 
 def test_fp8_gemm_ignoring_scale_b_is_caught() -> None:
     assert _run("fp8_scaled_gemm", fp8_gemm_ignores_scale_b, ALL, FP8_GEMM) == dict.fromkeys(ALL, Status.FAIL)
+
+
+def _round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x rounded to nearest with ``bits`` bits after the leading one (float32 keeps 23)."""
+    mantissa, exponent = torch.frexp(x)
+    return torch.ldexp(torch.round(mantissa * 2.0 ** (bits + 1)) / 2.0 ** (bits + 1), exponent)
+
+
+def fp8_gemm_accumulating_in(bits: int) -> Callable[..., Any]:
+    """An fp8 GEMM whose accumulator keeps ``bits`` mantissa bits: 32 products summed exactly
+    (one MMA instruction's K), each running sum rounded. 14 bits: what Hopper's fp8 MMA keeps
+    (DeepSeek-V3 report, section 3.3.2); 10: an fp16 accumulator; 7: a bf16 one."""
+
+    def gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+             out_dtype: torch.dtype) -> torch.Tensor:
+        af, bf = a.double(), b.double()
+        acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
+        for start in range(0, a.shape[1], 32):
+            acc = _round_mantissa(acc + af[:, start:start + 32] @ bf[start:start + 32], bits)
+        return (acc * scale_a.double() * scale_b.double()).to(out_dtype)
+
+    return gemm
+
+
+FP8_GEMM_LONG = [{"name": "long_k_positive", "m": 8, "n": 16, "k": 16384, "dist": "positive"},
+                 {"name": "decode_down", "m": 1, "n": 64, "k": 14336},
+                 {"name": "square", "m": 32, "n": 32, "k": 64}]
+
+
+def test_fp8_gemm_with_a_hopper_grade_accumulator_passes_at_fp32_output() -> None:
+    """A healthy H200 came out at 14-bit-accumulator grade at fp32 output (matrices/tolerances.yaml,
+    fp8_gemm): the reduction class's fp32 limit failed it. It passes now, as does a full fp32 one."""
+    for bits in (23, 14):
+        assert set(_run("fp8_scaled_gemm", fp8_gemm_accumulating_in(bits), ALL, FP8_GEMM_LONG).values()) \
+            == {Status.PASS}, bits
+
+
+def test_fp8_gemm_at_the_old_fp32_limit_would_fail_a_hopper_grade_accumulator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The false failure the fp8_gemm class removes: the same 14-bit accumulator under 1e-5."""
+    from adaptcheck.steps.ops.tolerance import Limit, load_policy
+    klass = load_policy().get("fp8_gemm")
+    monkeypatch.setitem(klass.limits, "fp32", Limit(max_normalized=1.0e-5, min_cosine=0.9999))
+    assert _run("fp8_scaled_gemm", fp8_gemm_accumulating_in(14), ["fp32"], FP8_GEMM_LONG) == {"fp32": Status.FAIL}
+
+
+@pytest.mark.parametrize("bits", [12, 10, 7])
+def test_fp8_gemm_with_a_narrower_accumulator_is_caught(bits: int) -> None:
+    """12 bits: the widest that fails; 10: an fp16 accumulator; 7: a bf16 one."""
+    assert _run("fp8_scaled_gemm", fp8_gemm_accumulating_in(bits), ["fp32"], FP8_GEMM_LONG) == {"fp32": Status.FAIL}
+    if bits <= 10:
+        assert _run("fp8_scaled_gemm", fp8_gemm_accumulating_in(bits), ["fp16"], FP8_GEMM_LONG) \
+            == {"fp16": Status.FAIL}

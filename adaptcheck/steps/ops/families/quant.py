@@ -313,10 +313,12 @@ OPS = [
     ),
     OpDef(
         name="fp8_scaled_gemm", family="quant",
-        description="fp8 e4m3 GEMM accumulated in fp32 with per-tensor scales.",
+        description="fp8 e4m3 GEMM with per-tensor scales, summed by the device's fp8 MMA (an accumulator of about 14 bits, as Hopper's, passes at fp32 output).",
         signature=("fp8_scaled_gemm(a: [M, K] float8, b: [K, N] float8, scale_a: [] float32, scale_b: [] float32,"
                    " out_dtype: torch.dtype) -> out: [M, N] out_dtype (the check's dtype)"),
         case_model=Fp8GemmCase, make_inputs=_fp8_gemm_inputs, reference=ref.fp8_scaled_gemm,
-        outputs=("out",), tolerance=("reduction",), requires=("fp8_e4m3",), device_scope=_backend_fp8_scope,
+        # fp8_gemm, not reduction: the fp32 output is only as exact as the fp8 MMA accumulator
+        # (matrices/tolerances.yaml says why, with the H200 measurements).
+        outputs=("out",), tolerance=("fp8_gemm",), requires=("fp8_e4m3",), device_scope=_backend_fp8_scope,
     ),
 ]
