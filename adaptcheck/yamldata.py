@@ -88,17 +88,31 @@ class _ValueError(yaml.MarkedYAMLError):
 BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
 
 
-def load_bounded(text: str) -> tuple[Any, yaml.Node | None]:
+def load_bounded(text: str, name: str | None = None) -> tuple[Any, yaml.Node | None]:
     """Compose ``text`` (one document) with :class:`BoundedLoader` and construct its data.
 
+    ``name`` (the file name) is written into every node's marks: a tree merged from several
+    files (a ladder that extends another) still knows which file each node came from.
     Returns ``(data, root node)``; raises ``yaml.YAMLError`` (marked where possible)."""
     loader = BoundedLoader(text)
+    if name is not None:
+        loader.name = name  # the Reader stamps this on every mark it makes from here on
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
     finally:
         loader.dispose()
     return data, root
+
+
+def construct(root: yaml.Node) -> Any:
+    """The data of a node tree composed earlier (or merged from several files), built with
+    :class:`BoundedLoader`'s constructors and so under the same limits."""
+    loader = BoundedLoader("")
+    try:
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
 
 
 def read_text(path: Path, error: type[InvalidInputError], what: str = "file") -> str:
@@ -127,7 +141,7 @@ def parse_yaml(text: str, filename: str, error: type[InvalidInputError]) -> tupl
         raise error(f"{filename}: larger than {MAX_YAML_CHARS // (1024 * 1024)} Mi characters",
                     hint="adaptcheck data files are a few kB; check that this is the right file")
     try:
-        data, root = load_bounded(text)
+        data, root = load_bounded(text, filename)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -169,7 +183,7 @@ def describe(exc: ValidationError, root: yaml.Node, filename: str, prefix: tuple
     elif err["type"] in ("union_tag_invalid", "union_tag_not_found"):
         loc.append("type")
     where = ".".join(map(str, loc)) or "(top)"
-    return f"{filename}:{line_of(root, loc)}: {where}: {msg}"
+    return f"{location(root, loc, filename)}: {where}: {msg}"
 
 
 def _reject_duplicate_keys(node: yaml.Node, filename: str, error: type[InvalidInputError]) -> None:
@@ -185,24 +199,39 @@ def _reject_duplicate_keys(node: yaml.Node, filename: str, error: type[InvalidIn
             _reject_duplicate_keys(item, filename, error)
 
 
-def line_of(root: yaml.Node, loc: list[Any]) -> int:
-    """Line (1-based) of the deepest node reachable along ``loc``.
+def mark_of(root: yaml.Node, loc: list[Any] | tuple[Any, ...]) -> yaml.Mark:
+    """Mark (file name and line) of the deepest node reachable along ``loc``.
 
     Pydantic inserts the discriminator value into the location of a tagged-union member
     (``rules.0.requirement.target``); such a part matches no node and is skipped.
     """
     node = root
-    line = root.start_mark.line
+    mark = root.start_mark
     for part in loc:
         if isinstance(node, yaml.MappingNode):
             pair = next(((k, v) for k, v in node.value if str(k.value) == str(part)), None)
             if pair is not None:
                 # the key's line: for 'key:' followed by a block, that is where the reader looks
-                line, node = pair[0].start_mark.line, pair[1]
+                mark, node = pair[0].start_mark, pair[1]
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
             node = node.value[part]
-            line = node.start_mark.line
-    return line + 1
+            mark = node.start_mark
+    return mark
+
+
+def line_of(root: yaml.Node, loc: list[Any] | tuple[Any, ...]) -> int:
+    """Line (1-based) of the deepest node reachable along ``loc``."""
+    return mark_of(root, loc).line + 1
+
+
+def location(root: yaml.Node, loc: list[Any] | tuple[Any, ...], filename: str) -> str:
+    """``file:line`` of the deepest node reachable along ``loc``. The file is the one the node
+    was read from (:func:`parse_yaml` names every mark): in a ladder merged from a parent and
+    a child, a value the child set points into the child. ``filename`` stands in for a node
+    read without a name (marks of an unnamed stream say ``<unicode string>``)."""
+    mark = mark_of(root, loc)
+    name = mark.name if mark.name and not mark.name.startswith("<") else filename
+    return f"{name}:{mark.line + 1}"
 
 
 # --- the shipped data files of matrices/ -----------------------------------------------------------

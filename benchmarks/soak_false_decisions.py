@@ -24,13 +24,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-import yaml
-
+from adaptcheck.ladder.loader import load_ladder
 from adaptcheck.perf.trend import SequentialRule, simulate_sequential
 
-LADDERS = Path(__file__).resolve().parents[1] / "ladders"
 RHOS = (0.0, 0.5, 0.8)
 AT_BOUND_NOISE_MIB = 2.0
 """Noise of the at-bound case (its wrong-decision rate hardly depends on it: the bound and the
@@ -41,7 +38,7 @@ def ladder_rules() -> list[tuple[str, SequentialRule, float]]:
     """Each shipped ladder's perf.soak rule, with its sample interval."""
     out = []
     for name in ("quick", "standard"):
-        data = yaml.safe_load((LADDERS / f"{name}.yaml").read_text())
+        data = load_ladder(name).data  # resolved: quick extends standard
         for check in data.get("checks", []):
             if check.get("kind") != "perf.soak":
                 continue

@@ -39,15 +39,12 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from adaptcheck.ladder.loader import load_ladder
 from adaptcheck.perf import host_adjust
 from adaptcheck.perf.stability import Rule, false_failure_rate, sigma_of_cv
 
-LADDERS = Path(__file__).resolve().parents[1] / "ladders"
 METRICS = 3
 Sampler = Callable[[Any, int], Sequence[Sequence[float]]]
 
@@ -98,7 +95,7 @@ def ladder_rules() -> list[tuple[str, Rule]]:
     """The strictest serving rule of each shipped ladder (smallest max_cv, then fewest runs)."""
     rules: list[tuple[str, Rule]] = []
     for name in ("quick", "standard"):
-        data = yaml.safe_load((LADDERS / f"{name}.yaml").read_text())
+        data = load_ladder(name).data  # resolved: quick extends standard
         found = {(p["max_cv"], p.get("min_runs", 3), p.get("max_runs", 6), p.get("confidence", 0.95))
                  for c in data["checks"] if c.get("kind") == "perf.serving" for p in [c.get("params") or {}]}
         for cv, lo, hi, conf in sorted(found):

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from adaptcheck.ladder.loader import load_ladder
 from adaptcheck.procs import child_environ
 
 KINDS = ("reference", "concurrent", "kv_cache")
@@ -79,7 +80,7 @@ def model_spec(model: str) -> tuple[str, str]:
 def ladder_sizes(name: str) -> dict[str, dict[str, Any]]:
     """The step-4 sizes a shipped ladder gives its transformers checks, by kind (``framework.reference``
     → its params without ``framework``)."""
-    spec = yaml.safe_load((REPO / "ladders" / f"{name}.yaml").read_text(encoding="utf-8"))
+    spec = load_ladder(name).data  # resolved: quick extends standard
     return {c["kind"]: {k: v for k, v in (c.get("params") or {}).items() if k != "framework"}
             for c in spec["checks"] if c["step"] == 4 and (c.get("params") or {}).get("framework") == "transformers"}
 

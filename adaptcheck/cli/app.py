@@ -21,6 +21,7 @@ from adaptcheck.cli import (
     cmd_frameworks,
     cmd_grade,
     cmd_kinds,
+    cmd_ladder,
     cmd_matrix,
     cmd_ops,
     cmd_report,
@@ -51,6 +52,7 @@ app.command("kinds")(cmd_kinds.kinds)
 app.command("ops")(cmd_ops.ops)
 app.command("frameworks")(cmd_frameworks.frameworks)
 app.command("schema")(cmd_schema.schema)
+app.add_typer(cmd_ladder.app, name="ladder")
 app.add_typer(cmd_matrix.app, name="matrix")
 app.add_typer(cmd_cluster.app, name="cluster")
 app.command("verify")(cmd_verify.verify)

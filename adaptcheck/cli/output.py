@@ -90,6 +90,11 @@ class Output:
         sys.stdout.write(scrub_text(text) + ("\n" if not text.endswith("\n") else ""))
         sys.stdout.flush()
 
+    def document(self, text: str) -> None:
+        """A document already written out (a resolved ladder's YAML) on stdout, as it is."""
+        sys.stdout.write(scrub_text(text) + ("" if text.endswith("\n") else "\n"))
+        sys.stdout.flush()
+
     def error(self, text: str) -> None:
         """A one-line error (always shown, even with --quiet); plain text so it is never wrapped."""
         error_line(text)

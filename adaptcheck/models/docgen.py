@@ -68,7 +68,10 @@ DOCS: dict[str, tuple[type[BaseModel], str, str]] = {
                  "lists the checks tagged `quant:FORMAT` for another format, which the grade leaves out.")),
     "ladder": (LadderSpec, "Ladder file schema",
                f"Ladder `schema_version: {LADDER_SCHEMA_VERSION}`. Unknown keys are errors. Each check's `params` "
-               "is validated by its kind's params model (`adaptcheck kinds`). Full JSON Schema: `adaptcheck schema ladder`."),
+               "is validated by its kind's params model (`adaptcheck kinds`). Full JSON Schema: `adaptcheck schema ladder`. "
+               "This is the schema of a resolved ladder: shared grade rules (`grade: {include: …}`) and ladders "
+               "that extend another (`extends:`, `without:`, `add:`, `checks:` as overrides by id) are in "
+               "[ladders.md](ladders.md); `adaptcheck ladder show NAME` prints a ladder resolved."),
 }
 
 

@@ -3,6 +3,10 @@
 A ladder is flat, versioned data: the model it certifies with, the checks of each step
 (kind + strict params + time limit + tags), and the grade rules. Everything is validated
 strictly (unknown keys are errors) so a typo never silently disables a check.
+
+A ladder *file* may be shorter: it may take its grade rules from a shared file or extend
+another ladder (docs/ladders.md). :mod:`adaptcheck.ladder.loader` resolves it into this flat
+form first; these models only ever see a resolved ladder.
 """
 
 from __future__ import annotations

@@ -227,6 +227,20 @@ def _dup_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     (tmp / "dup.yaml").write_text(DUP_LADDER)
 
 
+def _typo_child_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    (tmp / "typo.yaml").write_text("schema_version: 1\nextends: standard\nid: mine\nchecks:\n"
+                                   "  smoke.matmull: {params: {max_n: 64}}\n")
+
+
+def _cycle_ladders(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    (tmp / "a.yaml").write_text("schema_version: 1\nextends: b.yaml\nid: a\n")
+    (tmp / "b.yaml").write_text("schema_version: 1\nextends: a.yaml\nid: b\n")
+
+
+def _orphan_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    (tmp / "orphan.yaml").write_text("schema_version: 1\nextends: base.yaml\nid: orphan\n")
+
+
 def _run_without_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     from adaptcheck.models.results import DeviceRef, LadderRef, utcnow
     from adaptcheck.runfolder import RUN_META, RunMeta
@@ -278,13 +292,13 @@ def _escape_json(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 def _run_edited_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     import hashlib
 
+    from adaptcheck.ladder.loader import load_ladder
     from adaptcheck.models.results import DeviceRef, LadderRef, utcnow
-    from adaptcheck.paths import data_dir
     from adaptcheck.runfolder import LADDER_SNAPSHOT, RUN_META, RunMeta
 
     run = tmp / "run2"
     run.mkdir()
-    text = (data_dir("ladders") / "quick.yaml").read_text(encoding="utf-8")
+    text = load_ladder("quick").text  # what a run stores: the resolved ladder
     meta = RunMeta(run_id="r2", started_at=utcnow(), command=["adaptcheck", "run"],
                    ladder=LadderRef(id="quick", version="1", source="builtin:quick",
                                     sha256=hashlib.sha256(text.encode()).hexdigest()),
@@ -301,6 +315,7 @@ SETUPS: dict[str, Setup] = {
     "digits-ladder": _digits_ladder, "huge-ladder": _huge_ladder, "dup-ladder": _dup_ladder,
     "run-without-ladder": _run_without_ladder, "edited-json": _edited_json, "undigested-json": _undigested_json,
     "escape-json": _escape_json, "run-edited-ladder": _run_edited_ladder,
+    "typo-child-ladder": _typo_child_ladder, "cycle-ladders": _cycle_ladders, "orphan-ladder": _orphan_ladder,
 }
 IN_PROCESS_ONLY = {"read-only-out", "read-only-cwd"}  # they patch this process
 

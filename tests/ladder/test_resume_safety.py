@@ -186,6 +186,36 @@ def test_resumed_results_claim_the_ladder_that_ran(clean_run: Path, tmp_path: Pa
     assert claimed == json.loads((run_dir / "run.json").read_text())["ladder"]["sha256"]
 
 
+def test_a_run_of_a_ladder_that_extends_another_stores_it_resolved(tmp_path: Path) -> None:
+    """The run folder's ladder.yaml is the resolved ladder: a resume needs neither the child's
+    file nor its parent's (both may have changed or gone since the run started)."""
+    from adaptcheck.ladder.loader import load_ladder
+    from tests.conftest import ladder_text
+
+    parent = tmp_path / "site" / "base.yaml"
+    parent.parent.mkdir()
+    parent.write_text(ladder_text(CHEAP))
+    child = tmp_path / "site" / "small.yaml"
+    child.write_text("schema_version: 1\nextends: base.yaml\nid: small\nwithout: [third]\n"
+                     "add:\n  - {id: extra, step: 2, kind: dummy.pass, after: first}\n")
+    clean = tmp_path / "clean"
+    done = run_cli(["run", "--ladder", str(child), "--device", "cpu", "--out", str(clean), "--quiet"])
+    assert done.returncode == 0, done.stderr
+    stored = (clean / "ladder.yaml").read_text(encoding="utf-8")
+    assert stored == load_ladder(str(child)).text
+    assert "extends" not in stored.split("\nschema_version:", 1)[1]  # only its header comment names the files
+    meta = json.loads((clean / "run.json").read_text())
+    assert meta["ladder"]["sha256"] == hashlib.sha256(stored.encode()).hexdigest()
+
+    run_dir = _killed_copy(clean, tmp_path / "run", keep_lines=1, torn_tail=False)
+    shutil.rmtree(tmp_path / "site")
+    done = run_cli(["run", "--resume", str(run_dir), "--format", "json"])
+    assert done.returncode == 0, done.stderr
+    results = json.loads((run_dir / "results.json").read_text())
+    assert [c["id"] for c in results["checks"]] == ["first", "extra", "second"] and results["complete"]
+    assert results["ladder"]["id"] == "small"
+
+
 # --- the folder lock --------------------------------------------------------------------------
 
 def test_lock_is_exclusive_names_its_holder_and_is_released(tmp_path: Path) -> None:

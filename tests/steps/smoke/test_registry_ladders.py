@@ -3,12 +3,10 @@ validate against the strict params models."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
 from adaptcheck.ladder.check import Check
+from adaptcheck.ladder.loader import load_ladder
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.steps.smoke import checks
 
@@ -22,7 +20,6 @@ KINDS: dict[str, type[Check]] = {
     "smoke.streams_events": checks.StreamsEventsCheck,
     "smoke.dtypes": checks.DtypeProbeCheck,
 }
-LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -33,9 +30,9 @@ def test_kind_registered_as_step_2(kind: str) -> None:
     cls()  # the worker builds checks without arguments
 
 
-@pytest.mark.parametrize("ladder", ["quick.yaml", "standard.yaml"])
+@pytest.mark.parametrize("ladder", ["quick", "standard"])
 def test_ladder_smoke_params_validate(ladder: str) -> None:
-    spec = yaml.safe_load((LADDERS / ladder).read_text())
+    spec = load_ladder(ladder).data  # resolved: quick extends standard
     smoke = [c for c in spec["checks"] if c["step"] == 2]
     assert {c["kind"] for c in smoke} == set(KINDS)
     for c in smoke:
