@@ -1,4 +1,6 @@
-"""The CLI as a user meets it: real processes, exit codes, one-line errors, plugin discovery."""
+"""The CLI as a user meets it: exit codes, one-line errors, plugin discovery. Real runs and plugin
+discovery start real processes; errors raised before any check runs go through
+:func:`tests.inprocess.invoke` (the same entry point in process)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.inprocess import invoke
 
 pytestmark = pytest.mark.slow  # ~57 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
 
@@ -68,10 +71,10 @@ def test_several_accelerators_is_an_error_listing_them(write_ladder) -> None:
 
 def test_unknown_device_suggests_and_unavailable_device_says_why(write_ladder) -> None:
     ladder = write_ladder(DUMMY_LADDER)
-    done = run_cli(["run", "--ladder", str(ladder), "--device", "cudaa"])
+    done = invoke(["run", "--ladder", str(ladder), "--device", "cudaa"])
     assert done.returncode == 2
     assert "did you mean 'cuda'" in _one_error_line(done.stderr)
-    done = run_cli(["run", "--ladder", str(ladder), "--device", "cuda"])
+    done = invoke(["run", "--ladder", str(ladder), "--device", "cuda"])
     assert done.returncode == 4
     assert "torch.cuda.is_available() is False" in _one_error_line(done.stderr) or "not available" in done.stderr
 
@@ -79,61 +82,74 @@ def test_unknown_device_suggests_and_unavailable_device_says_why(write_ladder) -
 def test_malformed_ladder_exit_3_with_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema_version: 1\nid: x\nchecks: [\n")
-    done = run_cli(["run", "--ladder", str(bad), "--device", "cpu"])
+    done = invoke(["run", "--ladder", str(bad), "--device", "cpu"])
     assert done.returncode == 3
     assert f"{bad}:" in _one_error_line(done.stderr)
 
 
 def test_unknown_kind_and_ladder_name(write_ladder, tmp_path: Path) -> None:
     ladder = write_ladder([{"id": "a", "step": 2, "kind": "dummy.pas"}])
-    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu"])
+    done = invoke(["run", "--ladder", str(ladder), "--device", "cpu"])
     assert done.returncode == 3
     assert "did you mean 'dummy.pass'" in _one_error_line(done.stderr)
-    done = run_cli(["run", "--ladder", "standrad", "--device", "cpu"])
+    done = invoke(["run", "--ladder", "standrad", "--device", "cpu"])
     assert done.returncode == 2
     assert "did you mean 'standard'" in _one_error_line(done.stderr)
 
 
 def test_bad_steps_and_nonempty_out(write_ladder) -> None:
     ladder = write_ladder(DUMMY_LADDER)
-    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--steps", "7"])
+    done = invoke(["run", "--ladder", str(ladder), "--device", "cpu", "--steps", "7"])
     assert done.returncode == 2 and "no step 7" in _one_error_line(done.stderr)
     out = ladder.parent / "occupied"
     out.mkdir()
     (out / "x").write_text("keep me")
-    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out)])
+    done = invoke(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out)])
     assert done.returncode == 2 and "already holds files" in _one_error_line(done.stderr)
     assert (out / "x").read_text() == "keep me"
 
 
-@pytest.fixture
-def dummy_results(write_ladder) -> Path:
-    ladder = write_ladder(DUMMY_LADDER)
-    out = ladder.parent / "run"
+@pytest.fixture(scope="module")
+def dummy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real run of the dummy ladder for the module (its tests only read it or edit a copy)."""
+    from tests.conftest import ladder_text
+
+    root = tmp_path_factory.mktemp("dummy-run")
+    ladder = root / "ladder.yaml"
+    ladder.write_text(ladder_text(DUMMY_LADDER))
+    out = root / "run"
     done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out), "--quiet"])
     assert done.returncode == 0, done.stderr
-    return out / "results.json"
+    return out
+
+
+@pytest.fixture
+def dummy_results(dummy_run: Path, tmp_path: Path) -> Path:
+    """The module's run folder copied for this test: a test may edit its results.json."""
+    import shutil
+
+    return Path(shutil.copytree(dummy_run, tmp_path / "run")) / "results.json"
 
 
 def test_grade_exit_codes(dummy_results: Path, tmp_path: Path) -> None:
-    ok = run_cli(["grade", str(dummy_results), "--require", "L1"])
+    ok = invoke(["grade", str(dummy_results), "--require", "L1"])
     assert ok.returncode == 0, ok.stderr
     assert "Grade: L1" in ok.stderr
-    below = run_cli(["grade", str(dummy_results), "--require", "L2", "--format", "json"])
+    below = invoke(["grade", str(dummy_results), "--require", "L2", "--format", "json"])
     assert below.returncode == 1
     data = json.loads(below.stdout)
     assert data["grade"] == "L1" and data["meets"] is False
     assert any("second fail: failed on purpose" in b for b in data["blockers"])
     assert "second fail" in below.stderr  # blockers printed for humans too
-    bad_level = run_cli(["grade", str(dummy_results), "--require", "L9"])
+    bad_level = invoke(["grade", str(dummy_results), "--require", "L9"])
     assert bad_level.returncode == 2
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    assert run_cli(["grade", str(broken)]).returncode == 3
-    assert run_cli(["grade", str(tmp_path / "missing.json")]).returncode == 3
+    assert invoke(["grade", str(broken)]).returncode == 3
+    assert invoke(["grade", str(tmp_path / "missing.json")]).returncode == 3
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"schema_version": "9.0"}))
-    done = run_cli(["grade", str(wrong)])
+    done = invoke(["grade", str(wrong)])
     assert done.returncode == 3 and "schema version 9.0" in _one_error_line(done.stderr)
 
 
@@ -143,11 +159,11 @@ def test_grade_recomputes_rather_than_trusting_the_file(dummy_results: Path) -> 
     data = json.loads(dummy_results.read_text())
     data["grade"]["level"] = "L5"  # a hand-edited grade ...
     dummy_results.write_text(json.dumps(data))
-    assert run_cli(["grade", str(dummy_results), "--require", "L2"]).returncode == 5  # ... refused (issue 12)
+    assert invoke(["grade", str(dummy_results), "--require", "L2"]).returncode == 5  # ... refused (issue 12)
     data.pop(DIGEST_FIELD)
     data[DIGEST_FIELD] = compute_digest(data)  # ... and re-sealed, as anyone can: still recomputed
     dummy_results.write_text(json.dumps(data))
-    done = run_cli(["grade", str(dummy_results), "--require", "L2"])
+    done = invoke(["grade", str(dummy_results), "--require", "L2"])
     assert done.returncode == 1
     assert "the file says L5" in done.stderr
 
@@ -162,7 +178,7 @@ def test_run_require_gates_the_exit_code(write_ladder) -> None:
 
 def test_report_rerenders(dummy_results: Path, tmp_path: Path) -> None:
     target = tmp_path / "sub" / "r.html"
-    done = run_cli(["report", str(dummy_results), "-o", str(target)])
+    done = invoke(["report", str(dummy_results), "-o", str(target)])
     assert done.returncode == 0, done.stderr
     html = target.read_text()
     assert "second" in html and "L1" in html
@@ -181,13 +197,13 @@ def test_steps_subset_names_the_steps_not_run(write_ladder) -> None:
 
 
 def test_kinds_and_schema() -> None:
-    kinds = run_cli(["kinds", "--format", "json"])
+    kinds = invoke(["kinds", "--format", "json"])
     assert kinds.returncode == 0
     names = {k["kind"] for k in json.loads(kinds.stdout)}
     assert {"smoke.matmul", "matrix.rules", "dummy.crash"} <= names
-    schema = run_cli(["schema", "results"])
+    schema = invoke(["schema", "results"])
     assert json.loads(schema.stdout)["title"] == "RunResults"
-    assert run_cli(["schema", "resuls"]).returncode == 2
+    assert invoke(["schema", "resuls"]).returncode == 2
 
 
 def test_docs_match_the_models() -> None:
