@@ -30,7 +30,7 @@ from adaptcheck.integrity import Integrity, verify_file
 from adaptcheck.redact import REDACTED
 from tests.conftest import ladder_text, run_cli
 
-pytestmark = pytest.mark.slow  # ~36 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 HUB_PAT = "hubPAT-planted-91823"
 TORCH_PW = "torchPW-planted-55123"

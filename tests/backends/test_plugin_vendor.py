@@ -17,7 +17,7 @@ import pytest
 from adaptcheck.perf.peak_lookup import peak_for
 from tests.conftest import ladder_text, run_cli
 
-pytestmark = pytest.mark.slow  # ~6 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "adaptcheck_acme_plugin"
 STEP1 = [{"id": "matrix.capture", "step": 1, "kind": "matrix.capture"},

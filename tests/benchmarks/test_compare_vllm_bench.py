@@ -16,7 +16,7 @@ import pytest
 
 from adaptcheck.frameworks.server import ManagedServer
 
-pytestmark = pytest.mark.slow  # ~60 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_vllm_bench.py"
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.benchmarks import load_script
 
-pytestmark = pytest.mark.slow  # ~14 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "grade_reproducibility.py"
 

@@ -33,7 +33,7 @@ from adaptcheck.cli import app as cli_app
 from adaptcheck.cli.app import main
 from adaptcheck.errors import ExitCode
 
-pytestmark = pytest.mark.slow  # ~17 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "bad-inputs.md"

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.inprocess import invoke
 
-pytestmark = pytest.mark.slow  # ~57 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 DUMMY_LADDER = [
     {"id": "first", "step": 1, "kind": "dummy.pass"},

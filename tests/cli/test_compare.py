@@ -23,7 +23,7 @@ from tests.compare.helpers import (
 )
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow  # ~20 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 SMALL_LADDER = [
     {"id": "matrix.capture", "step": 1, "kind": "matrix.capture"},

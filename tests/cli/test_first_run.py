@@ -25,7 +25,7 @@ from adaptcheck.models.results import CheckResult, Status
 from adaptcheck.session import RunHeader
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow  # ~7 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 ROOT = Path(__file__).resolve().parents[2]
 

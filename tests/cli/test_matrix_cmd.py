@@ -13,7 +13,7 @@ from adaptcheck.models.results import RunResults
 from tests.conftest import run_cli
 from tests.fleet.runs import FleetRuns, fleet_runs_fixture, run  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.slow  # ~27 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 
 def _error_line(stderr: str) -> str:

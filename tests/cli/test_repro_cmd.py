@@ -16,7 +16,7 @@ from adaptcheck.errors import ExitCode
 from tests.conftest import ladder_text, run_cli
 from tests.repro.standalone import run_standalone
 
-pytestmark = pytest.mark.slow  # ~13 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = [

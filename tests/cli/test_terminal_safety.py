@@ -26,7 +26,7 @@ from tests.compare.helpers import BASELINE, check, load_pair, write_sealed
 from tests.conftest import run_cli
 from tests.report.factory import make_results
 
-pytestmark = pytest.mark.slow  # ~4 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 HOSTILE_DEVICE = "EPYC\x1b]0;owned\x07\x1b[2J\x9b31m"
 HOSTILE_MESSAGE = "vLLM pins torch\r\x1b[1A\x1b[2Kall good\x07 \u202eevil"

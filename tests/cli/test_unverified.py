@@ -22,7 +22,7 @@ from tests.compare.helpers import BASELINE, RERUN, write_sealed
 from tests.conftest import run_cli
 from tests.report.factory import make_results
 
-pytestmark = pytest.mark.slow  # ~24 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 VARIANTS = ["edited", "no_digest"]
 MARKS = {"edited": "edited after the run", "no_digest": "no digest"}

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ladder_text, run_cli
 
-pytestmark = pytest.mark.slow  # ~14 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 CHECKS = [
     {"id": "first", "step": 1, "kind": "dummy.pass"},

@@ -31,7 +31,7 @@ from adaptcheck.collectives.launch import loopback_interface
 from adaptcheck.collectives.worker import TorchCollectives
 from adaptcheck.procs import free_port
 
-pytestmark = pytest.mark.slow  # ~38 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 REPO = Path(__file__).resolve().parents[2]
 ME = "tests.cluster.test_multinode"

@@ -25,7 +25,7 @@ from adaptcheck.frameworks.vllm_fw import SCORE_MAX_LOGPROBS
 from tests.frameworks.test_vllm_scoring import FP32_MAX_DLOGPROB, reference_logprobs
 from tests.steps.framework.wrong_server import wrong_server
 
-pytestmark = pytest.mark.slow  # ~19 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 Reference = list[tuple[list[int], int, list[list[float]]]]
 

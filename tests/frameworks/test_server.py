@@ -31,7 +31,7 @@ from adaptcheck.frameworks.server import (
 )
 from tests.servers import serving_unavailable
 
-pytestmark = pytest.mark.slow  # ~74 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 REPO = Path(__file__).resolve().parents[2]
 

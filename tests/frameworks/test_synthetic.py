@@ -30,7 +30,7 @@ from adaptcheck.frameworks.synthetic import (
     synthetic_info,
 )
 
-pytestmark = pytest.mark.slow  # ~19 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 VARIANTS = ["tiny_llama", "tiny_qwen2_d80", "tiny_moe"]
 

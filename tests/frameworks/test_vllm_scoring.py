@@ -17,7 +17,7 @@ from adaptcheck.frameworks.base import FrameworkError, LoadOptions, ScoreRequest
 from adaptcheck.frameworks.vllm_fw import SCORE_MAX_LOGPROBS, VllmFramework
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
-              pytest.mark.slow]  # ~12 s of the full suite: outside the fast lane
+              pytest.mark.slow]  # real processes or servers: outside the fast lane
 
 PROMPTS = ["The history of the printing press", "Once upon a time in a small village", "def fibonacci(n):"]
 CONTINUATION = 24

@@ -15,7 +15,7 @@ from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
 from adaptcheck.models.ladder import CheckSpec, ModelSpec
 from adaptcheck.models.results import Status
 
-pytestmark = pytest.mark.slow  # ~9 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 
 def _init(run_dir: Path) -> dict[str, object]:

@@ -25,7 +25,7 @@ from adaptcheck.ladder.runner import JournalWriter
 from adaptcheck.runlock import LOCK_FILE, acquire, read_holder
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow  # ~25 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 CHEAP = [
     {"id": "first", "step": 1, "kind": "dummy.pass"},

@@ -17,7 +17,7 @@ from adaptcheck.models.ladder import CheckSpec, ModelSpec
 from adaptcheck.models.results import Status
 from tests.conftest import popen_interruptible, run_cli
 
-pytestmark = pytest.mark.slow  # ~14 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 
 def _init(run_dir: Path) -> dict[str, object]:

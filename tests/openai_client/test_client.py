@@ -39,7 +39,7 @@ from adaptcheck.openai_client.records import CompletionResult
 from adaptcheck.openai_client.sync import OpenAIClient
 from adaptcheck.procs import free_port
 
-pytestmark = pytest.mark.slow  # ~10 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 KINDS = ["vllm", "transformers"]
 

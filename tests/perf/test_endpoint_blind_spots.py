@@ -46,7 +46,7 @@ from adaptcheck.steps.framework.params import ConcurrentParams, SingleRequestPar
 from adaptcheck.steps.perf.serving import ServingCheck, ServingParams
 from tests.perf.misbehaving_server import misbehaving_server
 
-pytestmark = pytest.mark.slow  # ~20 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from adaptcheck.perf.hostnoise import (
     parse_proc_stat,
 )
 
-pytestmark = pytest.mark.slow  # ~12 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -31,7 +31,7 @@ from adaptcheck.perf.workload import (
 )
 from tests.perf.fault_proxy import fault_proxy
 
-pytestmark = pytest.mark.slow  # ~8 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from adaptcheck.perf.telemetry import STOP_WAIT_S, TelemetrySampler
 from adaptcheck.perf.trend import fit_trend
 from tests.backends.fakes import fake_bin, install_fake_tool
 
-pytestmark = pytest.mark.slow  # ~9 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 __all__ = ["fake_bin"]  # the fixture, used by name below
 

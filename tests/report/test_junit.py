@@ -20,7 +20,7 @@ from adaptcheck.report.junit import MAX_BODY_CHARS, junit_xml
 from tests.conftest import ladder_text, run_cli
 from tests.report.factory import PLANNED, make_results
 
-pytestmark = pytest.mark.slow  # ~6 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 SCHEMA = xmlschema.XMLSchema11(Path(__file__).parent / "data" / "junit.xsd")
 

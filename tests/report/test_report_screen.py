@@ -40,7 +40,7 @@ MAX_MAIN_PAGE_BYTES = 300_000
 SCREENS = [(1280, 800), (390, 844)]
 
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium)"),
-              pytest.mark.slow]  # ~10 s of the full suite: outside the fast lane
+              pytest.mark.slow]  # real processes or servers: outside the fast lane
 
 MEASURE_JS = r"""
 (() => {

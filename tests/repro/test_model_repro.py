@@ -24,7 +24,7 @@ from adaptcheck.repro.model import (
 from adaptcheck.steps.framework import divergence as dv
 from tests.repro.standalone import run_standalone
 
-pytestmark = pytest.mark.slow  # ~16 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 SEQUENCES = [{"token_ids": [1, 50, 61, 72, 83, 94, 105, 116, 127, 138, 149, 160], "start": 4},
              {"token_ids": [1, 7, 300, 12, 500, 18, 700, 24], "start": 3}]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow  # ~38 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "accelerator-check.sh"
 

@@ -67,7 +67,7 @@ from adaptcheck.plugins import import_root
 from adaptcheck.steps.framework.collectives import CollectivesCheck
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow  # ~48 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 REPO = Path(__file__).resolve().parents[3]
 ME = "tests.steps.framework.test_collectives"

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow  # ~70 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 WRONG = "tests.steps.framework.wrong_frameworks"
 

@@ -27,7 +27,7 @@ import yaml
 
 from tests.benchmarks import load_script
 
-pytestmark = pytest.mark.slow  # ~140 s of the full suite on 2 AVX2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 SEEDS = (0, 1)
 """Seeds CI runs: the transformers cells take seed 0; vLLM bf16 seed 0, vLLM fp32 seed 1."""

@@ -25,7 +25,7 @@ import pytest
 
 from tests.steps.framework.test_framework_checks import fw_check, run_ladder
 
-pytestmark = pytest.mark.slow  # ~56 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 P = "tests.steps.framework.planted"
 QWEN_D80 = "embedded:tiny-qwen2-d80"

@@ -29,7 +29,7 @@ from tests.steps.framework.test_healthy_matrix import (
 )
 from tests.steps.framework.wrong_server import wrong_server
 
-pytestmark = pytest.mark.slow  # ~231 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 KINDS = ("load", "single_request", "reference", "concurrent", "kv_cache")
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")

@@ -12,7 +12,7 @@ import pytest
 from adaptcheck.frameworks import synthetic
 from tests.steps.framework.test_framework_checks import fw_check, run_ladder
 
-pytestmark = pytest.mark.slow  # ~13 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 
 def test_weights_that_do_not_fit_the_config_are_a_one_line_error_and_the_run_goes_on(

@@ -19,7 +19,7 @@ from adaptcheck.steps.ops.families.activations import ActCase, SoftmaxCase
 from adaptcheck.steps.ops.providers.base import DictProvider
 from adaptcheck.steps.ops.torch_impl import activations as torch_act
 
-pytestmark = pytest.mark.slow  # ~10 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 ACT_CASES: list[dict[str, Any]] = [
     {"name": "mixed_rows", "tokens": 8, "width": 4096},

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow  # ~14 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -30,7 +30,7 @@ from adaptcheck.steps.perf.serving import ServingCheck, ServingParams, resolve_f
 from tests.conftest import run_cli
 from tests.perf.fault_proxy import fault_proxy
 
-pytestmark = pytest.mark.slow  # ~17 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 RUN_SUMMARY_KEYS = ["completed", "failed", "error_rate", "errors", "duration_s", "request_throughput",
                     "output_throughput", "total_input_tokens", "total_output_tokens", "token_source",

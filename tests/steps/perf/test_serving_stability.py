@@ -35,7 +35,7 @@ from adaptcheck.steps.perf.serving import ServingCheck, ServingParams
 from tests.perf.latency_server import latency_server
 from tests.report.test_perf_report import view as page_view
 
-pytestmark = pytest.mark.slow  # ~56 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 SLOW = {"ttft_ms": 60.0, "itl_ms": 10.0}
 """Latencies large against this machine's scheduling noise (a few ms on a shared 2-core CPU)."""

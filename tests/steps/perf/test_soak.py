@@ -29,7 +29,7 @@ from adaptcheck.steps.framework.lifecycle import release
 from adaptcheck.steps.perf.soak import SoakCheck, SoakParams, soak_verdict
 from tests.perf.fault_proxy import fault_proxy
 
-pytestmark = pytest.mark.slow  # ~38 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 REPO = Path(__file__).resolve().parents[3]
 MIX = [{"input_tokens": 32, "output_tokens": 16, "weight": 2}, {"input_tokens": 128, "output_tokens": 32, "weight": 1}]
