@@ -26,9 +26,8 @@ from adaptcheck.frameworks.server import (
     build_command,
     build_env,
     death_cause,
-    descendants,
-    pid_alive,
 )
+from adaptcheck.procs import descendants, pid_alive
 from tests.servers import serving_unavailable
 
 pytestmark = pytest.mark.slow  # ~74 s of the full suite on 2 cores: outside the fast lane (-m "not slow")
