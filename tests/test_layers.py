@@ -1,11 +1,12 @@
 """The package's import structure: no cycles, and imports that only point down.
 
 Layers, top to bottom (README "Architecture"): the CLI → the session and the runner → the
-steps (check kinds) → the library (perf, frameworks, backends, collectives, compat, report,
-compare, fleet, cluster, repro, grading, the run folder) → the base (schemas, data loading,
-errors, redaction, terminal safety). Every import is read from the source — module level,
-inside functions and under ``TYPE_CHECKING`` alike — so an upward import fails this test
-whichever way it is written.
+steps (check kinds) → the library (perf, frameworks, backends, the OpenAI client,
+collectives, compat, report, compare, fleet, cluster, repro, grading, the run folder) → the
+base (schemas, data loading, errors, redaction, terminal safety, the plugin loader, process
+plumbing), which imports nothing but itself. Every import is read from the source — module
+level, inside functions and under ``TYPE_CHECKING`` alike — so an upward import fails this
+test whichever way it is written.
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ PKG = Path(__file__).resolve().parents[1] / "adaptcheck"
 UPPER = ("adaptcheck.cli", "adaptcheck.__main__", "adaptcheck.session", "adaptcheck.steps")
 """What no library or base module may import."""
 
-LOWER = ("adaptcheck.perf", "adaptcheck.frameworks", "adaptcheck.backends", "adaptcheck.compare",
-         "adaptcheck.fleet", "adaptcheck.cluster", "adaptcheck.report", "adaptcheck.collectives",
-         "adaptcheck.compat", "adaptcheck.repro", "adaptcheck.grade", "adaptcheck.runfolder",
-         # the base layer
-         "adaptcheck.models", "adaptcheck.errors", "adaptcheck.yamldata", "adaptcheck.paths", "adaptcheck.redact",
-         "adaptcheck.dtypes", "adaptcheck.hostfacts", "adaptcheck.terminal", "adaptcheck.atomic", "adaptcheck.safejson",
-         "adaptcheck.integrity", "adaptcheck.jsonvalues", "adaptcheck.klestimate", "adaptcheck.trusted",
-         "adaptcheck.runlock")
+LIBRARY = ("adaptcheck.perf", "adaptcheck.frameworks", "adaptcheck.backends", "adaptcheck.compare",
+           "adaptcheck.fleet", "adaptcheck.cluster", "adaptcheck.report", "adaptcheck.collectives",
+           "adaptcheck.compat", "adaptcheck.repro", "adaptcheck.grade", "adaptcheck.runfolder",
+           "adaptcheck.openai_client")
+BASE = ("adaptcheck.models", "adaptcheck.errors", "adaptcheck.yamldata", "adaptcheck.paths", "adaptcheck.redact",
+        "adaptcheck.dtypes", "adaptcheck.hostfacts", "adaptcheck.terminal", "adaptcheck.atomic", "adaptcheck.safejson",
+        "adaptcheck.integrity", "adaptcheck.jsonvalues", "adaptcheck.klestimate", "adaptcheck.trusted",
+        "adaptcheck.runlock", "adaptcheck.plugins", "adaptcheck.procs")
+"""The base layer: what every other layer may import, and which imports only itself."""
+LOWER = LIBRARY + BASE
+"""Every library and base module: none of them may import from :data:`UPPER`."""
 
 
 def module_name(path: Path) -> str:
@@ -79,6 +83,18 @@ def upward_imports() -> list[str]:
     return [f"{MODULES[m].relative_to(PKG.parent)}:{line} imports {target}"
             for m in MODULES if _under(m, LOWER)
             for target, line in imports_of(m) if _under(target, UPPER)]
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout (as is, for a module planted elsewhere by a test)."""
+    return str(path.relative_to(PKG.parent)) if path.is_relative_to(PKG.parent) else str(path)
+
+
+def base_imports_above() -> list[str]:
+    """Imports from a base module of anything but the base (the package root's version aside)."""
+    return [f"{_shown(MODULES[m])}:{line} imports {target}"
+            for m in MODULES if _under(m, BASE)
+            for target, line in imports_of(m) if target != "adaptcheck" and not _under(target, BASE)]
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -137,6 +153,16 @@ def test_no_library_or_base_module_imports_the_cli_the_session_or_the_steps() ->
     assert upward_imports() == []
 
 
+def test_the_base_imports_only_the_base() -> None:
+    assert base_imports_above() == []
+
+
+def test_every_module_has_a_layer() -> None:
+    """A new top-level module or package is placed in a layer, or the two tests above skip it."""
+    placed = UPPER + LOWER + ("adaptcheck.ladder",)  # ladder/: the runner, beside the session
+    assert [m for m in MODULES if m != "adaptcheck" and not _under(m, placed)] == []
+
+
 def test_there_are_no_import_cycles() -> None:
     assert cycles(_package_edges(graph())) == []
 
@@ -149,6 +175,10 @@ def test_a_planted_upward_import_and_a_planted_cycle_are_caught(monkeypatch: pyt
     planted.write_text("def f():\n    from adaptcheck.cli.app import main\n    return main\n")
     monkeypatch.setitem(MODULES, "adaptcheck.perf.planted", planted)
     assert any("imports adaptcheck.cli.app" in line for line in _planted_upward(planted))
+    planted_base = tmp_path / "adaptcheck_procs_planted.py"
+    planted_base.write_text("from adaptcheck.frameworks.server import descendants\n")
+    monkeypatch.setitem(MODULES, "adaptcheck.procs.planted", planted_base)
+    assert any("imports adaptcheck.frameworks.server" in line for line in base_imports_above())
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(edges) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

@@ -17,7 +17,7 @@ instead of being checked (``perf.collectives``, :mod:`adaptcheck.steps.perf.coll
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import faulthandler
 import json
 import os
@@ -38,6 +38,7 @@ from adaptcheck.collectives.exact import (
 )
 from adaptcheck.dtypes import torch_dtype
 from adaptcheck.plugins import load_ref
+from adaptcheck.procs import set_parent_death_signal
 
 if TYPE_CHECKING:
     import torch
@@ -219,12 +220,10 @@ def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this rank when the launcher dies (even by SIGKILL), then make sure
     it has not died already in the window before the request (our parent would be init)."""
     parent = int(os.environ.get("ADAPTCHECK_COLLECTIVES_PARENT", "0") or 0)
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+    # Best effort: where the kernel cannot do it, the launcher's deadline and kill_group
+    # still end the rank, only not when the launcher itself is SIGKILLed.
+    with contextlib.suppress(OSError):
+        set_parent_death_signal(signal.SIGKILL)
     if parent and os.getppid() != parent:
         os._exit(3)
 

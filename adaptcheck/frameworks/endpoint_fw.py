@@ -9,6 +9,10 @@ gives: token ids and top logprobs (vLLM's extensions), usage, stream timings.
 
 Server quirks are recorded, not hidden: a server that rejects ``ignore_eos`` is marked so
 in the answer's ``extra`` and the check reports that sub-check as not run.
+
+What a load generator needs of such a framework (its URL, the model name requests carry,
+the fields the server rejected, the server process adaptcheck launched) is read through
+:func:`served_endpoint`, one typed value, not attribute by attribute.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import importlib.util
 import re
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from adaptcheck.frameworks.base import (
     Availability,
@@ -37,6 +42,10 @@ from adaptcheck.frameworks.base import (
 from adaptcheck.openai_client.client import AsyncOpenAIClient
 from adaptcheck.openai_client.records import CompletionResult, ScoreResult
 from adaptcheck.openai_client.sync import OpenAIClient
+from adaptcheck.procs import is_loopback_url
+
+if TYPE_CHECKING:
+    from adaptcheck.frameworks.server import ManagedServer
 
 READY_TIMEOUT_S = 10.0
 """How long a user's endpoint may take to answer its model list: it should already be up,
@@ -71,6 +80,33 @@ def _generation(r: CompletionResult) -> Generation:
                       top_logprobs=r.top_logprobs, prompt_ids=r.prompt_token_ids, extra=extra)
 
 
+@dataclass(frozen=True)
+class ServedEndpoint:
+    """A loaded HTTP-serving framework as a load generator sees it (:func:`served_endpoint`)."""
+
+    url: str
+    """The OpenAI base URL (``…/v1``)."""
+    model: str | None
+    """The ``model`` requests carry (None: the server's only one)."""
+    rejected_fields: frozenset[str]
+    """Request fields the server refused so far (they are left out of later requests)."""
+    launched: bool
+    """adaptcheck started this server (``vllm_serve``, ``transformers_serve``), on this host."""
+    launched_pid: int | None
+    """The launched server's process (not its reaper); None for a user's endpoint, or while unknown."""
+
+    @property
+    def on_this_host(self) -> bool:
+        """The server runs on this machine: launched here, or at a loopback address."""
+        return self.launched or is_loopback_url(self.url)
+
+
+def served_endpoint(fw: Framework) -> ServedEndpoint | None:
+    """``fw``'s endpoint; None when it serves no HTTP endpoint (an in-process framework) or
+    is not loaded yet."""
+    return fw.endpoint() if isinstance(fw, EndpointFramework) else None
+
+
 class EndpointFramework(Framework):
     """Any OpenAI-compatible server given by ``--endpoint``."""
 
@@ -85,7 +121,7 @@ class EndpointFramework(Framework):
     def __init__(self, config: FrameworkConfig | None = None) -> None:
         super().__init__(config)
         self.client: OpenAIClient | None = None
-        self.server: Any = None
+        self.server: ManagedServer | None = None
         self.capabilities: dict[str, Any] = {}
         self.url: str | None = None
 
@@ -122,6 +158,15 @@ class EndpointFramework(Framework):
             self.capabilities = {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(caps).items()}
         except FrameworkError as exc:
             self.capabilities = {"probe_error": str(exc)}
+
+    def endpoint(self) -> ServedEndpoint | None:
+        """Where this framework serves and what requests to it carry; None before :meth:`load`."""
+        if not self.url:
+            return None
+        client, server = self.client, self.server
+        return ServedEndpoint(url=self.url, model=client.model if client is not None else None,
+                              rejected_fields=frozenset(client.rejected_fields) if client is not None else frozenset(),
+                              launched=server is not None, launched_pid=server.pid if server is not None else None)
 
     def serves_local_weights(self) -> bool:
         return self.launches_server is not None or self.config.endpoint_reference
@@ -171,10 +216,11 @@ class EndpointFramework(Framework):
         except ScoringUnsupported:
             raise  # the server answered: it cannot score (not a failure of the server)
         except FrameworkError as exc:
-            died = self.server.death_cause() if self.server is not None else None
-            if died:
+            server = self.server
+            died = server.death_cause() if server is not None else None
+            if server is not None and died:
                 # The HTTP error ("500", "connection refused") is the symptom; the log has the cause.
-                raise FrameworkError(f"the server failed: {died} (log: {self.server.log_path}); "
+                raise FrameworkError(f"the server failed: {died} (log: {server.log_path}); "
                                      f"the request saw: {str(exc).splitlines()[0]}") from exc
             raise
 

@@ -22,8 +22,10 @@ therefore cannot guarantee "no orphans". The reaper is a tiny Python process (st
 - on SIGTERM/SIGINT/SIGHUP, or when the server exits on its own, terminates every
   descendant (SIGTERM, a grace period, then SIGKILL) and exits with the server's code.
 
-Nothing is started in a new session or process group: adaptcheck's runner kills a hung
-check's whole process group with SIGKILL, and the server tree must die with it.
+Neither the reaper nor the server is started in a new session or process group (no
+``start_new_session``, ``setsid`` or ``setpgrp``; unlike the isolated worker and the
+collectives ranks, see :mod:`adaptcheck.procs`): adaptcheck's runner kills a hung check's
+whole process group — the isolated worker's — with SIGKILL, and the server tree must die with it.
 
 ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not the process.
 A server started from a short-lived thread (a thread pool running a check with a timeout)
@@ -40,7 +42,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import queue
 import re
@@ -58,7 +59,17 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from adaptcheck.dtypes import FLOAT_DTYPES, framework_dtype
 from adaptcheck.errors import DeviceError
 from adaptcheck.frameworks.base import FrameworkError
-from adaptcheck.procs import child_environ, free_port
+from adaptcheck.procs import (
+    IS_LINUX,
+    PR_SET_CHILD_SUBREAPER,
+    child_environ,
+    children,
+    descendants,
+    free_port,
+    pid_alive,
+    prctl,
+    set_parent_death_signal,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -72,10 +83,6 @@ _DTYPES: dict[str, str] = {**{name: framework_dtype(name) for name in FLOAT_DTYP
                            **{framework_dtype(name): framework_dtype(name) for name in FLOAT_DTYPES}, "auto": "auto"}
 """What ``ServerSpec.dtype`` accepts → the servers' ``--dtype``: adaptcheck's names, the long
 names both servers take themselves, and 'auto' (the model's stored dtype)."""
-
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-_IS_LINUX = sys.platform.startswith("linux")
 
 DEFAULT_GRACE_S = 10.0
 """How long stop() lets the tree exit after SIGTERM before SIGKILL (vLLM needs ~2 s)."""
@@ -184,17 +191,11 @@ def build_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str,
 # Process plumbing
 # --------------------------------------------------------------------------------------
 
-def _prctl(option: int, arg: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, arg, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
-
-
 def _set_pdeathsig(sig: int) -> Callable[[], None]:
     """The reaper's ``preexec_fn`` for the server: ``sig`` when the reaper dies, and no blocked signals."""
 
     def preexec() -> None:
-        _prctl(_PR_SET_PDEATHSIG, sig)
+        set_parent_death_signal(sig)
         # The reaper blocks the signals it waits for, and a signal mask is inherited
         # through fork and exec: the server must see SIGTERM.
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -229,62 +230,6 @@ def _popen(factory: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[b
     fut: Future[subprocess.Popen[bytes]] = Future()
     q.put((factory, fut))
     return fut.result()
-
-
-def _children_map() -> dict[int, list[int]]:
-    """ppid → pids of every live (non-zombie) process, from /proc (no psutil needed)."""
-    out: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode("utf-8", "replace")
-        except OSError:
-            continue
-        # "pid (comm) state ppid …" — comm may contain spaces and parentheses.
-        rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) < 2 or rest[0] in ("Z", "X"):
-            continue
-        out.setdefault(int(rest[1]), []).append(int(entry))
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid``, parents before children."""
-    if not _IS_LINUX:
-        try:
-            import psutil  # type: ignore[import-untyped,unused-ignore]  # no stubs installed
-
-            return [int(p.pid) for p in psutil.Process(pid).children(recursive=True)]
-        except Exception:  # noqa: BLE001 - best effort where /proc is missing
-            return []
-    tree = _children_map()
-    out: list[int] = []
-    todo = list(tree.get(pid, []))
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        todo.extend(tree.get(p, []))
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    if _IS_LINUX:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read().decode("utf-8", "replace")
-        except OSError:
-            return False
-        return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
@@ -332,15 +277,15 @@ def _reaper_main(argv: list[str]) -> int:
     cmd = argv[argv.index("--") + 1:]
     waited = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)  # taken with sigtimedwait below
-    if _IS_LINUX:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    if IS_LINUX:
+        set_parent_death_signal(signal.SIGTERM)
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != parent:
         return 1  # the parent died before PR_SET_PDEATHSIG took effect: nobody to serve
     # The server gets SIGTERM if the reaper itself is SIGKILLed alone (vLLM then shuts its
     # engine down itself); a killpg of the whole group needs nothing. preexec_fn is safe
     # here: the reaper has a single thread.
-    child = subprocess.Popen(cmd, preexec_fn=_set_pdeathsig(signal.SIGTERM) if _IS_LINUX else None)
+    child = subprocess.Popen(cmd, preexec_fn=_set_pdeathsig(signal.SIGTERM) if IS_LINUX else None)
     code: int | None = None
     while code is None:
         info = signal.sigtimedwait(waited, 1.0)
@@ -533,7 +478,7 @@ class ManagedServer:
                       str(os.getpid()), "--", *self.command]
         log = self._log
         start = time.monotonic()
-        if _IS_LINUX:
+        if IS_LINUX:
             # The reaper sets its own PR_SET_PDEATHSIG (no preexec_fn, which is unsafe in a
             # threaded parent) and checks that its parent is still this process.
             self._reaper = _popen(lambda: subprocess.Popen(
@@ -566,10 +511,10 @@ class ManagedServer:
     def _find_server_pid(self) -> int | None:
         if self._reaper is None:
             return None
-        if not _IS_LINUX:
+        if not IS_LINUX:
             return self._reaper.pid
         for _ in range(50):  # the reaper forks the server within milliseconds
-            kids = _children_map().get(self._reaper.pid, [])
+            kids = children(self._reaper.pid)
             if kids:
                 return kids[0]
             if self._reaper.poll() is not None:

@@ -42,6 +42,7 @@ from adaptcheck.openai_client.parsing import (
     token_id,
 )
 from adaptcheck.openai_client.records import Capabilities, CompletionResult, ScoreResult, StreamChunk
+from adaptcheck.procs import is_loopback_url
 from adaptcheck.redact import REDACTED, scrub_text, scrub_url_credentials
 
 if TYPE_CHECKING:
@@ -141,14 +142,10 @@ class AsyncOpenAIClient:
                                     max_keepalive_connections=self.max_connections),
                 # Proxy variables are for remote endpoints only: an http_proxy without a
                 # matching NO_PROXY would otherwise swallow requests to a local server.
-                trust_env=not self._is_loopback(),
+                trust_env=not is_loopback_url(self.base_url),
             )
             self._http_loop = loop
         return self._http
-
-    def _is_loopback(self) -> bool:
-        host = (httpx.URL(self.base_url).host or "").lower()
-        return host in ("localhost", "::1") or host.startswith("127.")
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}

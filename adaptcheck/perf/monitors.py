@@ -11,10 +11,11 @@ busy with other work, or a process the OS does not schedule, wakes late, and so 
 stream timestamp). :func:`client_verdict` turns them into a ``bottleneck`` flag and one
 warning line.
 
-*The server.* Resident memory of the server's whole process tree from ``/proc`` when it
-runs on this machine (the pid of a launched server, or the process listening on a
-loopback endpoint's port), and vLLM's KV-cache usage gauge from ``/metrics`` where the
-server has one, sampled during the window (its peak is what says how full the cache got).
+*The server.* Which process it is when it runs on this machine (the pid of a launched
+server, or the process listening on a loopback endpoint's port: :func:`local_server_pid`;
+:func:`adaptcheck.procs.tree_rss_mib` reads its tree's resident memory), and vLLM's
+KV-cache usage gauge from ``/metrics`` where the server has one, sampled during the window
+(its peak is what says how full the cache got).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from adaptcheck.frameworks.server import descendants, pid_alive
 from adaptcheck.perf.serving_metrics import percentile
+from adaptcheck.procs import is_loopback_host
 
 if TYPE_CHECKING:
     from adaptcheck.openai_client.client import AsyncOpenAIClient
@@ -126,24 +127,6 @@ def client_verdict(cpu_percent: float, lag_mean_ms: float, lag_p99_ms: float,
 
 # --------------------------------------------------------------------------------- server --
 
-def tree_rss_mib(pid: int) -> float | None:
-    """Resident memory of ``pid`` and every descendant (MiB), from /proc; None when unreadable."""
-    if not pid_alive(pid):
-        return None
-    total_kib = 0
-    seen = False
-    for p in [pid, *descendants(pid)]:
-        try:
-            text = Path(f"/proc/{p}/status").read_text()
-        except OSError:
-            continue
-        m = re.search(r"^VmRSS:\s+(\d+)\s+kB", text, re.MULTILINE)
-        if m:
-            total_kib += int(m.group(1))
-            seen = True
-    return total_kib / 1024.0 if seen else None
-
-
 def _listening_inodes(port: int) -> set[str]:
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -162,8 +145,7 @@ def _listening_inodes(port: int) -> set[str]:
 def local_server_pid(url: str) -> int | None:
     """The pid listening on a loopback URL's port (this machine only, same user); None otherwise."""
     parts = urlsplit(url if "://" in url else "http://" + url)
-    host = (parts.hostname or "").lower()
-    if not (host == "localhost" or host.startswith("127.") or host == "::1"):
+    if not is_loopback_host(parts.hostname or ""):
         return None
     port = parts.port or (443 if parts.scheme == "https" else 80)
     inodes = _listening_inodes(port)

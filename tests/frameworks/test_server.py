@@ -26,9 +26,8 @@ from adaptcheck.frameworks.server import (
     build_command,
     build_env,
     death_cause,
-    descendants,
-    pid_alive,
 )
+from adaptcheck.procs import descendants, pid_alive
 from tests.servers import serving_unavailable
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")

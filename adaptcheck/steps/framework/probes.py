@@ -22,6 +22,7 @@ from adaptcheck.frameworks.base import (
     ScoringUnsupported,
 )
 from adaptcheck.ladder.check import CheckContext, Outcome
+from adaptcheck.procs import tree_rss_mib
 from adaptcheck.steps.framework import prompts
 from adaptcheck.steps.framework import teacher as tf_rules
 from adaptcheck.steps.framework.agreement import Comparison, TextCodec, compare
@@ -502,18 +503,10 @@ def _generations_distribution_row(ctx: CheckContext, active: Active, tok: Tok, s
 
 # ---------------------------------------------------------------------------- kv cache --
 
-def _rss_bytes() -> float:
-    """Resident memory of this process and its descendants (a launched server included)."""
-    from adaptcheck.frameworks.server import descendants
-
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = 0.0
-    for pid in [os.getpid(), *descendants(os.getpid())]:
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile, or not Linux: counted as nothing
-    return total
+def _rss_mib() -> float:
+    """Resident memory of this process and its descendants (a launched server included), MiB;
+    0 where unreadable (not Linux), so the growth reads as none rather than failing."""
+    return tree_rss_mib(os.getpid()) or 0.0
 
 
 def _kv_requests(tok: Tok, p: KvCacheParams) -> list[GenRequest]:
@@ -528,7 +521,7 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
     margin = _tie_margin(p.tie_margin, active.options.dtype)
     reqs = _kv_requests(tok, p)
     first = [g for g in fw.generate(reqs)]  # warm-up round: fills caches and pools
-    base_state, base_rss, hits_before = fw.memory_state(), _rss_bytes(), _prefix_hits(fw)
+    base_state, base_rss, hits_before = fw.memory_state(), _rss_mib(), _prefix_hits(fw)
     rows: list[Row] = []
     worst: Comparison | None = None
     for _ in range(p.rounds):
@@ -542,8 +535,8 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
     dist_row, distribution = _generations_distribution_row(ctx, active, tok, p.teacher,
                                                            "distributions: cached rounds vs the first", first, again)
     rows.append(dist_row)
-    state, rss = fw.memory_state(), _rss_bytes()
-    metrics: dict[str, Any] = {"rounds": p.rounds, "batch": p.batch, "rss_growth_mib": round((rss - base_rss) / 2**20, 1)}
+    state, rss = fw.memory_state(), _rss_mib()
+    metrics: dict[str, Any] = {"rounds": p.rounds, "batch": p.batch, "rss_growth_mib": round(rss - base_rss, 1)}
     kv_keys = [k for k in state if "kv_cache_usage" in k or "cache_usage" in k]
     if kv_keys:
         k = kv_keys[0]
@@ -554,7 +547,7 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
     elif not fw.runs_here():
         rows.append(_row("memory back at baseline", None, "the server runs elsewhere and exposes no KV-cache gauge"))
     else:
-        growth = (rss - base_rss) / 2**20
+        growth = rss - base_rss
         rows.append(_row("memory back at baseline", growth <= p.memory_growth_mib,
                          f"no KV-cache gauge readable; process RSS grew {growth:.1f} MiB over {p.rounds} rounds "
                          f"(bound {p.memory_growth_mib:g} MiB)"))

@@ -37,13 +37,14 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adaptcheck.frameworks.endpoint_fw import EndpointFramework, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.host_adjust import SIGNS, HostAdjusted, adjust_decision, elasticity
 from adaptcheck.perf.hostnoise import HostLimits, HostSampler
 from adaptcheck.perf.hostspeed import HostSpeedProbe
 from adaptcheck.perf.load_audit import workload_facts
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
-from adaptcheck.perf.monitors import client_verdict, local_server_pid, tree_rss_mib
+from adaptcheck.perf.monitors import client_verdict, local_server_pid
 from adaptcheck.perf.serving_metrics import SPREAD_METRICS as HEADLINE
 from adaptcheck.perf.serving_metrics import (
     distributions,
@@ -62,6 +63,7 @@ from adaptcheck.perf.stability import (
     drift,
 )
 from adaptcheck.perf.workload import Shape, Workload, prompt_factory
+from adaptcheck.procs import tree_rss_mib
 from adaptcheck.steps.framework.lifecycle import (
     Active,
     framework_facts,
@@ -264,7 +266,6 @@ def run_served(ctx: CheckContext, params: P, kind: str, body: Callable[[CheckCon
     acquiring an in-process framework would shut down the server that step 4 left running
     for the step-5 checks. ``no_endpoint_applicable``: whether that skip blocks a grade.
     """
-    from adaptcheck.frameworks.endpoint_fw import EndpointFramework
     from adaptcheck.frameworks.registry import framework_class
 
     params = params.model_copy(update={"framework": resolve_framework(ctx, params.framework)})
@@ -300,19 +301,17 @@ def served_tokenizer(active: Active) -> Any:
 
 
 def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outcome:
-    fw: Any = active.framework
-    url = getattr(fw, "url", None)
-    if not url:
+    endpoint = served_endpoint(active.framework)
+    if endpoint is None:
         return Outcome.skipped(f"{active.name} serves no HTTP endpoint: perf.serving drives vllm_serve, "
                                "transformers_serve or endpoint", applicable=False)
+    url = endpoint.url
     tokenizer = served_tokenizer(active)
     seed = ctx.seed_for(ctx.check_id or params.scenario)
-    client = getattr(fw, "client", None)
-    workload = Workload(params.shapes(), prompt_factory(url, tokenizer, getattr(client, "model", None)), seed=seed)
-    gen = LoadGenerator(url, workload, model=getattr(client, "model", None), tokenizer=tokenizer,
-                        rejected_fields=set(getattr(client, "rejected_fields", set())))
-    server = getattr(fw, "server", None)
-    pid = getattr(server, "pid", None) or local_server_pid(url)
+    workload = Workload(params.shapes(), prompt_factory(url, tokenizer, endpoint.model), seed=seed)
+    gen = LoadGenerator(url, workload, model=endpoint.model, tokenizer=tokenizer,
+                        rejected_fields=set(endpoint.rejected_fields))
+    pid = endpoint.launched_pid or local_server_pid(url)
     rel = Path("perf") / "serving" / f"{params.scenario}.jsonl"
     path = ctx.run_dir / rel
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -43,10 +43,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
+from adaptcheck.frameworks.endpoint_fw import ServedEndpoint, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.models.results import Status
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
@@ -151,33 +151,26 @@ class SoakCheck(Check):
         return outcome
 
 
-def _on_this_host(url: str) -> bool:
-    host = (urlsplit(url if "://" in url else "http://" + url).hostname or "").lower()
-    return host == "localhost" or host.startswith("127.") or host == "::1"
-
-
-def _server_process(fw: Any, url: str) -> tuple[int | None, str | None]:
-    pid = getattr(getattr(fw, "server", None), "pid", None)
-    if pid:
-        return int(pid), "launched by adaptcheck"
-    pid = local_server_pid(url)
+def _server_process(endpoint: ServedEndpoint) -> tuple[int | None, str | None]:
+    if endpoint.launched_pid:
+        return endpoint.launched_pid, "launched by adaptcheck"
+    pid = local_server_pid(endpoint.url)
     return (pid, "listening on the endpoint's port") if pid else (None, None)
 
 
 def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
-    fw: Any = active.framework
-    url = getattr(fw, "url", None)
-    if not url:
+    endpoint = served_endpoint(active.framework)
+    if endpoint is None:
         return Outcome.skipped(f"{active.name} serves no HTTP endpoint: perf.soak drives vllm_serve, "
                                "transformers_serve or endpoint")
+    url = endpoint.url
     tokenizer = served_tokenizer(active)
     name = ctx.check_id or "perf.soak"
     workload = Workload(params.shapes(), PromptFactory(tokenizer), seed=ctx.seed_for(name))
-    client = getattr(fw, "client", None)
-    gen = LoadGenerator(url, workload, model=getattr(client, "model", None), tokenizer=tokenizer,
-                        rejected_fields=set(getattr(client, "rejected_fields", set())))
-    pid, found_by = _server_process(fw, url)
-    local = pid is not None or getattr(fw, "server", None) is not None or _on_this_host(url)
+    gen = LoadGenerator(url, workload, model=endpoint.model, tokenizer=tokenizer,
+                        rejected_fields=set(endpoint.rejected_fields))
+    pid, found_by = _server_process(endpoint)
+    local = pid is not None or endpoint.on_this_host
     # The window's own duration is only a backstop: the looks (on the sampler's clock, which
     # starts before the warm-up requests) stop the load at the last look at the latest.
     cfg = RunConfig(arrival=params.arrival, level=params.level, duration_s=params.budget_s,
