@@ -11,4 +11,7 @@
 - ``openai_client``: the OpenAI-compatible HTTP client (sync and async, streaming).
 - ``server``: launches ``vllm serve`` / ``transformers serve`` on 127.0.0.1 and stops them.
 - ``registry``: adapter lookup by name.
+- ``vllm_impl``: which implementation each layer type of a vLLM model really runs.
+- ``vllm_ops``: the one table of how step 3's ops map onto vLLM's kernels and layer classes,
+  read by the ``vllm`` op provider and by the report.
 """

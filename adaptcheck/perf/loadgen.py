@@ -11,7 +11,8 @@ One run (one level, one repeat) is, on a fresh event loop:
 1. *warm-up*: ``warmup_requests`` requests (their own prompts) at the run's concurrency:
    they open the connections the window will reuse; recorded with ``warmup: true`` and
    left out of every figure;
-2. *the measured window*, by arrival pattern — ``burst``: every request scheduled at once;
+2. *the measured window*, by arrival pattern (:class:`~adaptcheck.perf.arrival.Arrival`) —
+   ``burst``: every request scheduled at once;
    ``concurrency``: a closed loop of ``level`` slots, a request scheduled the moment a slot
    frees; ``poisson``: open loop at ``level`` req/s, exponential gaps drawn from a seed
    that depends on the level only (every repeat replays the same arrival times, so the
@@ -42,7 +43,6 @@ import contextlib
 import itertools
 import json
 import math
-import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -59,14 +59,14 @@ from adaptcheck.openai_client.errors import (
 )
 from adaptcheck.openai_client.load_stream import StreamClient
 from adaptcheck.openai_client.records import CompletionResult
+from adaptcheck.perf.arrival import Arrival
 from adaptcheck.perf.gcguard import HeapFreeze
 from adaptcheck.perf.monitors import ClientMonitor, ClientStats, ServerSampler
 from adaptcheck.perf.serving_metrics import RequestRecord, summarize_run
 from adaptcheck.perf.workload import PreparedRequest, Workload
 
-Arrival = Literal["burst", "concurrency", "poisson"]
 API = Literal["completions", "chat"]
-ARRIVALS: tuple[Arrival, ...] = ("burst", "concurrency", "poisson")
+ARRIVALS: tuple[Arrival, ...] = tuple(Arrival)
 UNREACHABLE_ABORT = 3
 """Consecutive refused connections after which the server is taken for dead."""
 MAX_ERROR_TEXT = 200
@@ -77,6 +77,7 @@ class RunConfig:
     """How one run drives the server."""
 
     arrival: Arrival
+    """The pattern; its name ('poisson') is accepted too and turned into the type."""
     level: float
     """Concurrency (burst: requests sent at once; poisson: rate in req/s)."""
     num_requests: int | None = None
@@ -91,19 +92,22 @@ class RunConfig:
     """Sample the server's KV-cache gauge during the window (off for client comparisons)."""
 
     def __post_init__(self) -> None:
-        if self.arrival not in ARRIVALS:
+        arrival = Arrival.parse(self.arrival)
+        if arrival is None:
             raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, not {self.arrival!r}")
+        # Callers may pass the pattern's name ('poisson'): kept as the type, so what follows asks it.
+        object.__setattr__(self, "arrival", arrival)
         if self.level <= 0:
             raise ValueError("level must be positive")
         if (self.num_requests is None) == (self.duration_s is None):
             raise ValueError("give exactly one of num_requests and duration_s")
-        if self.arrival == "burst" and self.duration_s is not None:
-            raise ValueError("a burst is a number of requests, not a duration")
+        if not arrival.timed and self.duration_s is not None:
+            raise ValueError(f"a {arrival.value} is a number of requests, not a duration")
 
     @property
     def slots(self) -> int:
         """In-flight requests the arrival pattern allows (its warm-up concurrency too)."""
-        if self.arrival == "burst":
+        if self.arrival.one_wave:
             return self.num_requests or 1
         return max(1, math.ceil(self.level))
 
@@ -116,22 +120,9 @@ class RunConfig:
         if self.duration_s is not None:
             return self.duration_s + self.request_timeout_s
         n = self.num_requests or 1
-        if self.arrival == "poisson":
+        if self.arrival.open_loop:
             return 3 * n / self.level + self.request_timeout_s
         return math.ceil(n / self.slots) * self.request_timeout_s
-
-
-def poisson_arrivals(rate: float, seed: int, *, count: int | None = None, until_s: float | None = None) -> list[float]:
-    """Send times (s from the window's start) of a Poisson process: first at 0, exponential gaps."""
-    if count is None and until_s is None:
-        raise ValueError("give count or until_s")
-    rng = random.Random(seed)
-    times: list[float] = []
-    t = 0.0
-    while (count is None or len(times) < count) and (until_s is None or t < until_s):
-        times.append(t)
-        t += rng.expovariate(rate)
-    return times
 
 
 @dataclass
@@ -348,9 +339,9 @@ class LoadGenerator:
             return self._send(client, cfg, request(i), scheduled, state)
 
         drivers: list[asyncio.Future[Any]]
-        if cfg.arrival == "burst":
+        if cfg.arrival.one_wave:
             drivers = [asyncio.ensure_future(send(i, t0)) for i in range(cfg.num_requests or 0)]
-        elif cfg.arrival == "concurrency":
+        elif cfg.arrival.closed_loop:
             counter = itertools.count()
 
             async def slot() -> None:
@@ -361,7 +352,7 @@ class LoadGenerator:
 
             drivers = [asyncio.ensure_future(slot()) for _ in range(cfg.slots)]
         else:
-            arrivals = poisson_arrivals(cfg.level, cfg.arrival_seed, count=cfg.num_requests, until_s=cfg.duration_s)
+            arrivals = cfg.arrival.send_times(cfg.level, cfg.arrival_seed, count=cfg.num_requests, until_s=cfg.duration_s)
 
             async def dispatch() -> None:
                 sent: list[asyncio.Future[None]] = []

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adaptcheck.models.results import CheckResult, RunResults, Status
+from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
     Label,
@@ -292,10 +293,11 @@ def _micro(c: CheckResult, anchors: dict[str, str], peaks: dict[str, PeakView]) 
 
 def _combined(scenarios: list[ScenarioView]) -> list[Chart]:
     """Throughput against concurrency across the concurrency scenarios (one line each)."""
-    curves = [(s.name, s.curve) for s in scenarios if s.arrival == "concurrency" and s.throughput_charts]
+    closed = Arrival.CONCURRENCY
+    curves = [(s.name, s.curve) for s in scenarios if Arrival.parse(s.arrival) is closed and s.throughput_charts]
     if len(curves) < 2:  # one scenario's own chart already says it all
         return []
-    return throughput_charts("concurrency scenarios", curves, "concurrency (requests in flight)")
+    return throughput_charts(f"{closed} scenarios", curves, closed.level_axis)
 
 
 def _unique(anchor: str, used: set[str]) -> str:

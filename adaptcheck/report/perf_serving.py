@@ -24,6 +24,7 @@ from typing import Any
 from markupsafe import Markup
 
 from adaptcheck.models.results import CheckResult
+from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report import svg
 
 # FileLink and records_link live in fmt (step 4's reproducers link the same way); re-exported here.
@@ -43,12 +44,6 @@ LATENCY_METRICS: dict[str, str] = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms
 # Spread keys of the contract with their column names; other keys follow under their own.
 SPREAD_NAMES: dict[str, str] = {"ttft_ms_median": "TTFT median", "tpot_ms_median": "TPOT median",
                                 "output_tok_per_s": "output tok/s"}
-# How the level of each arrival pattern reads: table header, chart axis, legend prefix.
-LEVEL_WORDS: dict[str, tuple[str, str]] = {
-    "concurrency": ("concurrency", "concurrency (requests in flight)"),
-    "poisson": ("rate (req/s)", "offered rate (req/s)"),
-    "burst": ("burst size", "requests per burst"),
-}
 MAX_ERRORS_SHOWN = 10
 _SERVER_MONO = {"url", "served_model", "server_command", "server_log"}
 
@@ -169,16 +164,27 @@ def _triple(summary: dict[str, Any], metric: str) -> str:
     return "—" if all(v == "—" for v in vals) else " / ".join(vals)
 
 
+# How a level reads (table, legend, header, axis) is asked of the arrival pattern
+# (adaptcheck.perf.arrival); a pattern this version does not know reads as a bare number.
+
 def level_text(level: Any, arrival: str) -> str:
     """A level as the table shows it ('4', '2.5 req/s')."""
     text = format_value(level)
-    return f"{text} req/s" if arrival == "poisson" else text
+    pattern = Arrival.parse(arrival)
+    return pattern.level_text(text) if pattern is not None else text
 
 
 def level_legend(level: Any, arrival: str) -> str:
     """A level as a chart legend names it ('c=4', '2.5 req/s', 'burst 32')."""
     text = format_value(level)
-    return {"concurrency": f"c={text}", "poisson": f"{text} req/s", "burst": f"burst {text}"}.get(arrival, text)
+    pattern = Arrival.parse(arrival)
+    return pattern.legend(text) if pattern is not None else text
+
+
+def level_words(arrival: str) -> tuple[str, str]:
+    """(the level column's header, a chart's level axis) of a scenario with this arrival."""
+    pattern = Arrival.parse(arrival)
+    return (pattern.level_word, pattern.level_axis) if pattern is not None else ("level", "level")
 
 
 # ---------------------------------------------------------------- parts of a scenario
@@ -399,7 +405,7 @@ def build_scenario(c: CheckResult, status: Label, anchor: str, block: str, durat
     keys += [k for lv in levels for k in as_dict(lv.get("spread")) if k not in keys]
     keys = list(dict.fromkeys(keys))
     client, warning = _client(as_dict(d.get("client")))
-    word, axis = LEVEL_WORDS.get(arrival, ("level", "level"))
+    word, axis = level_words(arrival)
     curve = [(as_float(lv.get("level")), as_float(as_dict(lv.get("median")).get("request_throughput")),
               as_float(as_dict(lv.get("median")).get("output_throughput"))) for lv in levels]
     has_curve = any(p[0] is not None and (p[1] is not None or p[2] is not None) for p in curve)

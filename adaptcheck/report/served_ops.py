@@ -7,6 +7,10 @@ vLLM's layer classes (``CustomOp``) run either a platform path (``forward_cpu``,
 served model there. Step 4 records what each layer type really ran in
 ``details.teacher_forced.implementations``; this module reads those and tells the step-3
 section which vLLM-provider ops to mark as not used by the served model.
+
+Which op each layer class runs, and under which kernel name, is the table the ``vllm`` op
+provider maps its ops by (:data:`adaptcheck.frameworks.vllm_ops.VLLM_OPS`), read here, not
+copied: an op added there is marked here without a change to this module.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import re
 from typing import Any
 
+from adaptcheck.frameworks.vllm_ops import custom_op_layers
 from adaptcheck.models.results import RunResults
 from adaptcheck.report.fmt import as_dict
 
@@ -22,20 +27,6 @@ STEP = 4
 VLLM_PROVIDER = "vllm"
 NATIVE = "forward_native"
 NOT_USED_TEXT = "not used by the served model here (vLLM ran forward_native)"
-
-# Step-3 catalog op -> (the vLLM CustomOp class whose platform path calls that op's `_C`
-# kernel, the kernel as the dispatcher names it). Mirrors LAYER_CLASSES and MAPPINGS in
-# adaptcheck/steps/ops/providers/vllm_provider.py (the report may not import steps: imports
-# point down). Ops absent here (attention, KV-cache writes, MoE, quantization, sampling) are
-# not CustomOps with a forward_native alternative.
-VLLM_CUSTOM_OPS: dict[str, tuple[str, str]] = {
-    "rms_norm": ("RMSNorm", "_C::rms_norm"),
-    "fused_add_rms_norm": ("RMSNorm", "_C::fused_add_rms_norm"),  # RMSNorm.forward_* with a residual
-    "silu_and_mul": ("SiluAndMul", "_C::silu_and_mul"),
-    "gelu_tanh": ("GELUTanh", "_C::gelu_tanh"),
-    "gelu": ("GELU", "_C::gelu"),
-    "rope": ("RotaryEmbedding", "_C::rotary_embedding"),
-}
 
 
 def _text(key: str, value: Any) -> str:
@@ -64,6 +55,9 @@ def unused_ops(results: RunResults) -> dict[str, str]:
     An implementations entry counts when it names the class (its key, or a whole word of its
     description) and says the layer ran forward_native; every step-4 check's entry is read.
     """
+    # Op -> (CustomOp class, the kernel its platform path runs); ops outside any such layer
+    # (attention, KV-cache writes, MoE, quantization, sampling) have no forward_native to fall to.
+    layers = custom_op_layers()
     evidence: dict[str, dict[str, list[str]]] = {}  # op -> description -> checks
     for c in results.checks:
         if c.step != STEP:
@@ -71,7 +65,7 @@ def unused_ops(results: RunResults) -> dict[str, str]:
         impls = as_dict(as_dict(as_dict(c.details).get("teacher_forced")).get("implementations"))
         for key, value in impls.items():
             text = _text(str(key), value)
-            for op, (cls, kernel) in VLLM_CUSTOM_OPS.items():
+            for op, (cls, kernel) in layers.items():
                 if _word(cls, text) and _native(text, kernel):
                     checks = evidence.setdefault(op, {}).setdefault(text, [])
                     if c.id not in checks:

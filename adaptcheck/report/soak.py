@@ -21,6 +21,7 @@ from typing import Any
 from markupsafe import Markup
 
 from adaptcheck.models.results import CheckResult
+from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report import svg
 from adaptcheck.report.fmt import Label, as_dict, as_float, format_float, format_value
 from adaptcheck.report.framework import Fact
@@ -108,9 +109,9 @@ def _field(key: str) -> tuple[str, str]:
 
 
 def _offered(soak: dict[str, Any]) -> list[Fact]:
-    arrival = str(soak.get("arrival") or "")
-    level = format_value(soak.get("level"))
-    load = f"{level} req/s (Poisson arrivals)" if arrival == "poisson" else f"{level} requests in flight"
+    # A soak without a pattern it names (older or edited results) ran the params' default, a closed loop.
+    arrival = Arrival.parse(soak.get("arrival")) or Arrival.CONCURRENCY
+    load = arrival.load_text(format_value(soak.get("level")))
     mix = [f"{format_value(m.get('input_tokens'))}→{format_value(m.get('output_tokens'))} ×{format_value(m.get('weight', 1))}"
            for m in as_list(soak.get("mixed")) if isinstance(m, dict)]
     shortest, longest = as_float(soak.get("duration_s")), as_float(soak.get("max_duration_s"))

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from adaptcheck.frameworks.server import ManagedServer
+from adaptcheck.perf.arrival import poisson_arrivals
 from adaptcheck.perf.loadgen import (
     LoadGenerator,
     RunConfig,
     RunResult,
-    poisson_arrivals,
 )
 from adaptcheck.perf.workload import (
     PreparedRequest,

