@@ -23,6 +23,7 @@ from adaptcheck.errors import (
     UsageError,
     did_you_mean,
 )
+from adaptcheck.models.framework_evidence import FrameworkCheckEvidence
 from adaptcheck.models.results import CheckResult, RunResults
 from adaptcheck.repro.files import repro_path
 from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
@@ -95,15 +96,19 @@ def _write_model(run_dir: Path, results: RunResults, check: CheckResult) -> Path
     if not isinstance(sequences, list) or not sequences:
         raise InvalidInputError(f"{check.id}: the run folder's framework/teacher-*.json holds no sequences",
                                 hint="the sequences are stored by the run; rerun step 4 to get them")
-    fw_raw, model_raw = check.details.get("framework"), check.details.get("model")
-    fw: dict[str, Any] = fw_raw if isinstance(fw_raw, dict) else {}
-    model: dict[str, Any] = model_raw if isinstance(model_raw, dict) else {}
+    evidence = check.evidence(FrameworkCheckEvidence)
+    if evidence is None:
+        raise InvalidInputError(f"{check.id}: cannot write a reproducer: its details name no framework "
+                                "(details.framework)", hint="rerun step 4 with this adaptcheck")
+    # The loaded instance's describe() facts (dtype, device, attention, url…) are the extras.
+    fw: dict[str, Any] = evidence.framework.extras
+    model_path = evidence.model.path if evidence.model is not None else None
     bounds = tf.get("bounds", {})
     device = tf.get("device", {})
     try:
         spec = ModelReproSpec(
-            framework=str(fw.get("name") or check.id.split(".")[1]),
-            model_path=str(model.get("path") or results.model.name),
+            framework=evidence.framework.name,
+            model_path=str(model_path or results.model.name),
             dtype=str(fw.get("dtype") or results.model.precision),
             device=str(fw.get("device") or results.device.torch_device),
             attn_implementation=fw.get("attention"),

@@ -173,6 +173,16 @@ class Check(ABC):
     params_model: ClassVar[type[BaseModel]] = NoParams
     """Strict params model (extra keys forbidden)."""
 
+    @classmethod
+    def identity(cls, params: Any) -> dict[str, Any]:
+        """Details every outcome of this check carries, known from its params alone.
+
+        The runner writes them into the result it makes in a check's place (the worker raised,
+        crashed or timed out), so a reader still knows what the check was about (step 4: which
+        framework) without guessing from its id. Empty by default.
+        """
+        return {}
+
     @abstractmethod
     def run(self, ctx: CheckContext, params: Any) -> Outcome | list[Outcome]:
         """Do the check. ``params`` is an instance of ``params_model``."""

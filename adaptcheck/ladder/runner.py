@@ -176,11 +176,26 @@ class PlannedRun:
     timeout_s: float
 
 
+def _identity(spec: CheckSpec) -> dict[str, Any]:
+    """``Check.identity`` of the spec's kind: the details a result written in its place carries.
+
+    The ladder loader validated these params with this kind already; should that fail now (a
+    plugin gone since), the result goes without them rather than hiding the check's own error.
+    """
+    from adaptcheck.ladder.registry import get_check_class
+
+    try:
+        cls = get_check_class(spec.kind)
+        return cls.identity(cls.params_model.model_validate(spec.params))
+    except Exception:  # noqa: BLE001 - the error result must be written whatever this raises
+        return {}
+
+
 def _to_results(spec: CheckSpec, reply: dict[str, Any]) -> list[CheckResult]:
     base: dict[str, Any] = {"step": spec.step, "kind": spec.kind, "tags": spec.tags}
     if "exception" in reply:
         return [CheckResult(id=spec.id, status=Status.ERROR, message=f"check raised {reply['exception']}",
-                            details={"traceback": reply.get("traceback", "")},
+                            details={**_identity(spec), "traceback": reply.get("traceback", "")},
                             duration_s=reply.get("duration_s", 0.0), **base)]
     outcomes = reply["outcomes"]
     per = reply.get("duration_s", 0.0) / max(1, len(outcomes))
@@ -194,7 +209,7 @@ def _to_results(spec: CheckSpec, reply: dict[str, Any]) -> list[CheckResult]:
 def error_results(spec: CheckSpec, message: str, duration_s: float = 0.0) -> list[CheckResult]:
     """The single ``error`` result of a check that could not complete."""
     return [CheckResult(id=spec.id, step=spec.step, kind=spec.kind, tags=spec.tags, status=Status.ERROR,
-                        message=message, duration_s=duration_s)]
+                        message=message, duration_s=duration_s, details=_identity(spec))]
 
 
 TORN_SUFFIX = ".torn"

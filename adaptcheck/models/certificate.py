@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.models.framework_evidence import FrameworkRef
 from adaptcheck.models.results import RunResults
 
 UNKNOWN = "unknown"
@@ -254,9 +255,12 @@ def certificate_subject(results: RunResults) -> CertificateSubject:
     packages = dict(results.environment.packages) if results.environment else {}
     frameworks: dict[str, FrameworkSubject] = {}
     for c in results.checks:
-        facts = _dict(c.details.get("framework")) if c.step == FRAMEWORK_STEP else {}
-        # A check that could not load its framework records it as a bare name: not exercised.
-        name = _str(facts.get("name")) or _str(facts.get("framework"))
-        if name and name not in frameworks:
-            frameworks[name] = _framework(name, facts, packages)
+        ref = c.evidence(FrameworkRef) if c.step == FRAMEWORK_STEP else None
+        # A framework that never loaded (absent, refused, failed) was not exercised: not a subject.
+        if ref is None or not ref.framework.loaded:
+            continue
+        name = ref.framework.name
+        if name not in frameworks:
+            # describe()'s facts (the version under the package's name) are the evidence's extras.
+            frameworks[name] = _framework(name, ref.framework.extras, packages)
     return CertificateSubject(model=_model(results), frameworks=list(frameworks.values()))

@@ -65,7 +65,11 @@ DOCS: dict[str, tuple[type[BaseModel], str, str]] = {
                  "no digest. It shows accidental or casual edits; it is not a signature: anyone can edit the file and "
                  "recompute it. See docs/ci.md.\n\n"
                  "Since 1.2 `model.quantization` says how the certified model is quantized, and `grade.left_out` "
-                 "lists the checks tagged `quant:FORMAT` for another format, which the grade leaves out.")),
+                 "lists the checks tagged `quant:FORMAT` for another format, which the grade leaves out.\n\n"
+                 "Since 1.3 a step-4 lifecycle check's `details` follow its kind's evidence model "
+                 "(`adaptcheck.models.framework_evidence`): `details.framework` is one object in every outcome — "
+                 "`name` always, `loaded`, and the framework's facts when it loaded — never a bare name. Older files "
+                 "are upgraded to that shape when read (`adaptcheck.models.upgrade`).")),
     "ladder": (LadderSpec, "Ladder file schema",
                f"Ladder `schema_version: {LADDER_SCHEMA_VERSION}`. Unknown keys are errors. Each check's `params` "
                "is validated by its kind's params model (`adaptcheck kinds`). Full JSON Schema: `adaptcheck schema ladder`. "

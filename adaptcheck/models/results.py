@@ -13,20 +13,28 @@ import json
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from adaptcheck import safejson
 from adaptcheck.atomic import write_text_atomic
 from adaptcheck.errors import InvalidInputError
 from adaptcheck.integrity import DIGEST_FIELD, compute_digest
 from adaptcheck.models.environment import Environment
+from adaptcheck.models.evidence import Evidence, EvidenceError
 from adaptcheck.models.ladder import GradeSpec, ModelSpec
+from adaptcheck.models.upgrade import upgrade_results
 
 # 1.1: added ``digest``; 1.0 files (without it) still load.
 # 1.2: added ``model.quantization`` and ``grade.left_out``; older files load with 'none' and [].
-SCHEMA_VERSION = "1.2"
+# 1.3: step-4 lifecycle details are typed evidence (models.framework_evidence): ``details.framework``
+#      is one object in every outcome ({name, loaded, facts…}), never a bare name. Older files are
+#      upgraded on load (models.upgrade). A minor bump: an older reader still validates a 1.3 file
+#      (details is a JSON object) and read the framework from its dict form already.
+SCHEMA_VERSION = "1.3"
+
+E = TypeVar("E", bound=Evidence)
 
 
 def utcnow() -> datetime:
@@ -68,6 +76,20 @@ class CheckResult(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict, description="Structured evidence (worst elements, verdict inputs).")
     duration_s: float = Field(default=0.0, ge=0, description="Wall time of the check in seconds.")
     tags: list[str] = Field(default_factory=list, description="Tags from the ladder (used by grade rules).")
+
+    def evidence(self, model: type[E]) -> E | None:
+        """This check's details as the typed evidence ``model``.
+
+        None when the check recorded no details (its worker crashed before answering) or when
+        they do not fit ``model`` (a foreign or hand-edited file): readers show what they can
+        instead of failing the page. ``model.parse(result.details)`` raises with the reason.
+        """
+        if not self.details:
+            return None
+        try:
+            return model.parse(self.details, where=f"{self.id}: details")
+        except EvidenceError:
+            return None
 
     @property
     def not_applicable(self) -> bool:
@@ -185,6 +207,13 @@ class RunResults(BaseModel):
     grade_rules: GradeSpec = Field(description="The ladder's grade rules, so the grade can be recomputed from this file alone.")
     checks: list[CheckResult] = Field(default_factory=list, description="Every check result, in ladder order.")
     grade: GradeResult = Field(description="The grade computed from checks + ladder rules.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """An older minor version's shapes brought to the current ones (models.upgrade), whichever
+        way the file is read: :meth:`load`, ``model_validate_json``, a test's ``model_validate``."""
+        return upgrade_results(data, SCHEMA_VERSION) if isinstance(data, dict) else data
 
     def save(self, path: Path) -> str:
         """Write the results as indented JSON (atomically: a crash never leaves half a file).

@@ -16,10 +16,13 @@ reader needs to judge a bring-up at a glance:
 * the model numerics of each comparing check — teacher-forced figures against the CPU
   control, their chart, the localisation, the reproducer (:mod:`adaptcheck.report.numerics`).
 
-Results are read defensively: a check whose worker crashed has no details at all, a check
-that could not load its framework records the framework as a bare name, and ids are free
-text from the ladder. None of those may break the page or vanish from it. A sub-check that
-could not run here (``ok: null``) reads as *not run*, never as a pass.
+Each result's details are read as its kind's typed evidence
+(:mod:`adaptcheck.models.framework_evidence`): ``framework`` is one shape in every outcome (the
+name always, the facts when it loaded), so nothing here guesses between a name and a dict or
+reads the framework out of a check id; files older than schema 1.3 are brought to that shape
+by the loader. Results are still read defensively: details that do not fit the schema (a
+hand-edited file) put the check under "unknown" rather than break the page or vanish from
+it. A sub-check that could not run here (``ok: null``) reads as *not run*, never as a pass.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from adaptcheck.models.framework_evidence import (
+    FrameworkCheckEvidence,
+    FrameworkInfo,
+    FrameworkRef,
+    ModelInfo,
+    lifecycle_evidence_model,
+)
 from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
@@ -85,7 +95,7 @@ FACT_LABELS: dict[str, str] = {
     "server_pid": "server pid",
 }
 # Shown elsewhere in the block (heading, load line, platform table, capabilities).
-_FACTS_SHOWN_ELSEWHERE = {"name", "display_name", "load_s", "loaded_by", "framework", "platform_plugins",
+_FACTS_SHOWN_ELSEWHERE = {"name", "loaded", "display_name", "load_s", "loaded_by", "framework", "platform_plugins",
                           "general_plugins", "capabilities"}
 # Printed in monospace: paths, commands, identifiers a reader copies.
 _MONO_FACTS = {"platform", "url", "served_model", "server_command", "server_log", "vllm", "transformers"}
@@ -279,22 +289,25 @@ def _plural(n: int, word: str) -> str:
 # ---------------------------------------------------------------- grouping
 
 
-def framework_of(cid: str, details: dict[str, Any]) -> str:
-    """The framework a step-4 result belongs to.
+def framework_of(result: CheckResult) -> str:
+    """The framework a step-4 result belongs to: its evidence's ``framework.name``.
 
-    ``details.framework`` names it: a dict of facts when the framework loaded, the bare name
-    when it could not. A result without details (its worker crashed) falls back on the
-    ladder convention ``<prefix>.<framework>.<kind>`` ('framework.vllm.reference').
+    Every lifecycle outcome names it (a crashed check too: the runner writes the kind's
+    identity), and older files are upgraded on load; a result whose details do not say it (a
+    hand-made file) is "unknown" rather than guessed from its id.
     """
-    fw = details.get("framework")
-    if isinstance(fw, dict):
-        name = fw.get("name") or fw.get("framework")
-        if isinstance(name, str) and name:
-            return name
-    if isinstance(fw, str) and fw:
-        return fw
-    parts = cid.split(".")
-    # Two segments ('framework.batch') are prefix and kind: no framework in them to guess.
+    ref = result.evidence(FrameworkRef)
+    return ref.framework.name if ref is not None else UNKNOWN_FRAMEWORK
+
+
+def planned_framework_of(planned: PlannedCheck) -> str:
+    """The framework of a planned check that never recorded a result.
+
+    There is no evidence of a check that never ran, and the planned list does not carry its
+    params: the ladder convention ``<prefix>.<framework>.<kind>`` is all there is to place it
+    in a block (two segments, 'framework.batch', name no framework).
+    """
+    parts = planned.id.split(".")
     return parts[1] if len(parts) >= 3 and parts[1] else UNKNOWN_FRAMEWORK
 
 
@@ -406,23 +419,24 @@ def _summary(c: CheckResult) -> list[str]:
     return lines
 
 
-def _instance_note(fw: Any, block_loaded_by: str | None) -> str:
-    if not isinstance(fw, dict) or block_loaded_by is None:
+def _instance_note(fw: FrameworkInfo | None, block_loaded_by: str | None) -> str:
+    """Set when the check ran on another loaded instance than the block's (other load options)."""
+    if fw is None or not fw.loaded or block_loaded_by is None:
         return ""
-    by = fw.get("loaded_by")
-    if isinstance(by, str) and by and by != block_loaded_by:
-        return f"own instance: loaded by {by} in {_seconds(fw.get('load_s'))}"
+    if fw.loaded_by and fw.loaded_by != block_loaded_by:
+        return f"own instance: loaded by {fw.loaded_by} in {_seconds(fw.load_s)}"
     return ""
 
 
 def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None, records_base: str = "") -> FwCheckRow:
     d = as_dict(c.details)
+    ref = c.evidence(FrameworkRef)
     divergences, more = _divergences(d, _int(c.metrics.get("top_n")))
     return FwCheckRow(
         id=c.id, anchor=anchors.get(c.id, ""), kind=c.kind, what=KIND_NAMES.get(c.kind, c.kind),
         status=status_label(status_key(c)), message=c.message, duration=format_duration(c.duration_s),
         summary=_summary(c), subchecks=_subchecks(d), divergences=divergences, divergences_more=more,
-        instance=_instance_note(d.get("framework"), loaded_by),
+        instance=_instance_note(ref.framework if ref is not None else None, loaded_by),
         numerics=check_numerics(c.id, c.kind, d, records_base),
     )
 
@@ -450,36 +464,34 @@ def _facts(fw: dict[str, Any]) -> list[Fact]:
     return out
 
 
-def _model_facts(model: dict[str, Any]) -> list[Fact]:
-    if not model:
+def _model_facts(model: ModelInfo | None) -> list[Fact]:
+    if model is None:
         return []
-    out = [Fact("model", _text(model.get("name")), mono=True)]
-    arch = model.get("architecture")
-    if arch is not None or model.get("model_type") is not None:
-        kind = f" ({model['model_type']})" if model.get("model_type") else ""
-        out.append(Fact("architecture", f"{_text(arch)}{kind}"))
-    shape = [text.format(format_value(model[k])) for k, text in
-             (("num_layers", "{} layers"), ("head_dim", "head_dim {}"), ("vocab_size", "vocab {}"))
-             if model.get(k) is not None]
+    out = [Fact("model", _text(model.name), mono=True)]
+    if model.architecture is not None or model.model_type is not None:
+        kind = f" ({model.model_type})" if model.model_type else ""
+        out.append(Fact("architecture", f"{_text(model.architecture)}{kind}"))
+    shape = [text.format(format_value(v)) for v, text in
+             ((model.num_layers, "{} layers"), (model.head_dim, "head_dim {}"), (model.vocab_size, "vocab {}"))
+             if v is not None]
     if shape:
         out.append(Fact("shape", ", ".join(shape)))
-    if model.get("torch_dtype") is not None:
-        out.append(Fact("weights dtype", _text(model["torch_dtype"])))
-    if model.get("source") is not None or model.get("path") is not None:
-        out.append(Fact("source", f"{_text(model.get('source'))}: {_text(model.get('path'))}", mono=True))
-    size = as_float(model.get("weights_bytes"))
-    if size is not None:
-        out.append(Fact("weights size", f"{format_float(size / 2**20)} MiB"))
-    if model.get("weights_sha256"):
-        out.append(Fact("weights sha256", _text(model["weights_sha256"]), mono=True))
-    syn = as_dict(model.get("synthetic"))
+    if model.torch_dtype is not None:
+        out.append(Fact("weights dtype", _text(model.torch_dtype)))
+    if model.source is not None or model.path is not None:
+        out.append(Fact("source", f"{_text(model.source)}: {_text(model.path)}", mono=True))
+    if model.weights_bytes is not None:
+        out.append(Fact("weights size", f"{format_float(model.weights_bytes / 2**20)} MiB"))
+    if model.weights_sha256:
+        out.append(Fact("weights sha256", _text(model.weights_sha256), mono=True))
+    syn = as_dict(model.synthetic)
     if syn:
         text = f"{_text(syn.get('name'))}, seed {_text(syn.get('seed'))}, generator v{_text(syn.get('generator_version'))}"
         if syn.get("num_params") is not None:
             text += f", {format_value(syn['num_params'])} parameters"
         out.append(Fact("synthetic", text))
-    if model.get("generated_s") is not None:
-        out.append(Fact("generated in", _seconds(model["generated_s"])))
+    if model.generated_s is not None:
+        out.append(Fact("generated in", _seconds(model.generated_s)))
     return out
 
 
@@ -541,24 +553,26 @@ class _Group:
     """Accumulator of one framework while results are read."""
 
     name: str
-    facts: dict[str, Any] | None = None
-    model: dict[str, Any] | None = None
+    framework: FrameworkInfo | None = None  # the first loaded instance's
+    model: ModelInfo | None = None
     results: list[CheckResult] = field(default_factory=list)
     planned: list[PlannedCheck] = field(default_factory=list)
 
 
 def _block(g: _Group, anchor: str, anchors: dict[str, str], records_base: str = "") -> FrameworkBlock:
-    fw = g.facts or {}
-    loaded_by = fw.get("loaded_by") if isinstance(fw.get("loaded_by"), str) else None
+    info = g.framework
+    # The adapter's describe() facts (versions, platform, URL…): the evidence's extra fields.
+    fw = info.extras if info is not None else {}
+    loaded_by = info.loaded_by if info is not None else None
     checks = [_check_row(c, anchors, loaded_by, records_base) for c in g.results]
     checks += [_not_run_row(p, anchors) for p in g.planned]
     counts = Counter(r.status.key for r in checks)
-    display = fw.get("display_name")
     return FrameworkBlock(
-        name=g.name, display_name=str(display) if display else g.name, anchor=anchor, loaded=bool(fw),
-        load_time=_seconds(fw["load_s"]) if fw.get("load_s") is not None else "",
+        name=g.name, display_name=info.display_name if info and info.display_name else g.name, anchor=anchor,
+        loaded=info is not None,
+        load_time=_seconds(info.load_s) if info is not None and info.load_s is not None else "",
         loaded_by=Link(id=loaded_by, anchor=anchors.get(loaded_by, "")) if loaded_by else None,
-        facts=_facts(fw), model=_model_facts(g.model or {}), capabilities=_capabilities(fw), platform=_platform(fw),
+        facts=_facts(fw), model=_model_facts(g.model), capabilities=_capabilities(fw), platform=_platform(fw),
         counts=[StatusCount(status=status_label(k), count=counts[k]) for k in STATUS_LABELS if counts[k]],
         checks=checks,
     )
@@ -637,15 +651,16 @@ def build_framework(results: RunResults, anchors: dict[str, str], records_base: 
         if c.kind == COLLECTIVES_KIND:
             collectives.append(_collectives(c, anchors))
             continue
-        d = as_dict(c.details)
-        name = framework_of(c.id, d)
+        name = framework_of(c)
         g = groups.setdefault(name, _Group(name=name))
         g.results.append(c)
         # The first loaded instance's facts describe the block (normally the load check's).
-        if g.facts is None and isinstance(d.get("framework"), dict):
-            g.facts = d["framework"]
-        if g.model is None and isinstance(d.get("model"), dict):
-            g.model = d["model"]
+        evidence = c.evidence(lifecycle_evidence_model(c.kind)) or c.evidence(FrameworkCheckEvidence)
+        if evidence is not None:
+            if g.framework is None and evidence.framework.loaded:
+                g.framework = evidence.framework
+            if g.model is None and evidence.model is not None:
+                g.model = evidence.model
     ran = STEP in results.steps and STEP not in results.grade.steps_not_run
     result_ids = {c.id for c in results.checks}
     planned_collectives: list[PlannedCheck] = []
@@ -656,7 +671,7 @@ def build_framework(results: RunResults, anchors: dict[str, str], records_base: 
         if p.kind == COLLECTIVES_KIND:
             planned_collectives.append(p)
         else:
-            name = framework_of(p.id, {})
+            name = planned_framework_of(p)
             groups.setdefault(name, _Group(name=name)).planned.append(p)
     for p in planned_collectives:
         collectives.append(CollectivesView(id=p.id, anchor=anchors.get(p.id, ""), status=status_label("notrun"),

@@ -156,15 +156,15 @@ PRETRAINED_MODEL: dict[str, Any] = {
 }
 TRANSFORMERS_FACTS: dict[str, Any] = {
     "name": "transformers", "display_name": "Hugging Face transformers (in process)", "load_s": 1.5,
-    "loaded_by": "framework.transformers.load", "framework": "transformers", "transformers": "5.19.0",
+    "loaded_by": "framework.transformers.load", "loaded": True, "framework": "transformers", "transformers": "5.19.0",
     "device": "cpu", "dtype": "bf16", "attention": "eager"}
 VLLM_FACTS: dict[str, Any] = {
     "name": "vllm", "display_name": "vLLM (offline LLM API, in process)", "load_s": 13.4,
-    "loaded_by": "framework.vllm.load", "framework": "vllm", "vllm": "0.32.0", "device_type": "cpu"}
+    "loaded_by": "framework.vllm.load", "loaded": True, "framework": "vllm", "vllm": "0.32.0", "device_type": "cpu"}
 VLLM_SERVE_FACTS: dict[str, Any] = {
     # A launched server reports no version: the certificate reads step 1's package capture.
     "name": "vllm_serve", "display_name": "vllm serve (OpenAI API server on 127.0.0.1)", "load_s": 32.6,
-    "loaded_by": "framework.vllm_serve.load", "framework": "vllm_serve", "url": "http://127.0.0.1:51259/v1"}
+    "loaded_by": "framework.vllm_serve.load", "loaded": True, "framework": "vllm_serve", "url": "http://127.0.0.1:51259/v1"}
 
 
 def with_model_facts(results: RunResults, model: dict[str, Any],

@@ -93,8 +93,8 @@ def test_recorded_embedded_run_names_its_synthetic_model() -> None:
 
 def test_a_framework_without_a_version_says_so() -> None:
     endpoint = {"name": "endpoint", "display_name": "OpenAI-compatible endpoint", "load_s": 0.2,
-                "framework": "endpoint", "url": "http://10.0.0.5:8000/v1", "served_model": "m"}
-    plugin = {"name": "acme_engine", "framework": "acme_engine", "version": "2.1", "load_s": 1.0}
+                "loaded": True, "framework": "endpoint", "url": "http://10.0.0.5:8000/v1", "served_model": "m"}
+    plugin = {"name": "acme_engine", "loaded": True, "framework": "acme_engine", "version": "2.1", "load_s": 1.0}
     results = with_model_facts(make_results(), PRETRAINED_MODEL, (TRANSFORMERS_FACTS, endpoint, plugin))
     s = certificate_subject(results)
     assert [(f.name, f.version, f.version_source) for f in s.frameworks] == [

@@ -61,8 +61,14 @@ def _section(page: str) -> str:
 
 
 def _fw(name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "display_name": f"{name} (test)", "load_s": 3.5, "loaded_by": f"framework.{name}.load",
-            "framework": name, **extra}
+    """``details.framework`` of a loaded instance (schema 1.3: FrameworkInfo with describe()'s facts)."""
+    return {"name": name, "loaded": True, "display_name": f"{name} (test)", "load_s": 3.5,
+            "loaded_by": f"framework.{name}.load", "framework": name, **extra}
+
+
+def _not_loaded(name: str) -> dict[str, Any]:
+    """``details.framework`` of an instance that did not load: the same shape, the name only."""
+    return {"name": name, "loaded": False}
 
 
 def _step4(cid: str, kind: str, status: Status = Status.PASS, *, details: dict[str, Any] | None = None,
@@ -166,17 +172,18 @@ def test_real_run_renders_the_section() -> None:
 # ---------------------------------------------------------------- grouping
 
 
-def test_grouping_by_facts_name_string_and_id() -> None:
+def test_grouping_by_the_evidence_framework_name() -> None:
     checks = [
         _step4("framework.vllm.load", "framework.load", details={"framework": _fw("vllm")}),
         _step4("framework.transformers.load", "framework.load", Status.SKIP, applicable=False,
-               details={"framework": "transformers"}, message="transformers: not installed"),
-        # A ladder id that does not follow the convention: the facts decide.
+               details={"framework": _not_loaded("transformers")}, message="transformers: not installed"),
+        # A ladder id that does not follow the convention: the evidence decides.
         _step4("fw-a.b.c", "framework.reference", details={"framework": _fw("vllm")}),
-        # Worker crashed: no details at all; the id's second segment is the framework.
+        # Worker crashed: the runner wrote the kind's identity (Check.identity), the framework's name.
         _step4("framework.vllm_serve.reference", "framework.reference", Status.ERROR,
-               message="worker crashed: SIGKILL (out of memory?)"),
-        _step4("framework.vllm.moe.reference", "framework.reference", Status.ERROR, message="boom"),
+               details={"framework": _not_loaded("vllm_serve")}, message="worker crashed: SIGKILL (out of memory?)"),
+        _step4("framework.vllm.moe.reference", "framework.reference", Status.ERROR, message="boom",
+               details={"framework": _not_loaded("vllm")}),
         _step4("framework.myplugin.load", "framework.load", details={"framework": _fw("acme_fw", acme="2.1")}),
     ]
     view = _view(_results(checks))
@@ -188,7 +195,24 @@ def test_grouping_by_facts_name_string_and_id() -> None:
     tf = _block(view, "transformers")
     assert not tf.loaded and tf.facts == [] and tf.checks[0].status.key == "na"
     assert {f.label: f.value for f in _block(view, "acme_fw").facts}["acme"] == "2.1"  # plugin facts kept
-    assert framework_of("x.y", {}) == "unknown" and framework_of("a.b.c", {"framework": {"name": ""}}) == "b"
+
+
+def test_a_result_without_evidence_is_unknown_not_guessed_from_its_id() -> None:
+    """The id's second segment is no longer read: only the loader upgrades files that lacked it."""
+    bare = _step4("framework.vllm.load", "framework.load", Status.ERROR, message="boom")
+    assert framework_of(bare) == "unknown"
+    assert framework_of(_step4("a.b.c", "framework.load", details={"framework": {"name": ""}})) == "unknown"
+    assert framework_of(_step4("a.b.c", "framework.load", details={"framework": _not_loaded("vllm")})) == "vllm"
+
+
+def test_a_failed_load_shows_its_framework_name_from_the_evidence() -> None:
+    """A failed load names its framework in the evidence; the id says nothing of it here."""
+    failed = _step4("bringup.first", "framework.load", Status.ERROR, message="vllm: no platform detected",
+                    details={"framework": _not_loaded("vllm")})
+    view = _view(_results([failed]))
+    block = _block(view, "vllm")
+    assert not block.loaded and block.display_name == "vllm" and [r.id for r in block.checks] == ["bringup.first"]
+    assert "vllm" in _text(_section(render(build_view(_results([failed])))))
 
 
 def test_crashed_check_without_details_is_still_listed() -> None:

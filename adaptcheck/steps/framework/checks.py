@@ -10,13 +10,17 @@ and the model it used.
 
 from __future__ import annotations
 
+from typing import Any
+
 from adaptcheck.frameworks.weights_audit import ROW_WEIGHTS
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
+from adaptcheck.models.framework_evidence import FrameworkCheckEvidence
 from adaptcheck.steps.framework import probes
-from adaptcheck.steps.framework.lifecycle import Active, run_with_framework
+from adaptcheck.steps.framework.lifecycle import Active, not_loaded, run_with_framework
 from adaptcheck.steps.framework.params import (
     CompileParams,
     ConcurrentParams,
+    FrameworkParams,
     KvCacheParams,
     LoadParams,
     ReferenceParams,
@@ -25,7 +29,16 @@ from adaptcheck.steps.framework.params import (
 )
 
 
-class FrameworkLoadCheck(Check):
+class FrameworkCheck(Check):
+    """Base of the lifecycle kinds: every outcome names its framework, even one the runner writes."""
+
+    @classmethod
+    def identity(cls, params: FrameworkParams) -> dict[str, Any]:
+        # A crashed or timed-out check still belongs to its framework's block in the report.
+        return FrameworkCheckEvidence(framework=not_loaded(params.framework)).dump()
+
+
+class FrameworkLoadCheck(FrameworkCheck):
     """The framework loads the model on the device (and how long model and load took).
 
     A local model folder is audited first (``weights_audit``): weights that do not cover
@@ -61,7 +74,7 @@ def _load_and_audit(ctx: CheckContext, active: Active, _params: LoadParams) -> O
     return outcome
 
 
-class SingleRequestCheck(Check):
+class SingleRequestCheck(FrameworkCheck):
     """One request at a time: lengths, long input, max_tokens, stop strings, EOS."""
 
     kind = "framework.single_request"
@@ -73,7 +86,7 @@ class SingleRequestCheck(Check):
         return run_with_framework(ctx, params, probes.single_request)
 
 
-class ReferenceCheck(Check):
+class ReferenceCheck(FrameworkCheck):
     """Greedy answers match the CPU float64 reference of the same weights."""
 
     kind = "framework.reference"
@@ -85,7 +98,7 @@ class ReferenceCheck(Check):
         return run_with_framework(ctx, params, probes.reference)
 
 
-class ConcurrentCheck(Check):
+class ConcurrentCheck(FrameworkCheck):
     """The same prompts alone and in a concurrent batch give the same answers."""
 
     kind = "framework.concurrent"
@@ -97,7 +110,7 @@ class ConcurrentCheck(Check):
         return run_with_framework(ctx, params, probes.concurrent)
 
 
-class KvCacheCheck(Check):
+class KvCacheCheck(FrameworkCheck):
     """Repeated rounds give the same answers and leave KV cache / memory at baseline; prefix cache."""
 
     kind = "framework.kv_cache"
@@ -109,7 +122,7 @@ class KvCacheCheck(Check):
         return run_with_framework(ctx, params, probes.kv_cache)
 
 
-class CompileCheck(Check):
+class CompileCheck(FrameworkCheck):
     """Graph capture / compile on and off give the same tokens, where the framework has the switch."""
 
     kind = "framework.compile"
@@ -121,7 +134,7 @@ class CompileCheck(Check):
         return probes.toggle(ctx, params, toggle="compile")
 
 
-class TensorParallelCheck(Check):
+class TensorParallelCheck(FrameworkCheck):
     """Tensor parallel over every device gives the same tokens as one device."""
 
     kind = "framework.tensor_parallel"

@@ -47,6 +47,7 @@ from adaptcheck.frameworks.modelsrc import ResolvedModel, resolve_model
 from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.frameworks.weights_audit import WeightsAudit, audit_cached
 from adaptcheck.ladder.check import CheckContext, Outcome
+from adaptcheck.models.framework_evidence import FrameworkCheckEvidence, FrameworkInfo, ModelInfo
 from adaptcheck.steps.framework.params import FrameworkParams
 
 SCRATCH_KEY = "framework.active"
@@ -158,10 +159,38 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
     return active
 
 
+def framework_info(active: Active) -> FrameworkInfo:
+    """Which framework answered, loaded how, for the report: the loaded form of ``details.framework``."""
+    # describe() facts (versions, platform, URL…) differ per adapter: FrameworkInfo keeps them as extras.
+    # Ours win over a describe() key of the same name (none has one today; a plugin might).
+    return FrameworkInfo.model_validate({**active.framework.describe(), "name": active.name, "loaded": True,
+                                         "display_name": active.framework.display_name,
+                                         "load_s": round(active.load_s, 3), "loaded_by": active.loaded_by})
+
+
 def framework_facts(active: Active) -> dict[str, Any]:
-    """Which framework answered, loaded how, for the report."""
+    """The same facts as a plain dict: the perf steps' ``details.server`` (not yet typed evidence)."""
     return {"name": active.name, "display_name": active.framework.display_name, "load_s": round(active.load_s, 3),
             "loaded_by": active.loaded_by, **active.framework.describe()}
+
+
+def not_loaded(name: str) -> FrameworkInfo:
+    """``details.framework`` of an outcome whose framework did not load: the same shape, the name only."""
+    return FrameworkInfo(name=name, loaded=False)
+
+
+def with_evidence(outcome: Outcome, framework: FrameworkInfo, model: ModelInfo | None = None) -> Outcome:
+    """``outcome`` with the lifecycle evidence every step-4 outcome carries (framework, model).
+
+    The body's own details (sub-check rows, comparisons…) are kept and validated against the
+    shared part of the schema, so a body that wrote a malformed row fails here, in tests, rather
+    than in a reader months later. A framework or model the body already set is kept.
+    """
+    current = FrameworkCheckEvidence.model_validate({"framework": framework, **outcome.details})
+    if model is not None and current.model is None:
+        current.model = model
+    outcome.details = current.dump()
+    return outcome
 
 
 P = TypeVar("P", bound=FrameworkParams)
@@ -170,7 +199,7 @@ P = TypeVar("P", bound=FrameworkParams)
 def refused_outcome(exc: ModelRefused, *, failed: bool) -> Outcome:
     """A refused model folder: the load check's failure (``failed``), any other check's error."""
     audit = exc.audit
-    details = {"subchecks": audit.rows, "weights_audit": audit.describe()}
+    details: dict[str, Any] = {"subchecks": audit.rows, "weights_audit": audit.describe()}
     if not failed:
         return Outcome.errored(audit.message, details=details)
     return Outcome.failed(audit.message, details=details, metrics={"weights_audit_s": round(audit.seconds, 4)})
@@ -186,14 +215,15 @@ def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContex
     try:
         active = acquire(ctx, params.framework, ctx.check_id, **params.load_overrides())
     except ModelRefused as exc:
-        outcome = refused_outcome(exc, failed=refusal_fails)
-        outcome.details["framework"] = params.framework
-        return outcome
+        # A refused, absent or failing framework carries the same ``framework`` shape as a
+        # loaded one (the name; no facts): readers never guess between a string and a dict.
+        return with_evidence(refused_outcome(exc, failed=refusal_fails), not_loaded(params.framework))
     except FrameworkUnavailable as exc:
-        return Outcome.skipped(f"{params.framework}: {exception_line(exc, with_type=False)}", applicable=False,
-                               details={"framework": params.framework})
+        return with_evidence(Outcome.skipped(f"{params.framework}: {exception_line(exc, with_type=False)}",
+                                             applicable=False), not_loaded(params.framework))
     except (AdaptcheckError, FrameworkError) as exc:
-        return Outcome.errored(f"{params.framework}: {exception_line(exc, with_type=False)}", details={"framework": params.framework})
+        return with_evidence(Outcome.errored(f"{params.framework}: {exception_line(exc, with_type=False)}"),
+                             not_loaded(params.framework))
     try:
         outcome = body(ctx, active, params)
     except FrameworkUnavailable as exc:
@@ -201,6 +231,4 @@ def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContex
     except (AdaptcheckError, FrameworkError) as exc:
         # A server that died mid-check, an endpoint that stopped answering: say so, go on.
         outcome = Outcome.errored(f"{active.framework.display_name}: {exception_line(exc, with_type=False)}")
-    outcome.details.setdefault("framework", framework_facts(active))
-    outcome.details.setdefault("model", active.model.describe())
-    return outcome
+    return with_evidence(outcome, framework_info(active), ModelInfo.model_validate(active.model.describe()))

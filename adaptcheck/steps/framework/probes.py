@@ -31,8 +31,10 @@ from adaptcheck.steps.framework.lifecycle import (
     Active,
     acquire,
     framework_dir,
+    not_loaded,
     release,
     run_with_framework,
+    with_evidence,
 )
 from adaptcheck.steps.framework.params import (
     DEFAULT_TIE_MARGIN,
@@ -597,15 +599,20 @@ def toggle(ctx: CheckContext, p: CompileParams | TensorParallelParams, toggle: s
     from adaptcheck.frameworks.registry import framework_class
 
     cls = framework_class(p.framework)
+
+    def not_applicable(why: str) -> Outcome:
+        # Nothing was loaded, but the outcome still names its framework (same shape as a load).
+        return with_evidence(Outcome.skipped(why, applicable=False), not_loaded(p.framework))
+
     if toggle == "compile":
         if not cls.supports_compile_toggle:
-            return Outcome.skipped(f"{cls.display_name} has no graph-capture / compile switch", applicable=False)
+            return not_applicable(f"{cls.display_name} has no graph-capture / compile switch")
         variants: list[tuple[str, dict[str, Any]]] = [("compile off", {"compile": False}), ("compile on", {"compile": True})]
     else:
         if ctx.device_count < 2:
-            return Outcome.skipped("tensor parallel needs more than one device", applicable=False)
+            return not_applicable("tensor parallel needs more than one device")
         if not cls.supports_tensor_parallel:
-            return Outcome.skipped(f"{cls.display_name} has no tensor parallelism", applicable=False)
+            return not_applicable(f"{cls.display_name} has no tensor parallelism")
         variants = [("1 device", {"tensor_parallel_size": 1}),
                     (f"{ctx.device_count} devices", {"tensor_parallel_size": ctx.device_count})]
     first = p.model_copy(update={"compile": False}) if toggle == "compile" else p

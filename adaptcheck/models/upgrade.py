@@ -1,0 +1,102 @@
+"""Upgrade an older results file's JSON to the current schema's shapes, on load.
+
+:class:`RunResults` validates the current shapes only; every change of shape within a
+major version gets one function here, keyed by the minor version that introduced it, and a
+file older than that version goes through it before validation (a ``mode="before"``
+validator of ``RunResults``, so every way of reading a file upgrades it). Readers then see one shape
+whatever version wrote the file, and the "older files looked like this" knowledge lives in
+this one module instead of in every reader.
+
+Upgrades work on the parsed JSON (plain dicts), must accept whatever an older adaptcheck
+wrote (and hand-made files: anything unexpected is left as it is, for validation to judge),
+and never need anything outside the file.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+FRAMEWORK_STEP = 4
+COLLECTIVES_KIND = "framework.collectives"
+"""The one step-4 kind that runs no framework (its details have no ``framework``)."""
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """'1.2' → (1, 2); anything unreadable → (0, 0), i.e. older than every upgrade."""
+    major, _, minor = text.partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        return 0, 0
+
+
+def _framework_from_id(check_id: str) -> str | None:
+    """The ladder convention ``<prefix>.<framework>.<kind>`` ('framework.vllm.reference').
+
+    Only for files before 1.3, whose step-4 results did not always name their framework (a
+    not-applicable toggle skip, a crashed worker): what the report used to guess, applied
+    once here so that no reader guesses any more.
+    """
+    parts = check_id.split(".")
+    return parts[1] if len(parts) >= 3 and parts[1] else None
+
+
+def _framework_1_3(raw: dict[str, Any]) -> None:
+    """1.3: a step-4 lifecycle result's ``details.framework`` is one object in every outcome.
+
+    Before, it was a dict of facts when the framework loaded, the bare name when it was absent
+    or failed, and missing on some skips and on crashed checks.
+    """
+    checks = raw.get("checks")
+    if not isinstance(checks, list):
+        return
+    for check in checks:
+        if not isinstance(check, dict) or check.get("step") != FRAMEWORK_STEP or check.get("kind") == COLLECTIVES_KIND:
+            continue
+        details = check.get("details")
+        if details is None:
+            details = check["details"] = {}
+        if not isinstance(details, dict):
+            continue
+        fw = details.get("framework")
+        if isinstance(fw, dict):
+            # The dict form was only ever written from a loaded instance (lifecycle.framework_facts).
+            name = fw.get("name") or fw.get("framework") or _framework_from_id(str(check.get("id", "")))
+            if isinstance(name, str) and name:
+                details["framework"] = {**fw, "name": name, "loaded": fw.get("loaded", True)}
+        elif isinstance(fw, str) and fw:
+            details["framework"] = {"name": fw, "loaded": False}
+        elif fw is None:
+            name = _framework_from_id(str(check.get("id", "")))
+            if name is not None:
+                details["framework"] = {"name": name, "loaded": False}
+
+
+UPGRADES: list[tuple[tuple[int, int], Callable[[dict[str, Any]], None]]] = [
+    ((1, 3), _framework_1_3),
+]
+"""(version that introduced the shape, in-place upgrade of the parsed file), oldest first."""
+
+
+def upgrade_results(raw: dict[str, Any], current: str) -> dict[str, Any]:
+    """``raw`` (a parsed results file) in the current shapes; ``raw`` itself is not changed.
+
+    Applies, in order, every upgrade newer than the file's ``schema_version``; an older file
+    then says ``current``, since that is the shape it now has (a re-save must not claim an
+    older one). A file without a version is left for validation to refuse, and a newer minor
+    version is left as it is: nothing here knows its shapes.
+    """
+    if "schema_version" not in raw:
+        return raw
+    version = parse_version(str(raw["schema_version"]))
+    if version >= parse_version(current):
+        return raw
+    # A copy: the caller's dict (a test's, a reader's) must not change under it.
+    out = copy.deepcopy(raw)
+    for introduced, upgrade in UPGRADES:
+        if version < introduced:
+            upgrade(out)
+    out["schema_version"] = current
+    return out
