@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from adaptcheck.steps.ops.torch_impl.activations import gelu
+from adaptcheck.steps.ops.families.activations import gelu
 
 SCALE = 1.001
 """The planted error: every SiLU output scaled by this factor."""

@@ -19,7 +19,7 @@ FAMILIES = ("gemm", "norms", "activations", "rope", "attention", "moe", "quant",
 
 
 def family_modules(package: str) -> Iterator[ModuleType]:
-    """The module of each family under ``package`` (families/ or torch_impl/), skipping absent ones."""
+    """The module of each family under ``package``, skipping absent ones."""
     for family in FAMILIES:
         name = f"{package}.{family}"
         try:

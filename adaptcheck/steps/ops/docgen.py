@@ -19,6 +19,8 @@ Step 3 runs every operator below on the device, through a **provider**, and comp
 output with a CPU float64 reference kernel from `reference_kernels/` under the tolerance
 policy in `matrices/tolerances.yaml`. One result per op and dtype (`ops.gemm.bf16`); the
 grade's L2 demands the ops at the model's precision (`ops.*.{precision}` in the ladder).
+Adding an operator (its definition, torch implementation, reference and ladder entry, with a
+worked example): [adding-an-op.md](adding-an-op.md).
 
 ## Writing a provider
 

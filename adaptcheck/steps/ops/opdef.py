@@ -7,10 +7,16 @@ An :class:`OpDef` ties together, for one operator name:
   dtype (plus int index tensors and plain scalars), generated from a seeded generator;
 * a **reference** in :mod:`reference_kernels` that receives the same arguments as float64 /
   int64 NumPy arrays and returns the expected outputs;
+* its **native** implementation: device-generic torch, the path a model takes without custom
+  kernels (vLLM's ``CustomOp.forward_native``). It is what the ``torch`` provider runs: the
+  provider's table is read from the OpDefs, so an op and its device path are written side by
+  side in the family module and cannot drift apart;
 * a **tolerance class** (``matrices/tolerances.yaml``) per output;
 * the provider **signature** every implementation under test must follow: it receives the
   same keyword arguments as tensors on the device (scalars unchanged) and returns one
   tensor or a tuple in the order of ``outputs``.
+
+Adding an op (the three files it touches, a worked example): docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -71,6 +77,9 @@ class OpDef:
     case_model: type[CaseBase]
     make_inputs: Callable[[Any, str, torch.Generator], OpInputs]
     reference: Callable[..., np.ndarray | tuple[np.ndarray, ...]]
+    native: Callable[..., Any]
+    """The torch provider's implementation, following ``signature`` (required: every op has a
+    device-generic path, so ``--ops torch`` covers the whole catalog)."""
     outputs: tuple[str, ...]
     tolerance: tuple[str, ...]
     """Tolerance class per output (same length as ``outputs``)."""

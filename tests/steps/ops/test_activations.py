@@ -14,10 +14,11 @@ from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
+from adaptcheck.steps.ops.catalog import get_op
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.families import activations as torch_act
 from adaptcheck.steps.ops.families.activations import ActCase, SoftmaxCase
 from adaptcheck.steps.ops.providers.base import DictProvider
-from adaptcheck.steps.ops.torch_impl import activations as torch_act
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
@@ -196,7 +197,7 @@ def test_torch_and_rewritten_correct_activations_pass_across_seeds(seed: int) ->
     passing = {d: Status.PASS for d in CORRECT_DTYPES}
     for op, alternative in [("silu", silu_reciprocal_form), ("gelu", gelu_erf_formula),
                             ("gelu_tanh", gelu_tanh_sigmoid_identity), ("silu_and_mul", silu_and_mul_fp32)]:
-        assert _run(op, torch_act.TORCH_OPS[op], CORRECT_DTYPES, seed) == passing, op
+        assert _run(op, get_op(op).native, CORRECT_DTYPES, seed) == passing, op
         assert _run(op, alternative, CORRECT_DTYPES, seed) == passing, alternative.__name__
 
 

@@ -15,13 +15,13 @@ from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.families import attention as ta
 from adaptcheck.steps.ops.families.attention import (
     CacheWriteCase,
     PagedCase,
     PrefillCase,
 )
 from adaptcheck.steps.ops.providers.base import DictProvider
-from adaptcheck.steps.ops.torch_impl import attention as ta
 
 PREFILL = [
     {"name": "gqa4_d64", "num_tokens": 48, "num_q_heads": 8, "num_kv_heads": 2, "head_size": 64},

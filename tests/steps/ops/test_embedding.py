@@ -16,8 +16,8 @@ from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
 from adaptcheck.steps.ops.families.embedding import EmbeddingCase, make_ids
+from adaptcheck.steps.ops.families.embedding import embedding as torch_embedding
 from adaptcheck.steps.ops.providers.base import DictProvider
-from adaptcheck.steps.ops.torch_impl.embedding import embedding as torch_embedding
 
 CASES: list[dict[str, Any]] = [
     {"name": "qwen_vocab", "tokens": 64, "vocab": 151936, "hidden": 16},

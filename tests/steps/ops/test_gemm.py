@@ -56,7 +56,7 @@ def reversed_blocks(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_torch_and_reordered_correct_gemm_pass_across_seeds(seed: int) -> None:
-    from adaptcheck.steps.ops.torch_impl.gemm import gemm
+    from adaptcheck.steps.ops.families.gemm import gemm
 
     assert set(_run(gemm, ["fp32", "bf16"], seed).values()) == {Status.PASS}
     assert set(_run(reversed_blocks, ["fp32", "bf16"], seed).values()) == {Status.PASS}
@@ -96,7 +96,7 @@ def test_kernel_that_raises_is_an_error_and_missing_op_is_not_applicable() -> No
 
 
 def test_bmm_wrong_batch_order_is_caught() -> None:
-    from adaptcheck.steps.ops.torch_impl.gemm import bmm
+    from adaptcheck.steps.ops.families.gemm import bmm
 
     cases = [{"name": "small", "batch": 3, "m": 8, "n": 8, "k": 16}]
     assert _run(bmm, ["fp32"], op="bmm", cases=cases) == {"fp32": Status.PASS}

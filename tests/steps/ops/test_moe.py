@@ -15,8 +15,8 @@ from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.families.moe import fused_moe
 from adaptcheck.steps.ops.providers.base import DictProvider
-from adaptcheck.steps.ops.torch_impl.moe import fused_moe
 
 SMALL = {"hidden": 64, "intermediate": 32}
 CASES = [

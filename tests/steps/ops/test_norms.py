@@ -15,9 +15,9 @@ from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.families import norms as torch_norms
 from adaptcheck.steps.ops.families.norms import NormCase, row_kinds
 from adaptcheck.steps.ops.providers.base import DictProvider
-from adaptcheck.steps.ops.torch_impl import norms as torch_norms
 
 CASES: list[dict[str, Any]] = [
     {"name": "mixed_rows", "tokens": 10, "hidden": 4096},

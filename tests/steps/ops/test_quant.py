@@ -15,13 +15,13 @@ from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.families import quant as tq
 from adaptcheck.steps.ops.families.quant import (
     Fp8Unavailable,
     fp8_flavour_scope,
     fp8_torch_dtype,
 )
 from adaptcheck.steps.ops.providers.base import DictProvider
-from adaptcheck.steps.ops.torch_impl import quant as tq
 
 INT8_GEMM = [{"name": "square", "m": 32, "n": 32, "k": 256},
              {"name": "saturated_long_k", "m": 8, "n": 8, "k": 8192, "dist": "saturated"},

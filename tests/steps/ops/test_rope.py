@@ -14,8 +14,8 @@ from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.families.rope import rope as torch_rope
 from adaptcheck.steps.ops.providers.base import DictProvider
-from adaptcheck.steps.ops.torch_impl.rope import rope as torch_rope
 
 CASES: list[dict[str, Any]] = [
     {"name": "neox_gqa", "num_tokens": 24, "num_q_heads": 4, "num_kv_heads": 2, "head_size": 128},

@@ -15,8 +15,8 @@ from adaptcheck.ladder.check import CheckContext
 from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.families.sampling import greedy_sample, top_k_top_p_mask
 from adaptcheck.steps.ops.providers.base import DictProvider
-from adaptcheck.steps.ops.torch_impl.sampling import greedy_sample, top_k_top_p_mask
 
 GREEDY = [{"name": "qwen_vocab", "batch": 6, "vocab": 151936},
           {"name": "one_row", "batch": 1, "vocab": 151936},

@@ -27,6 +27,13 @@ in every dtype), a low-precision or truncated sum over a large vocabulary (``nor
 (``flat``). Keep ``flat`` to V ≤ 16384 for fp16: at larger V every probability 1/V is an
 fp16 subnormal that no fp16 output can hold to 2e-3 of itself (at V = 151,936 the
 rounding alone is ≈1.9× the fp16 limit).
+
+The torch implementations (``native``) are the public torch ops a model calls:
+``F.silu``, ``F.gelu`` (erf / ``approximate='tanh'``), SwiGLU as vLLM's
+``SiluAndMul.forward_native`` writes it, and ``torch.softmax`` in the input dtype (so a
+device's half-precision softmax kernel is what gets checked).
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field
 
 from adaptcheck.dtypes import torch_dtype
@@ -177,37 +185,63 @@ def _softmax_inputs(case: SoftmaxCase, dtype: str, gen: torch.Generator) -> OpIn
 
 _ELEMENTWISE = ("elementwise",)
 
+
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="none")
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
 OPS = [
     OpDef(
         name="silu", family="activations", description="SiLU / swish: x · sigmoid(x).",
         signature="silu(x: [T, D]) -> out: [T, D] (x's dtype)",
-        case_model=ActCase, make_inputs=_unary_inputs, reference=ref.silu,
+        case_model=ActCase, make_inputs=_unary_inputs, reference=ref.silu, native=silu,
         outputs=("out",), tolerance=_ELEMENTWISE,
     ),
     OpDef(
         name="gelu", family="activations", description="GELU, exact erf form: x · Φ(x).",
         signature="gelu(x: [T, D]) -> out: [T, D] (erf form, not the tanh approximation)",
-        case_model=ActCase, make_inputs=_unary_inputs, reference=ref.gelu,
+        case_model=ActCase, make_inputs=_unary_inputs, reference=ref.gelu, native=gelu,
         outputs=("out",), tolerance=_ELEMENTWISE,
     ),
     OpDef(
         name="gelu_tanh", family="activations",
         description="GELU, tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).",
         signature="gelu_tanh(x: [T, D]) -> out: [T, D]",
-        case_model=ActCase, make_inputs=_unary_inputs, reference=ref.gelu_tanh,
+        case_model=ActCase, make_inputs=_unary_inputs, reference=ref.gelu_tanh, native=gelu_tanh,
         outputs=("out",), tolerance=_ELEMENTWISE,
     ),
     OpDef(
         name="silu_and_mul", family="activations",
         description="SwiGLU gate: silu(x[:, :D]) · x[:, D:] (first half is the gate).",
         signature="silu_and_mul(x: [T, 2D]) -> out: [T, D]",
-        case_model=ActCase, make_inputs=_silu_and_mul_inputs, reference=ref.silu_and_mul,
+        case_model=ActCase, make_inputs=_silu_and_mul_inputs, reference=ref.silu_and_mul, native=silu_and_mul,
         outputs=("out",), tolerance=_ELEMENTWISE,
     ),
     OpDef(
         name="softmax", family="activations", description="Softmax over the last dimension.",
         signature="softmax(x: [T, V]) -> out: [T, V] probabilities (x's dtype or fp32)",
-        case_model=SoftmaxCase, make_inputs=_softmax_inputs, reference=ref.softmax,
+        case_model=SoftmaxCase, make_inputs=_softmax_inputs, reference=ref.softmax, native=softmax,
         outputs=("out",), tolerance=("reduction",),
     ),
 ]

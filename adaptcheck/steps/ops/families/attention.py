@@ -12,6 +12,15 @@ odd-size paths.
 
 Layouts follow vLLM's flash-attention backend: the paged cache is
 ``[num_blocks, block_size, Hk, D]``; ``slot = block * block_size + offset``.
+
+The torch implementations (``native``) go through ``scaled_dot_product_attention``, the
+path a model takes without custom kernels (Hugging Face's ``sdpa`` attention). GQA is done
+as models do it, by repeating each kv head over its group of query heads
+(``repeat_interleave``: query head h reads kv head h // group); sequence lengths become a
+boolean mask; a paged cache is first gathered into contiguous per-sequence K/V through the
+block tables. The cache write is an ``index_copy_`` into the flattened slots, in place.
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from adaptcheck.dtypes import torch_dtype
@@ -283,13 +293,61 @@ def _cache_write_inputs(case: CacheWriteCase, dtype: str, gen: torch.Generator) 
                            "needs_more_than_int16": bool(slot_mapping.max() > 2**15 - 1)})
 
 
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def _expand_kv(x: torch.Tensor, group: int, head_dim: int) -> torch.Tensor:
+    """Repeat each kv head ``group`` times along ``head_dim`` (contiguous groups, like HF's repeat_kv)."""
+    return x if group == 1 else x.repeat_interleave(group, dim=head_dim)
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    group = q.shape[1] // k.shape[1]
+    qh = q.transpose(0, 1)  # [Hq, T, D]
+    kh = _expand_kv(k, group, 1).transpose(0, 1)
+    vh = _expand_kv(v, group, 1).transpose(0, 1)
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    return out.transpose(0, 1).contiguous()
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    max_len = k.shape[1]
+    group = q.shape[1] // k.shape[2]
+    kh = _expand_kv(k, group, 2).permute(0, 2, 1, 3)  # [B, Hq, S, D]
+    vh = _expand_kv(v, group, 2).permute(0, 2, 1, 3)
+    visible = torch.arange(max_len, device=k.device)[None, :] < seq_lens[:, None]  # [B, S]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], kh, vh, attn_mask=visible[:, None, None, :], scale=scale)
+    return out[:, :, 0, :]
+
+
+def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    batch, max_blocks = block_tables.shape
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    # [B, max_blocks, block_size, Hk, D] -> [B, max_blocks * block_size, Hk, D]: token i at i.
+    k = key_cache[block_tables].reshape(batch, max_blocks * block_size, num_kv_heads, head_size)
+    v = value_cache[block_tables].reshape(batch, max_blocks * block_size, num_kv_heads, head_size)
+    return decode_attention(q, k, v, seq_lens, scale)
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    real = slot_mapping >= 0  # slot -1 is padding: never written
+    slots = slot_mapping[real]
+    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slots, key[real])
+    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slots, value[real])
+    return key_cache, value_cache
+
+
 OPS = [
     OpDef(
         name="prefill_attention", family="attention",
         description="Causal self-attention over one sequence, grouped-query heads.",
         signature=("prefill_attention(q: [T, Hq, D], k: [T, Hk, D], v: [T, Hk, D], scale: float) -> "
                    "out: [T, Hq, D]; causal; query head h reads kv head h // (Hq // Hk)"),
-        case_model=PrefillCase, make_inputs=_prefill_inputs, reference=ref.prefill_attention,
+        case_model=PrefillCase, make_inputs=_prefill_inputs, reference=ref.prefill_attention, native=prefill_attention,
         outputs=("out",), tolerance=("reduction",),
     ),
     OpDef(
@@ -297,7 +355,7 @@ OPS = [
         description="One query token per sequence against its first seq_lens[b] cached keys.",
         signature=("decode_attention(q: [B, Hq, D], k: [B, S, Hk, D], v: [B, S, Hk, D], seq_lens: [B] int64, "
                    "scale: float) -> out: [B, Hq, D]; keys at index >= seq_lens[b] must be ignored"),
-        case_model=DecodeCase, make_inputs=_decode_inputs, reference=ref.decode_attention,
+        case_model=DecodeCase, make_inputs=_decode_inputs, reference=ref.decode_attention, native=decode_attention,
         outputs=("out",), tolerance=("reduction",),
     ),
     OpDef(
@@ -307,7 +365,7 @@ OPS = [
                    "[num_blocks, block_size, Hk, D], block_tables: [B, max_blocks] int64, seq_lens: [B] int64, "
                    "scale: float) -> out: [B, Hq, D]; token i of sequence b is at block block_tables[b, i // "
                    "block_size], offset i % block_size"),
-        case_model=PagedCase, make_inputs=_paged_inputs, reference=ref.paged_attention,
+        case_model=PagedCase, make_inputs=_paged_inputs, reference=ref.paged_attention, native=paged_attention,
         outputs=("out",), tolerance=("reduction",),
     ),
     OpDef(
@@ -316,7 +374,7 @@ OPS = [
         signature=("reshape_and_cache(key: [T, Hk, D], value: [T, Hk, D], key_cache: [num_blocks, block_size, Hk, "
                    "D], value_cache: [num_blocks, block_size, Hk, D], slot_mapping: [T] int64) -> (key_cache_out, "
                    "value_cache_out); slot = block * block_size + offset; may write the caches in place"),
-        case_model=CacheWriteCase, make_inputs=_cache_write_inputs, reference=ref.reshape_and_cache,
+        case_model=CacheWriteCase, make_inputs=_cache_write_inputs, reference=ref.reshape_and_cache, native=reshape_and_cache,
         outputs=("key_cache_out", "value_cache_out"), tolerance=("exact", "exact"),
         in_place=True,
     ),

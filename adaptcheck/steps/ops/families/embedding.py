@@ -9,6 +9,10 @@ A lookup is a copy, so the output must equal the table rows bit for bit.
 ``ids``: ``mixed`` is random ids plus the boundary ids (0, V − 1 twice, 32767, 32768,
 65535, 65536 where V allows); ``high`` is ids from the last 64 rows, V − 1 included;
 ``repeated`` draws from three ids only; ``uniform`` is plain random ids.
+
+The torch implementation (``native``) is ``F.embedding``, what ``nn.Embedding`` calls.
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from adaptcheck.dtypes import torch_dtype
@@ -80,11 +85,19 @@ def _inputs(case: EmbeddingCase, dtype: str, gen: torch.Generator) -> OpInputs:
                     notes={"ids": case.ids, "max_id": int(ids.max()), "distinct_ids": int(ids.unique().numel())})
 
 
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, table)
+
+
 OPS = [
     OpDef(
         name="embedding", family="embedding", description="Embedding lookup: out[t] = table[ids[t]] (exact).",
         signature="embedding(ids: [T] int64, table: [V, H]) -> out: [T, H] (table's dtype)",
-        case_model=EmbeddingCase, make_inputs=_inputs, reference=ref.embedding,
+        case_model=EmbeddingCase, make_inputs=_inputs, reference=ref.embedding, native=embedding,
         outputs=("out",), tolerance=("exact",),
     ),
 ]

@@ -3,6 +3,10 @@
 What goes wrong on new hardware: accumulation in low precision (the error grows with K,
 so a long-K case with same-sign inputs exposes it), TF32/HF32 silently on for fp32,
 unaligned and size-1 shapes taking a broken path.
+
+The torch implementations (``native``) are ``torch.matmul`` and ``torch.bmm``.
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -74,17 +78,29 @@ def _bmm_inputs(case: BmmCase, dtype: str, gen: torch.Generator) -> OpInputs:
                      "b": sample((case.batch, case.k, case.n), dtype, gen, case.dist)}, notes={"dist": case.dist})
 
 
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a, b)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.bmm(a, b)
+
+
 OPS = [
     OpDef(
         name="gemm", family="gemm", description="Matrix product C = A @ B.",
         signature="gemm(a: [M, K], b: [K, N]) -> c: [M, N] (same dtype as a)",
-        case_model=GemmCase, make_inputs=_gemm_inputs, reference=ref.gemm,
+        case_model=GemmCase, make_inputs=_gemm_inputs, reference=ref.gemm, native=gemm,
         outputs=("c",), tolerance=("reduction",),
     ),
     OpDef(
         name="bmm", family="gemm", description="Batched matrix product C[b] = A[b] @ B[b].",
         signature="bmm(a: [B, M, K], b: [B, K, N]) -> c: [B, M, N]",
-        case_model=BmmCase, make_inputs=_bmm_inputs, reference=ref.bmm,
+        case_model=BmmCase, make_inputs=_bmm_inputs, reference=ref.bmm, native=bmm,
         outputs=("c",), tolerance=("reduction",),
     ),
 ]

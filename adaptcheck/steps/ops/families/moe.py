@@ -11,6 +11,11 @@ numerical error. Inputs therefore keep a clear gap (≥ 0.2 after rounding to th
 that boundary, and the ``near_tie`` routing puts exact ties where they are harmless: among
 the *selected* experts (equal weights, so their order does not matter) and among the
 unselected ones.
+
+The torch implementation (``native``) is the expert-by-expert loop a model without a
+fused kernel runs: matmuls in the model dtype, the weighted sum across experts in fp32.
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import math
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from adaptcheck.dtypes import torch_dtype
@@ -112,13 +118,37 @@ def _moe_inputs(case: MoeCase, dtype: str, gen: torch.Generator) -> OpInputs:
                      "renormalize": case.renormalize}, notes=notes)
 
 
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk: int, renormalize: bool) -> torch.Tensor:
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, topk, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    inter = w13.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(w13.shape[0]):
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        h = x[tok] @ w13[e].t()  # matmuls in the model dtype, as a model runs them
+        act = F.silu(h[:, :inter]) * h[:, inter:]
+        y = act @ w2[e].t()
+        # Weighted sum across experts in fp32: several experts add into one row.
+        out.index_add_(0, tok, y.float() * weights[tok, slot].unsqueeze(1))
+    return out.to(x.dtype)
+
+
 OPS = [
     OpDef(
         name="fused_moe", family="moe",
         description="Mixture of experts: fp32 softmax router, top-k, optional renormalization, SwiGLU experts.",
         signature=("fused_moe(x: [T, H], router_logits: [T, E], w13: [E, 2I, H], w2: [E, H, I], topk: int,"
                    " renormalize: bool) -> out: [T, H] (dtype of x); w13 rows: first I gate, next I up"),
-        case_model=MoeCase, make_inputs=_moe_inputs, reference=ref.fused_moe,
+        case_model=MoeCase, make_inputs=_moe_inputs, reference=ref.fused_moe, native=fused_moe,
         outputs=("out",), tolerance=("reduction",),
     ),
 ]

@@ -18,6 +18,13 @@ Row magnitudes are chosen so every row normalizes to O(|weight|): the ``reductio
 scales errors by the largest reference value of the whole case, and one row far above the
 others would hide the rest. ``outlier`` rows (which normalize to ≈ √H) therefore have
 their own ``dist`` and are not part of ``mixed``.
+
+The torch implementations (``native``): RMSNorm follows the plain-torch path models take
+(vLLM's ``RMSNorm.forward_native``, Hugging Face ``LlamaRMSNorm``): upcast to fp32, mean of
+squares, rsqrt, cast back, then the weight in the model dtype. LayerNorm is
+``torch.nn.functional.layer_norm``, which is what ``nn.LayerNorm`` calls.
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -170,12 +177,39 @@ def _layer_inputs(case: NormCase, dtype: str, gen: torch.Generator) -> OpInputs:
     return OpInputs({"x": x, "weight": _weight(case.hidden, tdt, gen), "bias": bias, "eps": case.eps}, notes=notes)
 
 
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def _rms_normalize_fp32(x32: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x32.pow(2).mean(dim=-1, keepdim=True)
+    return x32 * torch.rsqrt(variance + eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    normalized = _rms_normalize_fp32(x.to(torch.float32), eps).to(x.dtype)
+    return normalized * weight
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # The sum is formed in fp32 and normalized from there; the stream is stored rounded.
+    summed = x.to(torch.float32) + residual.to(torch.float32)
+    residual_out = summed.to(x.dtype)
+    out = _rms_normalize_fp32(summed, eps).to(x.dtype) * weight
+    return out, residual_out
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
 OPS = [
     OpDef(
         name="rms_norm", family="norms",
         description="RMSNorm: x / sqrt(mean(x²) + eps) · weight over the hidden dimension.",
         signature="rms_norm(x: [T, H], weight: [H], eps: float) -> out: [T, H] (x's dtype)",
-        case_model=NormCase, make_inputs=_rms_inputs, reference=ref.rms_norm,
+        case_model=NormCase, make_inputs=_rms_inputs, reference=ref.rms_norm, native=rms_norm,
         outputs=("out",), tolerance=("reduction",),
     ),
     OpDef(
@@ -183,7 +217,7 @@ OPS = [
         description="Residual add then RMSNorm: residual_out = x + residual, out = rms_norm(residual_out).",
         signature=("fused_add_rms_norm(x: [T, H], residual: [T, H], weight: [H], eps: float)"
                    " -> (out: [T, H], residual_out: [T, H]); may write into x and residual"),
-        case_model=NormCase, make_inputs=_fused_inputs, reference=ref.fused_add_rms_norm,
+        case_model=NormCase, make_inputs=_fused_inputs, reference=ref.fused_add_rms_norm, native=fused_add_rms_norm,
         # residual_out is one rounded addition per element, so it is held element-wise
         # (a normalized error would let a wrong residual in small rows through).
         outputs=("out", "residual_out"), tolerance=("reduction", "elementwise"), in_place=True,
@@ -192,7 +226,7 @@ OPS = [
         name="layer_norm", family="norms",
         description="LayerNorm: (x − mean) / sqrt(var + eps) · weight + bias, biased variance.",
         signature="layer_norm(x: [T, H], weight: [H], bias: [H], eps: float) -> out: [T, H] (x's dtype)",
-        case_model=NormCase, make_inputs=_layer_inputs, reference=ref.layer_norm,
+        case_model=NormCase, make_inputs=_layer_inputs, reference=ref.layer_norm, native=layer_norm,
         outputs=("out",), tolerance=("reduction",),
     ),
 ]

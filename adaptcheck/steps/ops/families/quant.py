@@ -18,6 +18,15 @@ unique: with a power-of-two scale x / scale is exact in any precision, so exact 
 checked for ties-to-even; with any other scale the elements whose x / scale lies within
 1/16 of a grid step of a rounding tie are left out of the comparison (``compare_mask``),
 a margin far wider than an fp32 or even bf16 division error.
+
+The torch implementations (``native``). int8 GEMM: ``torch._int_mm`` (int32
+accumulation) where the device and shapes allow it, else an fp32 matmul of the int8 codes
+(exact while partial sums stay below 2^24, and well within tolerance beyond). fp8 GEMM:
+``torch._scaled_mm`` where the device has it (CUDA/ROCm with fp8 tensor cores and K, N
+multiples of 16), else the codes dequantized to fp32 and multiplied; :func:`fp8_gemm_path`
+says which one a call takes. fp8 casts use the backend's flavour (:func:`current_fp8_flavour`).
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -286,13 +295,59 @@ def _fp8_gemm_inputs(case: Fp8GemmCase, dtype: str, gen: torch.Generator) -> OpI
                     notes={"dist": case.dist, "flavour": current_fp8_flavour()})
 
 
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def int8_w8a8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    try:
+        acc = torch._int_mm(a, b).float()
+    except (RuntimeError, NotImplementedError):  # shape/device restrictions of _int_mm
+        acc = a.float() @ b.float()
+    return (acc * scale_a.float() * scale_b.float()).to(out_dtype)
+
+
+def scaled_int8_quant(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    xf = x.float()
+    if scale is None:
+        scale = xf.abs().amax(dim=1, keepdim=True) / 127.0
+    q = torch.round(xf / scale.float()).clamp(-128, 127).to(torch.int8)
+    return q, scale
+
+
+def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    fdt = fp8_torch_dtype()
+    fmax = torch.finfo(fdt).max
+    return (x.float() / scale.float()).clamp(-fmax, fmax).to(fdt)
+
+
+def fp8_gemm_path(a: torch.Tensor, b: torch.Tensor) -> str:
+    """'scaled_mm' where torch._scaled_mm can run these operands, else 'dequantize'."""
+    if a.device.type != "cuda" or a.shape[1] % 16 or b.shape[1] % 16:
+        return "dequantize"
+    major, minor = torch.cuda.get_device_capability(a.device)
+    if torch.version.hip is None and (major, minor) < (8, 9):  # fp8 tensor cores: Ada/Hopper and later
+        return "dequantize"
+    return "scaled_mm"
+
+
+def fp8_scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                    out_dtype: torch.dtype) -> torch.Tensor:
+    if fp8_gemm_path(a, b) == "scaled_mm":
+        # cuBLASLt wants the second operand column-major.
+        return torch._scaled_mm(a, b.t().contiguous().t(), scale_a=scale_a.float(), scale_b=scale_b.float(),
+                                out_dtype=out_dtype)
+    return ((a.float() @ b.float()) * scale_a.float() * scale_b.float()).to(out_dtype)
+
+
 OPS = [
     OpDef(
         name="int8_w8a8_gemm", family="quant",
         description="int8 × int8 GEMM accumulated in int32, per-token × per-channel scales.",
         signature=("int8_w8a8_gemm(a: [M, K] int8, b: [K, N] int8, scale_a: [M, 1] float32, scale_b: [1, N]"
                    " float32, out_dtype: torch.dtype) -> out: [M, N] out_dtype (the check's dtype)"),
-        case_model=Int8GemmCase, make_inputs=_int8_gemm_inputs, reference=ref.int8_w8a8_gemm,
+        case_model=Int8GemmCase, make_inputs=_int8_gemm_inputs, reference=ref.int8_w8a8_gemm, native=int8_w8a8_gemm,
         outputs=("out",), tolerance=("reduction",), requires=("int8",),
     ),
     OpDef(
@@ -300,7 +355,7 @@ OPS = [
         description="Symmetric int8 quantization, static per-tensor or dynamic per-token scale.",
         signature=("scaled_int8_quant(x: [T, H], scale: [] float32 | None) -> (q: [T, H] int8, scale: [] or"
                    " [T, 1] float32); q = clamp(round_half_even(x / scale), -128, 127); scale None: max|x[t]|/127"),
-        case_model=Int8QuantCase, make_inputs=_int8_quant_inputs, reference=ref.scaled_int8_quant,
+        case_model=Int8QuantCase, make_inputs=_int8_quant_inputs, reference=ref.scaled_int8_quant, native=scaled_int8_quant,
         outputs=("q", "scale"), tolerance=("codes", "elementwise"), requires=("int8",),
     ),
     OpDef(
@@ -308,7 +363,7 @@ OPS = [
         description="Static per-tensor fp8 e4m3 quantization: clamp to ±max, then cast (ties to even).",
         signature=("fp8_quantize(x: [T, H], scale: [] float32) -> q: [T, H] float8 e4m3 (backend flavour:"
                    " e4m3fn max 448, e4m3fnuz max 240); q = cast(clamp(x / scale, -max, max))"),
-        case_model=Fp8QuantCase, make_inputs=_fp8_quant_inputs, reference=_fp8_quant_reference,
+        case_model=Fp8QuantCase, make_inputs=_fp8_quant_inputs, reference=_fp8_quant_reference, native=fp8_quantize,
         outputs=("q",), tolerance=("exact",), requires=("fp8_e4m3",), device_scope=_backend_fp8_scope,
     ),
     OpDef(
@@ -316,7 +371,7 @@ OPS = [
         description="fp8 e4m3 GEMM with per-tensor scales, summed by the device's fp8 MMA (an accumulator of about 14 bits, as Hopper's, passes at fp32 output).",
         signature=("fp8_scaled_gemm(a: [M, K] float8, b: [K, N] float8, scale_a: [] float32, scale_b: [] float32,"
                    " out_dtype: torch.dtype) -> out: [M, N] out_dtype (the check's dtype)"),
-        case_model=Fp8GemmCase, make_inputs=_fp8_gemm_inputs, reference=ref.fp8_scaled_gemm,
+        case_model=Fp8GemmCase, make_inputs=_fp8_gemm_inputs, reference=ref.fp8_scaled_gemm, native=fp8_scaled_gemm,
         # fp8_gemm, not reduction: the fp32 output is only as exact as the fp8 MMA accumulator
         # (matrices/tolerances.yaml says why, with the H200 measurements).
         outputs=("out",), tolerance=("fp8_gemm",), requires=("fp8_e4m3",), device_scope=_backend_fp8_scope,

@@ -10,6 +10,13 @@ separate code path, GQA (different query and key head counts) and single-token c
 The cos/sin cache is built here the way vLLM builds it (angles and cos/sin in float32) and
 handed to the op as float32, as vLLM keeps it; the reference rotates with exactly those
 cache values, so the check is about the kernel, not about how the cache was made.
+
+The torch implementation (``native``) is written the way a model's native path does it
+(vLLM ``forward_native``): cos/sin are gathered from the float32 cache by position, the
+rotary part of each head is rotated in float32 and written back into query and key in place
+(vLLM's kernels rotate in place too); the tail of a partial rotary is never touched.
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -109,6 +116,33 @@ def _rope_inputs(case: RopeCase, dtype: str, gen: torch.Generator) -> OpInputs:
     )
 
 
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def _rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool) -> torch.Tensor:
+    """Rotate ``x: [T, H*D]`` in place with ``cos, sin: [T, rotary_dim/2]`` (float32)."""
+    tokens = x.shape[0]
+    heads = x.view(tokens, -1, head_size)
+    rotary_dim = 2 * cos.shape[-1]
+    rot = heads[..., :rotary_dim].float()
+    c, s = cos[:, None, :], sin[:, None, :]
+    if is_neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+        out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    heads[..., :rotary_dim] = out.to(x.dtype)
+    return x
+
+
+def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
+         head_size: int, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
+    return _rotate_(query, cos, sin, head_size, is_neox), _rotate_(key, cos, sin, head_size, is_neox)
+
+
 # Tolerance: the outputs are compared with the ``reduction`` class (max|Δ| / max|ref| plus
 # cosine), not element-wise. A correct bf16/fp16 kernel (vLLM's CUDA kernel computes
 # ``x*cos - y*sin`` with each product rounded to the dtype and reads cos/sin from a cache
@@ -124,7 +158,7 @@ OPS = [
         signature=("rope(positions: [T] int64, query: [T, Hq*D], key: [T, Hk*D], cos_sin_cache: [max_pos, "
                    "rotary_dim] float32 (cos half then sin half), head_size: int, is_neox: bool) -> "
                    "(query_out: [T, Hq*D], key_out: [T, Hk*D]); may rotate query and key in place"),
-        case_model=RopeCase, make_inputs=_rope_inputs, reference=ref.rope,
+        case_model=RopeCase, make_inputs=_rope_inputs, reference=ref.rope, native=rope,
         outputs=("query_out", "key_out"), tolerance=("reduction", "reduction"),
         in_place=True,
     ),

@@ -9,6 +9,12 @@ Both outputs must be exact, so the inputs make the expected answer unique: greed
 compare only where top-1 beats top-2 clearly in the dtype (``compare_mask``); the mask op's
 logits have distinct values wherever a cut can fall, and each p is placed halfway between
 two consecutive nucleus masses, far from both compared with float32 summation error.
+
+The torch implementations (``native``): greedy is ``torch.argmax``; the mask is vLLM's
+sort-based top-k / top-p (sort ascending, mask below the k-th largest, then the low end whose
+cumulative fp32 probability stays ≤ 1 − p; the top token always survives).
+
+Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -163,11 +169,34 @@ def _topk_topp_inputs(case: TopKTopPCase, dtype: str, gen: torch.Generator) -> O
     return OpInputs({"logits": logits, "k": ks, "p": ps}, notes=notes)
 
 
+# --- native: the torch provider's implementation (device-generic torch, the path a model takes
+# without custom kernels); each OpDef below names its function, and the provider reads them there.
+
+
+def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+    return torch.argmax(logits, dim=-1).to(torch.int64)
+
+
+def top_k_top_p_mask(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Sort ascending, mask below the k-th largest, then mask the low end whose cumulative
+    probability stays ≤ 1 - p (the top token always survives); scatter back."""
+    vals, idx = logits.sort(dim=-1, descending=False)
+    v = logits.shape[-1]
+    kth = vals.gather(1, (v - k.to(torch.long)).unsqueeze(1))
+    vals = vals.masked_fill(vals < kth, float("-inf"))
+    # Probabilities in fp32 whatever the logits dtype, as a sampler does.
+    cum = torch.softmax(vals.float(), dim=-1).cumsum(dim=-1)
+    drop = cum <= (1.0 - p.float()).unsqueeze(1)
+    drop[:, -1] = False
+    vals = vals.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, idx, vals)
+
+
 OPS = [
     OpDef(
         name="greedy_sample", family="sampling", description="Greedy sampling: argmax over the vocabulary.",
         signature="greedy_sample(logits: [B, V]) -> ids: [B] int64",
-        case_model=GreedyCase, make_inputs=_greedy_inputs, reference=ref.greedy_sample,
+        case_model=GreedyCase, make_inputs=_greedy_inputs, reference=ref.greedy_sample, native=greedy_sample,
         outputs=("ids",), tolerance=("exact",),
     ),
     OpDef(
@@ -175,7 +204,7 @@ OPS = [
         description="Top-k then top-p (nucleus over the renormalized top-k softmax) logit mask.",
         signature=("top_k_top_p_mask(logits: [B, V], k: [B] int64, p: [B] float32) -> masked: [B, V]"
                    " (dtype of logits; -inf outside the kept set, other values unchanged)"),
-        case_model=TopKTopPCase, make_inputs=_topk_topp_inputs, reference=ref.top_k_top_p_mask,
+        case_model=TopKTopPCase, make_inputs=_topk_topp_inputs, reference=ref.top_k_top_p_mask, native=top_k_top_p_mask,
         outputs=("masked",), tolerance=("exact",),
     ),
 ]

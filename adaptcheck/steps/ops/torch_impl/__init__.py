@@ -1,1 +1,0 @@
-"""The torch provider's implementations, one module per family, each exporting ``TORCH_OPS``."""
