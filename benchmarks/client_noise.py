@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_vllm_bench's bigger model
 
+from adaptcheck.perf.arrival import Arrival
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
 from adaptcheck.perf.workload import PromptFactory, Shape, Workload
 
@@ -75,7 +76,7 @@ class GcPauses:
 def one_run(gen: LoadGenerator, args: argparse.Namespace, run: int, freeze: bool, kept: list[RunResult],
             pauses: GcPauses) -> dict[str, Any]:
     gen.freeze_gc = freeze
-    cfg = RunConfig(arrival="concurrency", level=args.concurrency, num_requests=args.num_prompts,
+    cfg = RunConfig(arrival=Arrival.CONCURRENCY, level=args.concurrency, num_requests=args.num_prompts,
                     warmup_requests=args.warmups, request_timeout_s=600, arrival_seed=run, sample_server=False)
     pauses.start()
     result = gen.run(cfg, level_index=0, run=run)

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.perf.arrival import Arrival
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig
 from adaptcheck.perf.monitors import client_verdict
 from adaptcheck.perf.workload import PromptFactory, Shape, Workload
@@ -107,7 +108,7 @@ def run_vllm_bench(args: argparse.Namespace, url: str, served: str, tokenizer: s
 
 
 def run_adaptcheck(args: argparse.Namespace, gen: LoadGenerator, round_no: int) -> dict[str, Any]:
-    cfg = RunConfig(arrival="poisson" if args.request_rate else "concurrency",
+    cfg = RunConfig(arrival=Arrival.POISSON if args.request_rate else Arrival.CONCURRENCY,
                     level=args.request_rate or args.concurrency, num_requests=args.num_prompts,
                     warmup_requests=args.warmups, request_timeout_s=600, arrival_seed=round_no,
                     sample_server=False)

@@ -37,7 +37,8 @@ import torch.utils.benchmark as tbench
 
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import select_backend
-from adaptcheck.perf.micro import gemm_flops, torch_dtype
+from adaptcheck.dtypes import is_fnuz, torch_dtype
+from adaptcheck.perf.micro import gemm_flops
 from adaptcheck.perf.timing import time_callable, timer_name
 
 DEFAULT_SHAPES = "1024x4096x4096:bf16,512x2048x2048:fp32"
@@ -74,7 +75,7 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, str]]:
 def compare(backend: Backend, index: int, m: int, n: int, k: int, dtype: str, rounds: int,
             budget_s: float) -> Comparison:
     device = backend.torch_device(index)
-    td = torch_dtype(dtype, backend)
+    td = torch_dtype(dtype, fnuz=is_fnuz(backend.fp8_flavour))
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn((m, k), generator=gen).to(device=device, dtype=td)
     b = torch.randn((k, n), generator=gen).to(device=device, dtype=td)
