@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import fnmatch
 
-from adaptcheck.models.ladder import QUANT_TAG, ConditionSpec, GradeSpec
-from adaptcheck.models.results import (
+from adaptcheck.base.schemas.ladder import QUANT_TAG, ConditionSpec, GradeSpec
+from adaptcheck.base.schemas.results import (
     CheckResult,
     ConditionResult,
     GradeResult,

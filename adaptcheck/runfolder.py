@@ -15,11 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import adaptcheck
-from adaptcheck.frameworks.modelsrc import is_named_model
-from adaptcheck.grade import compute_grade
-from adaptcheck.models.environment import Environment
-from adaptcheck.models.ladder import LadderSpec, Quantization
-from adaptcheck.models.results import (
+from adaptcheck.base.schemas.environment import Environment
+from adaptcheck.base.schemas.ladder import LadderSpec, Quantization
+from adaptcheck.base.schemas.results import (
     CheckResult,
     DeviceRef,
     LadderRef,
@@ -27,6 +25,8 @@ from adaptcheck.models.results import (
     RunResults,
     utcnow,
 )
+from adaptcheck.frameworks.modelsrc import is_named_model
+from adaptcheck.grade import compute_grade
 
 RUN_META = "run.json"
 LADDER_SNAPSHOT = "ladder.yaml"
@@ -153,7 +153,7 @@ def regrade(results: RunResults) -> RunResults:
 
 def write_outputs(results: RunResults, run_dir: Path) -> None:
     """Scrub the run folder, then write results.json and the HTML report rendered from it."""
-    from adaptcheck.redact import scrub_text, scrub_tree
+    from adaptcheck.base.redact import scrub_text, scrub_tree
     from adaptcheck.report import write_report
 
     # One redaction for every file of the run: what the worker and its servers wrote directly
@@ -169,6 +169,6 @@ def write_outputs(results: RunResults, run_dir: Path) -> None:
 def stored_meta(meta: RunMeta) -> RunMeta:
     """``meta`` as run.json keeps it: every string scrubbed (``--endpoint http://user:token@host``
     → ``http://***REDACTED***@host``, and the same in the command line)."""
-    from adaptcheck.redact import scrub_text
+    from adaptcheck.base.redact import scrub_text
 
     return RunMeta.model_validate_json(scrub_text(meta.model_dump_json()))

@@ -5,7 +5,7 @@ Lays out the run folder (``run.json`` with what is needed to reproduce or resume
 with ``--baseline``), executes the selected checks through the isolated runner, and writes
 ``results.json`` and ``report.html``. A run that was killed is finished by
 :func:`resume_run` from the same folder. Either holds the folder's lock (``run.lock``, see
-:mod:`adaptcheck.runlock`) from before anything runs in it until it ends.
+:mod:`adaptcheck.base.runlock`) from before anything runs in it until it ends.
 """
 
 from __future__ import annotations
@@ -17,18 +17,20 @@ from typing import Any
 
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import get_backend, select_backend
-from adaptcheck.errors import DeviceError, IntegrityError, InvalidInputError, UsageError
-from adaptcheck.ladder.loader import load_ladder, parse_ladder
-from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
-from adaptcheck.models.ladder import CheckSpec, LadderSpec
-from adaptcheck.models.results import (
+from adaptcheck.base.errors import DeviceError, IntegrityError, InvalidInputError, UsageError
+from adaptcheck.base.paths import default_reports_dir
+from adaptcheck.base.runlock import LOCK_FILE, RunLock
+from adaptcheck.base.runlock import acquire as acquire_lock
+from adaptcheck.base.schemas.ladder import CheckSpec, LadderSpec
+from adaptcheck.base.schemas.results import (
     CheckResult,
     DeviceRef,
     LadderRef,
     RunResults,
     utcnow,
 )
-from adaptcheck.paths import default_reports_dir
+from adaptcheck.ladder.loader import load_ladder, parse_ladder
+from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
 from adaptcheck.runfolder import (
     BASELINE,
     JOURNAL,
@@ -41,8 +43,6 @@ from adaptcheck.runfolder import (
     with_run_model,
     write_outputs,
 )
-from adaptcheck.runlock import LOCK_FILE, RunLock
-from adaptcheck.runlock import acquire as acquire_lock
 
 
 @dataclass
@@ -231,7 +231,7 @@ def _baseline_text(path: Path, allow_unverified: bool = False) -> str:
     has no digest) is refused with exit 5 unless ``allow_unverified``. The copy keeps the
     file's text byte for byte, so the perf.regression check verifies it again and its
     evidence says when the baseline was unverified."""
-    from adaptcheck.trusted import load_verified
+    from adaptcheck.base.trusted import load_verified
 
     load_verified(path, allow_unverified, role="--baseline: ")
     return path.read_text(encoding="utf-8")
@@ -376,7 +376,7 @@ def resume_endpoint(stored: str | None, given: str | None) -> str | None:
     resumed only with ``--resume DIR --endpoint URL``; the URL must redact to the stored
     value (the same server), and the API key comes from ``$ADAPTCHECK_API_KEY`` as always.
     """
-    from adaptcheck.redact import REDACTED, scrub_text, scrub_url_credentials
+    from adaptcheck.base.redact import REDACTED, scrub_text, scrub_url_credentials
 
     if given is None:
         if stored is not None and REDACTED in stored:

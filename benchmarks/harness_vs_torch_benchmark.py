@@ -37,7 +37,7 @@ import torch.utils.benchmark as tbench
 
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import select_backend
-from adaptcheck.dtypes import is_fnuz, torch_dtype
+from adaptcheck.base.dtypes import is_fnuz, torch_dtype
 from adaptcheck.perf.micro import gemm_flops
 from adaptcheck.perf.timing import time_callable, timer_name
 

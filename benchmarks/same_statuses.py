@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from adaptcheck.models.results import RunResults
+from adaptcheck.base.schemas.results import RunResults
 
 
 def statuses(path: Path) -> tuple[RunResults, dict[str, str]]:

@@ -39,8 +39,8 @@ from typing import Any
 
 import yaml
 
+from adaptcheck.base.procs import child_environ
 from adaptcheck.ladder.loader import load_ladder
-from adaptcheck.procs import child_environ
 
 KINDS = ("reference", "concurrent", "kv_cache")
 REPO = Path(__file__).resolve().parents[1]

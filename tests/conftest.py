@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.procs import child_environ
+from adaptcheck.base.procs import child_environ
 
 pytest_plugins = ["tests.servers"]  # session servers: vllm_server, transformers_server
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from adaptcheck.base.procs import pid_alive
 from adaptcheck.frameworks.server import ManagedServer, ServerSpec
-from adaptcheck.procs import pid_alive
 
 VLLM_START_TIMEOUT_S = 600.0
 TRANSFORMERS_START_TIMEOUT_S = 180.0

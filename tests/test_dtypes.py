@@ -1,4 +1,4 @@
-"""adaptcheck.dtypes: the one dtype vocabulary, its map to torch, and step 2 / step 5 agreeing on fp8.
+"""adaptcheck.base.dtypes: the one dtype vocabulary, its map to torch, and step 2 / step 5 agreeing on fp8.
 
 The map is checked against an independent table written here, every narrower alias against
 the full vocabulary, and the fnuz switch per name. The last test is the one the duplicated
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from adaptcheck.backends.cpu import CpuBackend
-from adaptcheck.dtypes import (
+from adaptcheck.base.dtypes import (
     ALL_DTYPES,
     FLOAT_DTYPES,
     FP8_DTYPES,
@@ -34,8 +34,8 @@ from adaptcheck.dtypes import (
     torch_dtype,
     torch_dtype_name,
 )
+from adaptcheck.base.schemas.ladder import ModelSpec
 from adaptcheck.ladder.check import CheckContext, NoParams
-from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.perf.micro import gemm_callable
 from adaptcheck.steps.smoke.dtypes import DtypeProbeCheck
 
@@ -119,14 +119,14 @@ def test_framework_strings_are_the_loadable_floats() -> None:
 # --- base layer ----------------------------------------------------------------------------------
 
 def test_the_module_imports_no_adaptcheck_module() -> None:
-    tree = ast.parse((Path(__file__).resolve().parents[1] / "adaptcheck" / "dtypes.py").read_text(encoding="utf-8"))
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "adaptcheck" / "base" / "dtypes.py").read_text(encoding="utf-8"))
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in imported if m and m.split(".")[0] == "adaptcheck"]
 
 
 def test_importing_it_does_not_import_torch() -> None:
-    code = "import sys, adaptcheck.dtypes; sys.exit('torch' in sys.modules)"
+    code = "import sys, adaptcheck.base.dtypes; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck import hostfacts as T
+from adaptcheck.base import hostfacts as T
 
 
 def test_process_memory(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.integrity import Integrity, compute_digest, verify_file, verify_text
-from adaptcheck.models.results import SCHEMA_VERSION, CheckResult, RunResults, Status
+from adaptcheck.base.integrity import Integrity, compute_digest, verify_file, verify_text
+from adaptcheck.base.schemas.results import SCHEMA_VERSION, CheckResult, RunResults, Status
 from tests.report.factory import make_results
 
 
@@ -38,7 +38,7 @@ def test_save_seals_the_file_with_the_documented_digest(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
     returned = results.save(path)
     data = _load(path)
-    assert data["schema_version"] == SCHEMA_VERSION == "1.2"
+    assert data["schema_version"] == SCHEMA_VERSION == "1.3"
     assert data["digest"] == returned == results.digest  # the object carries what the file carries
     assert data["digest"] == _independent_digest(data)
     assert verify_file(path).status is Integrity.INTACT
@@ -157,5 +157,8 @@ def test_schema_1_0_files_without_digest_still_load(saved: Path) -> None:
     data["schema_version"] = "1.0"
     saved.write_text(json.dumps(data))
     loaded = RunResults.load(saved)
-    assert loaded.digest is None and loaded.schema_version == "1.0"
+    # Loaded through the upgrades (adaptcheck/base/schemas/upgrade.py): the object has today's
+    # shape and says so; the file itself is left as written.
+    assert loaded.digest is None and loaded.schema_version == SCHEMA_VERSION
+    assert _load(saved)["schema_version"] == "1.0"
     assert verify_file(saved).status is Integrity.NO_DIGEST

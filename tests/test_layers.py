@@ -26,11 +26,9 @@ LIBRARY = ("adaptcheck.perf", "adaptcheck.frameworks", "adaptcheck.backends", "a
            "adaptcheck.fleet", "adaptcheck.cluster", "adaptcheck.report", "adaptcheck.collectives",
            "adaptcheck.compat", "adaptcheck.repro", "adaptcheck.grade", "adaptcheck.runfolder",
            "adaptcheck.openai_client")
-BASE = ("adaptcheck.models", "adaptcheck.errors", "adaptcheck.yamldata", "adaptcheck.paths", "adaptcheck.redact",
-        "adaptcheck.dtypes", "adaptcheck.hostfacts", "adaptcheck.terminal", "adaptcheck.atomic", "adaptcheck.safejson",
-        "adaptcheck.integrity", "adaptcheck.jsonvalues", "adaptcheck.klestimate", "adaptcheck.trusted",
-        "adaptcheck.runlock", "adaptcheck.plugins", "adaptcheck.procs")
-"""The base layer: what every other layer may import, and which imports only itself."""
+BASE = ("adaptcheck.base", "adaptcheck.models")
+"""The base layer, a folder of its own (``adaptcheck.models`` is the schemas' old import path, kept
+for plugins): what every other layer may import, and which imports only itself."""
 LOWER = LIBRARY + BASE
 """Every library and base module: none of them may import from :data:`UPPER`."""
 
@@ -177,7 +175,7 @@ def test_a_planted_upward_import_and_a_planted_cycle_are_caught(monkeypatch: pyt
     assert any("imports adaptcheck.cli.app" in line for line in _planted_upward(planted))
     planted_base = tmp_path / "adaptcheck_procs_planted.py"
     planted_base.write_text("from adaptcheck.frameworks.server import descendants\n")
-    monkeypatch.setitem(MODULES, "adaptcheck.procs.planted", planted_base)
+    monkeypatch.setitem(MODULES, "adaptcheck.base.procs.planted", planted_base)
     assert any("imports adaptcheck.frameworks.server" in line for line in base_imports_above())
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(edges) == [["a", "b", "c"]]

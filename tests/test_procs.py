@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck import procs
+from adaptcheck.base import procs
 
 REPO = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not procs.IS_LINUX, reason="/proc and prctl are Linux's")
@@ -132,7 +132,7 @@ _PARENT = textwrap.dedent("""
     child_code = (
         "import os, signal, sys, time\\n"
         "sys.path.insert(0, %r)\\n"
-        "from adaptcheck import procs\\n"
+        "from adaptcheck.base import procs\\n"
         "if %r:\\n"
         "    procs.set_parent_death_signal(signal.SIGKILL)\\n"
         "print(os.getpid(), os.getppid(), flush=True)\\n"

@@ -7,14 +7,14 @@ import json
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.redact import (
+from adaptcheck.base.redact import (
     REDACTED,
     is_secret_name,
     redact_env,
     scrub_text,
     scrub_url_credentials,
 )
+from adaptcheck.base.schemas.ladder import ModelSpec
 from adaptcheck.steps.matrix.capture import capture_environment
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck.errors import UsageError
-from adaptcheck.redact import (
+from adaptcheck.base.errors import UsageError
+from adaptcheck.base.redact import (
     REDACTED,
     is_secret_name,
     redact_env,

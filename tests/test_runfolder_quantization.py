@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.base.schemas.results import DeviceRef, LadderRef
 from adaptcheck.ladder.loader import load_ladder
-from adaptcheck.models.results import DeviceRef, LadderRef
 from adaptcheck.runfolder import RunMeta, hf_quantization, with_run_model
 
 

@@ -1,4 +1,4 @@
-"""Bounded parsing: the JSON (adaptcheck.safejson) and YAML (adaptcheck.yamldata) limits.
+"""Bounded parsing: the JSON (adaptcheck.base.safejson) and YAML (adaptcheck.base.yamldata) limits.
 
 Each limit is tested at its edge (the limit itself is read, one more is refused with the
 file and line), and the loaders that use them are checked to go through them.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck import safejson, yamldata
-from adaptcheck.errors import InvalidInputError, LadderError
+from adaptcheck.base import safejson, yamldata
+from adaptcheck.base.errors import InvalidInputError, LadderError
 
 
 def nested(depth: int) -> str:
@@ -99,9 +99,9 @@ def test_prescan_is_cheap_on_a_large_realistic_file() -> None:
 
 def test_user_file_loaders_are_bounded(tmp_path: Path) -> None:
     """results (grade/report/merge/baseline), verify, and saved comparisons all go through the limits."""
+    from adaptcheck.base.integrity import Integrity, verify_file
+    from adaptcheck.base.schemas.results import RunResults
     from adaptcheck.compare.model import Comparison
-    from adaptcheck.integrity import Integrity, verify_file
-    from adaptcheck.models.results import RunResults
 
     deep = tmp_path / "deep.json"
     deep.write_text('{"schema_version": "1.1", "x": ' + nested(100_000) + "}")

@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from adaptcheck.integrity import Integrity, verify_file
-from adaptcheck.redact import REDACTED
+from adaptcheck.base.integrity import Integrity, verify_file
+from adaptcheck.base.redact import REDACTED
 from tests.conftest import ladder_text, run_cli
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")

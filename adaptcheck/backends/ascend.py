@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from adaptcheck.backends.base import Backend, module_version
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 # Where the CANN toolkit and the NPU driver install by default; the set_env.sh scripts
 # export ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH, which win when set.

@@ -7,7 +7,7 @@ not available. The rest of adaptcheck asks a backend what it can do, never which
 it is.
 
 Vendor tools are run through :func:`run_tool`, which also never raises; their output is
-turned into :class:`~adaptcheck.models.environment.DeviceInfo` by pure ``parse_*``
+turned into :class:`~adaptcheck.base.schemas.environment.DeviceInfo` by pure ``parse_*``
 functions so that each parser is tested against recorded real output.
 """
 
@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 if TYPE_CHECKING:  # torch is imported lazily: `adaptcheck backends` must work without importing it
     import torch
@@ -161,7 +161,7 @@ class Backend(ABC):
         module = sys.modules[cls.__module__]
         return Path(module.__file__ or ".").resolve().parent / relative
     dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
-    """Dtypes the backend claims to support (subset of ``adaptcheck.dtypes.ALL_DTYPES``); the smoke probe holds it to that."""
+    """Dtypes the backend claims to support (subset of ``adaptcheck.base.dtypes.ALL_DTYPES``); the smoke probe holds it to that."""
     fp8_flavour: ClassVar[str | None] = None
     """'e4m3fn' (OCP), 'e4m3fnuz' (MI300) or None."""
     has_streams: ClassVar[bool] = False

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from adaptcheck.backends.base import Backend, module_version
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 DEFAULT_NEUWARE_HOME = "/usr/local/neuware"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult
-from adaptcheck.hostfacts import parse_lscpu_like
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.hostfacts import parse_lscpu_like
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 """Limit for one vendor-tool call. A module attribute so tests can shorten it."""
 

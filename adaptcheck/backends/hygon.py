@@ -35,7 +35,7 @@ from adaptcheck.backends.cuda import (
     torch_version_tag,
 )
 from adaptcheck.backends.rocm import RocmBackend
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 # Where a DTK install leaves evidence. Module-level so tests can point them elsewhere.
 DTK_GLOBS: tuple[str, ...] = ("/opt/dtk", "/opt/dtk-*")

@@ -34,7 +34,7 @@ from adaptcheck.backends.cuda import (
     torch_build_label,
     torch_or_reason,
 )
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 _HEADER_FIELDS = {
     "mx_smi_version": re.compile(r"MX-SMI\s+(\S+)"),

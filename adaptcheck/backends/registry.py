@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaptcheck import plugins
 from adaptcheck.backends.base import Backend, BackendInfo, ProbeResult
-from adaptcheck.errors import DeviceError, UnknownNameError, did_you_mean
+from adaptcheck.base import plugins
+from adaptcheck.base.errors import DeviceError, UnknownNameError, did_you_mean
 
 ENTRY_POINT_GROUP = "adaptcheck.backends"
 

@@ -32,7 +32,7 @@ from adaptcheck.backends.cuda import (
     torch_build_label,
     torch_or_reason,
 )
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 ROCM_DIRS: tuple[str, ...] = ("/opt/rocm",)
 """Default ROCm install roots (``$ROCM_PATH`` is consulted first). Module-level for tests."""

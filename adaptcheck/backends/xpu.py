@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult, module_version, run_tool
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 IPEX_MODULE = "intel_extension_for_pytorch"
 DEFAULT_ONEAPI_ROOT = "/opt/intel/oneapi"

@@ -13,6 +13,7 @@ from typing import NoReturn
 import typer
 
 from adaptcheck import __version__
+from adaptcheck.base.errors import AdaptcheckError, ExitCode
 from adaptcheck.cli import (
     cmd_backends,
     cmd_cluster,
@@ -31,7 +32,6 @@ from adaptcheck.cli import (
     cmd_verify,
 )
 from adaptcheck.cli.output import Output
-from adaptcheck.errors import AdaptcheckError, ExitCode
 
 app = typer.Typer(
     name="adaptcheck",

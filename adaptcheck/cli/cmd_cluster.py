@@ -17,14 +17,14 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
+from adaptcheck.base.errors import UsageError
+from adaptcheck.base.paths import default_reports_dir
 from adaptcheck.cli.output import STATUS_STYLE, Format, Output
 from adaptcheck.cluster.models import REPORT_NAME, MultinodeCollectives
 from adaptcheck.cluster.rank import (
     ClusterCollectivesOptions,
     run_cluster_collectives,
 )
-from adaptcheck.errors import UsageError
-from adaptcheck.paths import default_reports_dir
 
 app = typer.Typer(name="cluster", help="Checks across several machines (launch under torchrun; see docs/cluster.md).",
                   no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,7 +1,7 @@
 """``adaptcheck compare``: a new run against a baseline — grade change first, then regressions,
 improvements, stack changes.
 
-Both files are read through :func:`adaptcheck.trusted.load_verified` (an edited or undigested
+Both files are read through :func:`adaptcheck.base.trusted.load_verified` (an edited or undigested
 file is refused unless ``--allow-unverified``, and then marked) and regraded from their own
 checks, so the grade change printed first is the one ``adaptcheck grade`` would give each.
 """
@@ -13,6 +13,8 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
+from adaptcheck.base.errors import UsageError
+from adaptcheck.base.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.compare import (
     ComparePolicy,
@@ -21,9 +23,7 @@ from adaptcheck.compare import (
     compare_results,
 )
 from adaptcheck.compare.model import RunRef
-from adaptcheck.errors import UsageError
 from adaptcheck.runfolder import regrade
-from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 
 SHOWN_IMPROVEMENTS = 10
 

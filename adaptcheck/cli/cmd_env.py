@@ -9,9 +9,9 @@ from typing import Any
 import typer
 
 from adaptcheck.backends.registry import select_backend
+from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.compat.assess import Assessment
-from adaptcheck.models.environment import Environment
 
 
 def env(

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import typer
 
+from adaptcheck.base.errors import GradeBelowRequired, UsageError
+from adaptcheck.base.schemas.certificate import certificate_subject
+from adaptcheck.base.schemas.ladder import LEVELS
+from adaptcheck.base.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.render import print_grade
-from adaptcheck.errors import GradeBelowRequired, UsageError
 from adaptcheck.grade import level_at_least
-from adaptcheck.models.certificate import certificate_subject
-from adaptcheck.models.ladder import LEVELS
 from adaptcheck.runfolder import regrade
-from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 
 
 def check_level(level: str) -> str:

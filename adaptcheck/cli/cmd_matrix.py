@@ -13,8 +13,9 @@ from pathlib import Path
 
 import typer
 
+from adaptcheck.base.errors import GradeBelowRequired, IntegrityError, InvalidInputError
+from adaptcheck.base.trusted import ALLOW_OPTION
 from adaptcheck.cli.output import Format, Output
-from adaptcheck.errors import GradeBelowRequired, IntegrityError, InvalidInputError
 from adaptcheck.fleet import (
     export_known_good,
     merge_results,
@@ -28,7 +29,6 @@ from adaptcheck.fleet.models import (
     SkippedInput,
 )
 from adaptcheck.fleet.stack import summary
-from adaptcheck.trusted import ALLOW_OPTION
 
 app = typer.Typer(name="matrix", help="Fleet compatibility matrix: merge many runs, export known-good stacks.",
                   no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,6 +1,6 @@
 """``adaptcheck report``: re-render the HTML report of a results file.
 
-The file is read through :func:`adaptcheck.trusted.load_verified`: a file edited after its
+The file is read through :func:`adaptcheck.base.trusted.load_verified`: a file edited after its
 run or without digest is refused (exit 5) unless ``--allow-unverified``, and a report
 rendered from one anyway carries an UNVERIFIED banner at the top and at its digest.
 """
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import typer
 
+from adaptcheck.base.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 from adaptcheck.cli.output import Output
 from adaptcheck.report import write_report
 from adaptcheck.runfolder import regrade
-from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 
 
 def report(

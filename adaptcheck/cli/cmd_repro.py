@@ -16,17 +16,17 @@ from typing import Any
 
 import typer
 
-from adaptcheck.cli.output import Output
-from adaptcheck.errors import (
+from adaptcheck.base.errors import (
     InvalidInputError,
     UnknownNameError,
     UsageError,
     did_you_mean,
 )
-from adaptcheck.models.framework_evidence import FrameworkCheckEvidence
-from adaptcheck.models.results import CheckResult, RunResults
+from adaptcheck.base.schemas.framework_evidence import FrameworkCheckEvidence
+from adaptcheck.base.schemas.results import CheckResult, RunResults
+from adaptcheck.base.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
+from adaptcheck.cli.output import Output
 from adaptcheck.repro.files import repro_path
-from adaptcheck.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 
 
 def _results_file(path: Path) -> Path:
@@ -129,7 +129,7 @@ def _write_model(run_dir: Path, results: RunResults, check: CheckResult) -> Path
 
 def _teacher_file(run_dir: Path, check_id: str) -> dict[str, Any]:
     """The sequences the run stored (framework/teacher-*.json): the newest one."""
-    from adaptcheck import safejson
+    from adaptcheck.base import safejson
 
     files = sorted((run_dir / "framework").glob("teacher-*.json"), key=lambda p: p.stat().st_mtime)
     if not files:

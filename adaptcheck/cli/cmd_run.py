@@ -7,12 +7,12 @@ from pathlib import Path
 
 import typer
 
+from adaptcheck.base.errors import GradeBelowRequired
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.progress import RichProgress
 from adaptcheck.cli.render import print_grade, print_summary
-from adaptcheck.errors import GradeBelowRequired
 from adaptcheck.grade import level_at_least
-from adaptcheck.models.results import RunResults
 from adaptcheck.report import details_path
 from adaptcheck.runfolder import REPORT, RESULTS
 from adaptcheck.session import RunOptions, parse_steps, resume_run, start_run

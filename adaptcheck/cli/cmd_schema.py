@@ -7,9 +7,9 @@ import json
 import typer
 from pydantic import BaseModel
 
-from adaptcheck.errors import UsageError, did_you_mean
-from adaptcheck.models.ladder import LadderSpec
-from adaptcheck.models.results import RunResults
+from adaptcheck.base.errors import UsageError, did_you_mean
+from adaptcheck.base.schemas.ladder import LadderSpec
+from adaptcheck.base.schemas.results import RunResults
 
 SCHEMAS: dict[str, type[BaseModel]] = {"results": RunResults, "ladder": LadderSpec}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import typer
 
+from adaptcheck.base.errors import IntegrityError, InvalidInputError
+from adaptcheck.base.integrity import Integrity, verify_file
 from adaptcheck.cli.output import Format, Output
-from adaptcheck.errors import IntegrityError, InvalidInputError
-from adaptcheck.integrity import Integrity, verify_file
 
 _HINTS = {
     Integrity.EDITED: "the digest no longer vouches for this file; use the run folder's original or run again",

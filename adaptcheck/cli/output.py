@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from adaptcheck.redact import scrub_text
-from adaptcheck.terminal import error_line, shown
+from adaptcheck.base.redact import scrub_text
+from adaptcheck.base.terminal import error_line, shown
 
 
 class Format(str, Enum):

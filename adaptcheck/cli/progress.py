@@ -22,9 +22,9 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from adaptcheck.base.schemas.ladder import CheckSpec
+from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.cli.output import STATUS_STYLE, Output
-from adaptcheck.models.ladder import CheckSpec
-from adaptcheck.models.results import CheckResult, Status
 from adaptcheck.session import Progress as RunProgress
 from adaptcheck.session import RunHeader
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from adaptcheck.base.schemas.certificate import certificate_subject, subject_label
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.cli.output import Output
-from adaptcheck.models.certificate import certificate_subject, subject_label
-from adaptcheck.models.results import RunResults
 
 STEP_NAMES = {1: "compatibility matrix", 2: "tensor smoke", 3: "operator numerics", 4: "framework bring-up",
               5: "performance baseline"}

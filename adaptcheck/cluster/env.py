@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from adaptcheck.errors import ExitCode, UsageError
+from adaptcheck.base.errors import ExitCode, UsageError
 
 EXIT_OK = 0
 """Every collective returned exact results on every rank."""

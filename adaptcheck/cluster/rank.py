@@ -39,17 +39,17 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import adaptcheck
+from adaptcheck.base.dtypes import ITEMSIZE, CollectiveDtype, FloatDtype
+from adaptcheck.base.errors import DeviceError, UsageError, exception_line
+from adaptcheck.base.schemas.results import utcnow
+from adaptcheck.base.terminal import error_line
 from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
 from adaptcheck.cluster.models import MultinodeCollectives, Settings
 from adaptcheck.cluster.verdict import Payload, RunInfo, build_report
 from adaptcheck.collectives.bandwidth import elements_for_bytes
 from adaptcheck.collectives.exact import DEFAULT_DTYPES, OPS
 from adaptcheck.collectives.plan import CollectivesParams, Plan, make_plan
-from adaptcheck.dtypes import ITEMSIZE, CollectiveDtype, FloatDtype
-from adaptcheck.errors import DeviceError, UsageError, exception_line
-from adaptcheck.models.results import utcnow
 from adaptcheck.perf.micro import MIB
-from adaptcheck.terminal import error_line
 
 if TYPE_CHECKING:
     from adaptcheck.backends.base import Backend
@@ -237,7 +237,7 @@ def run_cluster_collectives(options: ClusterCollectivesOptions,
                             environ: dict[str, str] | None = None) -> MultinodeCollectives:
     """Run this rank; returns the job's report (every rank gets the same verdict).
 
-    Raises :class:`~adaptcheck.errors.UsageError` / :class:`~adaptcheck.errors.DeviceError`
+    Raises :class:`~adaptcheck.base.errors.UsageError` / :class:`~adaptcheck.base.errors.DeviceError`
     before joining the group. Once joined, failures are reports with ``status: error`` and
     exit code 6 or 7 — or, from the watchdog, a one-line message and an immediate exit.
     """

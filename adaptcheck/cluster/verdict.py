@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
 
+from adaptcheck.base.dtypes import ITEMSIZE
 from adaptcheck.cluster.env import EXIT_OK, EXIT_WRONG
 from adaptcheck.cluster.models import (
     BenchResult,
@@ -32,7 +33,6 @@ from adaptcheck.cluster.models import (
 from adaptcheck.collectives.bandwidth import busbw_factor, full_tensor_bytes
 from adaptcheck.collectives.launch import LaunchResult, RankExit
 from adaptcheck.collectives.plan import Plan, merge_rows, summarize
-from adaptcheck.dtypes import ITEMSIZE
 from adaptcheck.perf.timing import summarize as timing_of
 
 Payload = dict[str, Any]

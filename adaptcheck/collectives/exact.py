@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-from adaptcheck.dtypes import CollectiveDtype, torch_dtype
+from adaptcheck.base.dtypes import CollectiveDtype, torch_dtype
 
 if TYPE_CHECKING:
     import torch

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.procs import child_environ, free_port, kill_group
+from adaptcheck.base.procs import child_environ, free_port, kill_group
 
 # --- launcher -----------------------------------------------------------------------------
 

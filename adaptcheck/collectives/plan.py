@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from adaptcheck.base.dtypes import ITEMSIZE, CollectiveDtype
 from adaptcheck.collectives.exact import (
     DEFAULT_DTYPES,
     OPS,
@@ -40,7 +41,6 @@ from adaptcheck.collectives.exact import (
     value_scale,
 )
 from adaptcheck.collectives.launch import LaunchResult
-from adaptcheck.dtypes import ITEMSIZE, CollectiveDtype
 from adaptcheck.ladder.check import Outcome
 
 if TYPE_CHECKING:

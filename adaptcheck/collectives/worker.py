@@ -27,6 +27,9 @@ import time
 from datetime import timedelta
 from typing import IO, TYPE_CHECKING, Any
 
+from adaptcheck.base.dtypes import torch_dtype
+from adaptcheck.base.plugins import load_ref
+from adaptcheck.base.procs import set_parent_death_signal
 from adaptcheck.collectives.exact import (
     broadcast_source,
     buffer_sizes,
@@ -36,9 +39,6 @@ from adaptcheck.collectives.exact import (
     expected_output,
     output_buffer,
 )
-from adaptcheck.dtypes import torch_dtype
-from adaptcheck.plugins import load_ref
-from adaptcheck.procs import set_parent_death_signal
 
 if TYPE_CHECKING:
     import torch

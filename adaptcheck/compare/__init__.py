@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from adaptcheck.base.integrity import VerifyResult
+from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.compare import numeric, perf
 from adaptcheck.compare.environment import compare_environment
 from adaptcheck.compare.grade import grade_change
@@ -24,8 +26,6 @@ from adaptcheck.compare.model import (
     RunRef,
     StatusChange,
 )
-from adaptcheck.integrity import VerifyResult
-from adaptcheck.models.results import CheckResult, RunResults, Status
 
 __all__ = ["SELF_KIND", "ComparePolicy", "Comparison", "RegressionsFound", "compare_results"]
 

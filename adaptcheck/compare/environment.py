@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from adaptcheck.base.schemas.environment import Environment
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.compare.model import EnvChange
-from adaptcheck.models.environment import Environment
-from adaptcheck.models.results import RunResults
 
 # Environment fields compared as one value each (the dict-valued ones are expanded below).
 _SCALARS = ("hostname", "os", "kernel", "arch", "cpu_model", "cpu_count", "memory_total_gib", "python",

@@ -2,7 +2,7 @@
 
 What matters first when comparing two runs of a machine is whether its grade moved. Both
 results are graded from their own checks and rules before they get here (``adaptcheck
-compare`` regrades each file), and their :class:`~adaptcheck.models.results.GradeResult`
+compare`` regrades each file), and their :class:`~adaptcheck.base.schemas.results.GradeResult`
 lists, per level and condition, the checks each condition selected. A lowered grade is
 explained by the lost levels' unmet conditions: the checks they select that did not block
 the grade in the baseline (pass, or n/a: a non-applicable skip blocks nothing) and block it
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from adaptcheck.base.schemas.results import CheckResult, ConditionResult, RunResults, Status
 from adaptcheck.compare.model import GradeCause, GradeChange
-from adaptcheck.models.results import CheckResult, ConditionResult, RunResults, Status
 
 NOT_RUN = "not run"
 

@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from adaptcheck import safejson
-from adaptcheck.atomic import write_text_atomic
-from adaptcheck.errors import AdaptcheckError, ExitCode, InvalidInputError
-from adaptcheck.integrity import VerifyResult
-from adaptcheck.models.results import RunResults, Status
+from adaptcheck.base import safejson
+from adaptcheck.base.atomic import write_text_atomic
+from adaptcheck.base.errors import AdaptcheckError, ExitCode, InvalidInputError
+from adaptcheck.base.integrity import VerifyResult
+from adaptcheck.base.schemas.results import RunResults, Status
 
 SCHEMA_VERSION = "1.0"
 

@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from adaptcheck.base.jsonvalues import as_float
+from adaptcheck.base.schemas.results import CheckResult
 from adaptcheck.compare.model import (
     Better,
     ComparePolicy,
@@ -33,8 +35,6 @@ from adaptcheck.compare.model import (
     Regression,
     num,
 )
-from adaptcheck.jsonvalues import as_float
-from adaptcheck.models.results import CheckResult
 
 RuleKind = Literal["tolerance", "nats", "count", "fraction"]
 Moved = Literal["regression", "improvement"]

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from adaptcheck.base.schemas.results import CheckResult
 from adaptcheck.compare.model import (
     Better,
     ComparePolicy,
@@ -42,7 +43,6 @@ from adaptcheck.compare.model import (
     Regression,
     num,
 )
-from adaptcheck.models.results import CheckResult
 from adaptcheck.perf.stability import t_ppf
 
 MIN_REPETITIONS = 3

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.compat.known_good import MatchResult, extra_known_good_files, load_known_good_sources, match_known_good
 from adaptcheck.compat.rules import RuleInputs, Verdict, evaluate_all, load_rules
-from adaptcheck.models.environment import Environment
 
 
 @dataclass

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 
+from adaptcheck.base.yamldata import matrices_file
 from adaptcheck.compat.known_good import load_known_good
 from adaptcheck.compat.rules import load_rules
 from adaptcheck.compat.stackkeys import backend_names
-from adaptcheck.yamldata import matrices_file
 
 HEADER = """# Compatibility data per backend
 

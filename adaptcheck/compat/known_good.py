@@ -22,6 +22,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adaptcheck.base.schemas.environment import Environment
+from adaptcheck.base.yamldata import MatrixError, load_model, matrices_file
 from adaptcheck.compat.stackkeys import (
     change_text,
     fits,
@@ -29,8 +31,6 @@ from adaptcheck.compat.stackkeys import (
     validate_backend,
     validate_constraints,
 )
-from adaptcheck.models.environment import Environment
-from adaptcheck.yamldata import MatrixError, load_model, matrices_file
 
 KNOWN_GOOD_ENV = "ADAPTCHECK_KNOWN_GOOD"
 """Environment variable listing site known-good files read in addition to the base file."""

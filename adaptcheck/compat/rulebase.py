@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.compat import versions as V
 from adaptcheck.compat.stackkeys import validate_backend
-from adaptcheck.models.environment import Environment
 
 VerdictName = Literal["ok", "warn", "incompatible", "not_applicable"]
 

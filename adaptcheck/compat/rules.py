@@ -44,11 +44,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from adaptcheck.base.yamldata import MatrixError, load_model, matrices_file
 from adaptcheck.compat import versions as V
 from adaptcheck.compat.archs import ArchSupportedRule, evaluate_arch
 from adaptcheck.compat.rulebase import Evaluation, RuleBase, RuleInputs, Strict, VerdictName
 from adaptcheck.compat.tables import VersionTableRule, evaluate_table
-from adaptcheck.yamldata import MatrixError, load_model, matrices_file
 
 _SEVERITY = {"not_applicable": 0, "ok": 1, "warn": 2, "incompatible": 3}
 

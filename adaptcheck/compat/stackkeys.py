@@ -21,8 +21,8 @@ import re
 
 from packaging.specifiers import SpecifierSet
 
+from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.compat import versions as V
-from adaptcheck.models.environment import Environment
 
 KEY = re.compile(r"^(torch|python|driver|firmware|(runtime|package|extension)\.[A-Za-z0-9_.\-]+)$")
 KEY_HELP = "torch, python, driver, firmware, runtime.<name>, package.<dist>, extension.<dist>"
@@ -132,7 +132,7 @@ def backend_names() -> tuple[str, ...]:
 def validate_backend(name: str) -> str:
     """``name`` unchanged when a backend of that name is discovered (shipped or plugin), else
     ValueError with "did you mean": an entry or rule for a misspelt backend would never apply."""
-    from adaptcheck.errors import did_you_mean
+    from adaptcheck.base.errors import did_you_mean
 
     known = backend_names()
     if name not in known:

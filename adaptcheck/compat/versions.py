@@ -22,7 +22,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from adaptcheck.models.environment import Environment
+from adaptcheck.base.schemas.environment import Environment
 
 RequiresLookup = Callable[[str], "list[str] | None"]
 """Distribution name → its Requires-Dist lines, or None when it is not installed."""

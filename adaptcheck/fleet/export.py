@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from adaptcheck.atomic import write_text_atomic
+from adaptcheck.base.atomic import write_text_atomic
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.compat import versions as V
 from adaptcheck.compat.known_good import (
     KnownGoodEntry,
@@ -32,7 +33,6 @@ from adaptcheck.fleet.models import (
     Refusal,
 )
 from adaptcheck.fleet.stack import summary
-from adaptcheck.models.results import RunResults
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
 HEADER = ("# Known-good stacks measured on this site, written by 'adaptcheck matrix export-known-good'.\n"

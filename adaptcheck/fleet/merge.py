@@ -4,7 +4,7 @@ Someone merging 200 node reports wants the good ones merged and the bad ones nam
 the whole merge lost to one truncated file: every input that cannot be used is skipped
 with a one-line reason, and the caller decides what an empty result means (the CLI exits
 non-zero only when nothing could be merged). A run is usable when it loads, its digest
-matches its content (:func:`adaptcheck.trusted.load_verified`; an edited or undigested file
+matches its content (:func:`adaptcheck.base.trusted.load_verified`; an edited or undigested file
 is skipped with the reason unless ``allow_unverified``, and then marked unverified), it
 finished (an interrupted run's grade says nothing about the stack), and it captured its
 environment (without step 1 there is no combination to file it under). When one run id
@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import adaptcheck
-from adaptcheck.errors import IntegrityError, InvalidInputError
+from adaptcheck.base.errors import IntegrityError, InvalidInputError
+from adaptcheck.base.integrity import VerifyResult
+from adaptcheck.base.schemas.results import RunResults, utcnow
+from adaptcheck.base.trusted import load_verified
 from adaptcheck.fleet.models import (
     KNOWN_GOOD_MIN_LEVEL,
     Combination,
@@ -30,10 +33,7 @@ from adaptcheck.fleet.models import (
 )
 from adaptcheck.fleet.stack import key_id, stack_key
 from adaptcheck.grade import level_at_least
-from adaptcheck.integrity import VerifyResult
-from adaptcheck.models.results import RunResults, utcnow
 from adaptcheck.runfolder import RESULTS, regrade
-from adaptcheck.trusted import load_verified
 
 
 @dataclass
@@ -175,7 +175,7 @@ def merge(paths: Sequence[Path], allow_unverified: bool = False) -> Merged:
 def merge_results(paths: Sequence[Path], allow_unverified: bool = False) -> FleetMatrix:
     """The fleet matrix of ``paths`` (results.json files or run folders).
 
-    Each file is loaded and verified with :func:`adaptcheck.trusted.load_verified` and
+    Each file is loaded and verified with :func:`adaptcheck.base.trusted.load_verified` and
     regraded from its own checks and rules. Unusable inputs (edited or undigested ones too,
     unless ``allow_unverified``: then merged and marked) and repeated run ids are listed in
     ``skipped``; the matrix has no rows when nothing could be merged (the caller decides

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from adaptcheck.atomic import write_text_atomic
-from adaptcheck.errors import UsageError
+from adaptcheck.base.atomic import write_text_atomic
+from adaptcheck.base.errors import UsageError
 from adaptcheck.fleet.html import render_fleet
 from adaptcheck.fleet.models import FleetMatrix
 

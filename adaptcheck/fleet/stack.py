@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 
+from adaptcheck.base.schemas.environment import Environment
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.compat import versions as V
 from adaptcheck.fleet.models import StackKey
-from adaptcheck.models.environment import Environment
-from adaptcheck.models.results import RunResults
 
 FRAMEWORK_PACKAGES = ("transformers", "sglang")
 """Inference frameworks keyed besides vLLM (its distributions are found by name)."""

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 # Defined in the base layer (the OpenAI client raises them too); importable from here as before.
-from adaptcheck.errors import FrameworkError as FrameworkError
-from adaptcheck.errors import FrameworkUnavailable as FrameworkUnavailable
-from adaptcheck.errors import ScoringUnsupported as ScoringUnsupported
+from adaptcheck.base.errors import FrameworkError as FrameworkError
+from adaptcheck.base.errors import FrameworkUnavailable as FrameworkUnavailable
+from adaptcheck.base.errors import ScoringUnsupported as ScoringUnsupported
 
 
 @dataclass(frozen=True)

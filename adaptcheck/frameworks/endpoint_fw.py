@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from adaptcheck.base.procs import is_loopback_url
 from adaptcheck.frameworks.base import (
     Availability,
     Framework,
@@ -42,7 +43,6 @@ from adaptcheck.frameworks.base import (
 from adaptcheck.openai_client.client import AsyncOpenAIClient
 from adaptcheck.openai_client.records import CompletionResult, ScoreResult
 from adaptcheck.openai_client.sync import OpenAIClient
-from adaptcheck.procs import is_loopback_url
 
 if TYPE_CHECKING:
     from adaptcheck.frameworks.server import ManagedServer

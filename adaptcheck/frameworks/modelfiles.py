@@ -12,7 +12,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from adaptcheck.errors import InvalidInputError
+from adaptcheck.base.errors import InvalidInputError
 
 _HASH_CACHE_MIN_BYTES = 256 * 2**20
 """Weights at least this big have their hash cached (keyed by path, size and mtime): hashing
@@ -22,7 +22,7 @@ a 15 GB checkpoint on every run would cost tens of seconds."""
 class ModelError(InvalidInputError):
     """The model given to adaptcheck cannot be used; the message says why and what to pass.
 
-    An :class:`~adaptcheck.errors.InvalidInputError`: like a malformed ladder, it is an input
+    An :class:`~adaptcheck.base.errors.InvalidInputError`: like a malformed ladder, it is an input
     the user supplied that adaptcheck cannot use (exit code 3).
     """
 
@@ -50,7 +50,7 @@ def _weights_sha256(files: list[Path], *, cache_min_bytes: int | None = None) ->
     size = sum(f.stat().st_size for f in files)
     cache: Path | None = None
     if size >= (_HASH_CACHE_MIN_BYTES if cache_min_bytes is None else cache_min_bytes):
-        from adaptcheck.paths import cache_dir
+        from adaptcheck.base.paths import cache_dir
 
         key = "\n".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
         cache = cache_dir("weights-sha256") / (hashlib.sha256(key.encode()).hexdigest() + ".txt")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptcheck import safejson
+from adaptcheck.base import safejson
 from adaptcheck.frameworks.modelfiles import ModelError, _weights_sha256
 
 EMBEDDED_PREFIX = "embedded:"
@@ -125,7 +125,7 @@ def resolve_model(name: str, *, seed: int = 0) -> ResolvedModel:
 
     Raises :class:`ModelError` for a path that is not a usable model (or a GGUF that cannot be
     converted, or a pretrained package that is not installed) and
-    :class:`~adaptcheck.errors.UnknownNameError` for an unknown embedded or pretrained name.
+    :class:`~adaptcheck.base.errors.UnknownNameError` for an unknown embedded or pretrained name.
     """
     from adaptcheck.frameworks import pretrained, synthetic
 

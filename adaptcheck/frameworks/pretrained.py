@@ -44,7 +44,7 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.errors import UnknownNameError, did_you_mean, exception_line
+from adaptcheck.base.errors import UnknownNameError, did_you_mean, exception_line
 from adaptcheck.frameworks.modelfiles import ModelError, file_sha256, sha256_of_file
 
 PRETRAINED_PREFIX = "pretrained:"
@@ -402,7 +402,7 @@ def converted_gguf_dir(path: Path) -> Path:
 
 
 def _models_dir() -> Path:
-    from adaptcheck.paths import cache_dir
+    from adaptcheck.base.paths import cache_dir
 
     return cache_dir("models")
 
@@ -438,7 +438,7 @@ def ensure_pretrained(name: str) -> Path:
 
     Raises :class:`UnknownNameError` for an unknown name, :class:`ModelError` when its package
     is not installed or its file is damaged, and
-    :class:`~adaptcheck.errors.FrameworkUnavailable` when a conversion is needed and
+    :class:`~adaptcheck.base.errors.FrameworkUnavailable` when a conversion is needed and
     transformers, torch, safetensors or gguf is missing.
     """
     loc, final = _package_target(name)
@@ -548,7 +548,7 @@ def _require_converters() -> None:
     line, as a "cannot run here" rather than a crash."""
     missing = [m for m in ("torch", "transformers", "safetensors", "gguf") if util.find_spec(m) is None]
     if missing:
-        from adaptcheck.errors import FrameworkUnavailable
+        from adaptcheck.base.errors import FrameworkUnavailable
 
         raise FrameworkUnavailable(f"converting a GGUF model needs {', '.join(missing)}: pip install {' '.join(missing)}")
 

@@ -7,8 +7,8 @@ an adapter that is not installed as a plugin (tests use it for deliberately wron
 
 from __future__ import annotations
 
-from adaptcheck import plugins
-from adaptcheck.errors import UnknownNameError, UsageError, did_you_mean
+from adaptcheck.base import plugins
+from adaptcheck.base.errors import UnknownNameError, UsageError, did_you_mean
 from adaptcheck.frameworks.base import Framework
 
 ENTRY_POINT_GROUP = "adaptcheck.frameworks"

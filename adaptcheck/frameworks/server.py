@@ -24,7 +24,7 @@ therefore cannot guarantee "no orphans". The reaper is a tiny Python process (st
 
 Neither the reaper nor the server is started in a new session or process group (no
 ``start_new_session``, ``setsid`` or ``setpgrp``; unlike the isolated worker and the
-collectives ranks, see :mod:`adaptcheck.procs`): adaptcheck's runner kills a hung check's
+collectives ranks, see :mod:`adaptcheck.base.procs`): adaptcheck's runner kills a hung check's
 whole process group — the isolated worker's — with SIGKILL, and the server tree must die with it.
 
 ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not the process.
@@ -56,10 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from adaptcheck.dtypes import FLOAT_DTYPES, framework_dtype
-from adaptcheck.errors import DeviceError
-from adaptcheck.frameworks.base import FrameworkError
-from adaptcheck.procs import (
+from adaptcheck.base.dtypes import FLOAT_DTYPES, framework_dtype
+from adaptcheck.base.errors import DeviceError
+from adaptcheck.base.procs import (
     IS_LINUX,
     PR_SET_CHILD_SUBREAPER,
     child_environ,
@@ -70,6 +69,7 @@ from adaptcheck.procs import (
     prctl,
     set_parent_death_signal,
 )
+from adaptcheck.frameworks.base import FrameworkError
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adaptcheck.errors import UnknownNameError, did_you_mean
+from adaptcheck.base.errors import UnknownNameError, did_you_mean
 
 if TYPE_CHECKING:  # torch/transformers are heavy; imported only when a model is written.
     import torch
@@ -288,7 +288,7 @@ def model_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
     """Where :func:`ensure_model` keeps (name, seed); the folder may not exist yet."""
     spec = _spec(name)
     if root is None:
-        from adaptcheck.paths import cache_dir
+        from adaptcheck.base.paths import cache_dir
 
         root = cache_dir("models")
     return Path(root) / f"{name}-seed{seed}-g{GENERATOR_VERSION}-{spec.spec_hash()[:12]}"

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adaptcheck.dtypes import framework_dtype
+from adaptcheck.base.dtypes import framework_dtype
 from adaptcheck.frameworks.base import (
     Availability,
     Framework,

@@ -20,7 +20,9 @@ import time
 from importlib import metadata
 from typing import Any
 
-from adaptcheck.dtypes import framework_dtype
+from adaptcheck.base.dtypes import framework_dtype
+from adaptcheck.base.paths import cache_dir
+from adaptcheck.base.procs import process_local_environ
 from adaptcheck.frameworks.base import (
     Availability,
     Framework,
@@ -34,8 +36,6 @@ from adaptcheck.frameworks.base import (
     ScoreRequest,
     ScoringUnsupported,
 )
-from adaptcheck.paths import cache_dir
-from adaptcheck.procs import process_local_environ
 
 PLATFORM_GROUP = "vllm.platform_plugins"
 GENERAL_GROUP = "vllm.general_plugins"

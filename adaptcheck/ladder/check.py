@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck.models.results import Status
+from adaptcheck.base.schemas.results import Status
 
 if TYPE_CHECKING:
     import torch
 
     from adaptcheck.backends.base import Backend
-    from adaptcheck.models.ladder import ModelSpec
+    from adaptcheck.base.schemas.ladder import ModelSpec
 
 PROGRESS_MIN_INTERVAL_S = 0.5
 """Progress messages of one check are at least this far apart: a check may call

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adaptcheck.models.ladder import CheckSpec
+from adaptcheck.base.schemas.ladder import CheckSpec
 
 TYPICAL_S: dict[str, float] = {
     "matrix.capture": 3.0,

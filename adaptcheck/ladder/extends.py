@@ -37,19 +37,19 @@ The rules, and why (docs/ladders.md repeats them for users):
 * A child states its own ``schema_version`` (the format it is written in) and ``id``;
   ``version``, ``description``, ``defaults``, ``model`` and ``steps`` are inherited unless given.
 
-Every file keeps its own nodes in the merged tree, and :func:`adaptcheck.yamldata.parse_yaml`
+Every file keeps its own nodes in the merged tree, and :func:`adaptcheck.base.yamldata.parse_yaml`
 names each node's mark with its file: a validation error found after merging still points at
 the file and line that wrote the value. Problems with the directives themselves (an unknown
 id, an unknown key, a bad ``unset`` path) are found here, each a one-line
-:class:`~adaptcheck.errors.LadderError` naming the child's file and line and what to write.
+:class:`~adaptcheck.base.errors.LadderError` naming the child's file and line and what to write.
 """
 
 from __future__ import annotations
 
 import yaml
 
-from adaptcheck.errors import LadderError, did_you_mean
-from adaptcheck.models.ladder import CheckSpec, LadderSpec
+from adaptcheck.base.errors import LadderError, did_you_mean
+from adaptcheck.base.schemas.ladder import CheckSpec, LadderSpec
 
 MAP_TAG = "tag:yaml.org,2002:map"
 SEQ_TAG = "tag:yaml.org,2002:seq"

@@ -1,6 +1,6 @@
 """Load a ladder from YAML and validate it strictly, with file:line in every error.
 
-Parsing, duplicate-key rejection and line mapping come from :mod:`adaptcheck.yamldata`;
+Parsing, duplicate-key rejection and line mapping come from :mod:`adaptcheck.base.yamldata`;
 this module adds what only a ladder has: check kinds, their params and step, grade
 conditions that must select real checks, shared grade rules (``grade: {include: FILE}``)
 and ladders that extend another (``extends:``, merged by :mod:`adaptcheck.ladder.extends`).
@@ -22,12 +22,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from adaptcheck.errors import LadderError, UnknownNameError, did_you_mean
+from adaptcheck.base.errors import LadderError, UnknownNameError, did_you_mean
+from adaptcheck.base.paths import data_dir
+from adaptcheck.base.schemas.ladder import GradeSpec, LadderSpec
+from adaptcheck.base.yamldata import construct, describe, location, parse_yaml, read_text
 from adaptcheck.ladder.extends import MAP_TAG, SEQ_TAG, at, merge_ladder, pairs_of, scalar
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.models.ladder import GradeSpec, LadderSpec
-from adaptcheck.paths import data_dir
-from adaptcheck.yamldata import construct, describe, location, parse_yaml, read_text
 
 MAX_EXTENDS_DEPTH = 8
 """Longest chain of ladders extending one another (the shipped ones use 2)."""

@@ -6,8 +6,8 @@ closest valid names ("did you mean …").
 
 from __future__ import annotations
 
-from adaptcheck import plugins
-from adaptcheck.errors import UnknownNameError
+from adaptcheck.base import plugins
+from adaptcheck.base.errors import UnknownNameError
 from adaptcheck.ladder.check import Check
 
 ENTRY_POINT_GROUP = "adaptcheck.checks"

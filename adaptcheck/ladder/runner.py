@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.models.ladder import CheckSpec
-from adaptcheck.models.results import CheckResult, Status
-from adaptcheck.procs import child_environ, kill_group
+from adaptcheck.base.procs import child_environ, kill_group
+from adaptcheck.base.schemas.ladder import CheckSpec
+from adaptcheck.base.schemas.results import CheckResult, Status
 
 WORKER_STARTUP_TIMEOUT_S = 180.0
 """Importing torch and a vendor extension can be slow on first use; a broken driver can hang it."""
@@ -231,7 +231,7 @@ class JournalWriter:
         self.path = path
 
     def append(self, spec_id: str, results: list[CheckResult]) -> None:
-        from adaptcheck.redact import scrub_text
+        from adaptcheck.base.redact import scrub_text
 
         record = {"spec_id": spec_id, "results": [r.model_dump(mode="json") for r in results]}
         with open(self.path, "a", encoding="utf-8") as fh:
@@ -262,7 +262,7 @@ class JournalWriter:
             (good if parsed is not None else bad).append(raw)
         if not bad:
             return None
-        from adaptcheck.atomic import write_text_atomic
+        from adaptcheck.base.atomic import write_text_atomic
 
         torn = self.path.with_name(self.path.name + TORN_SUFFIX)
         # Append, so fragments from several interrupted resumes are all kept; each on its own

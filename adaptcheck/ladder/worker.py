@@ -33,8 +33,8 @@ def _watch_parent(parent_pid: int) -> None:
 
 def _context(init: dict[str, Any]) -> Any:
     from adaptcheck.backends.registry import get_backend
+    from adaptcheck.base.schemas.ladder import ModelSpec
     from adaptcheck.ladder.check import CheckContext
-    from adaptcheck.models.ladder import ModelSpec
 
     return CheckContext(
         backend=get_backend(init["backend"]),

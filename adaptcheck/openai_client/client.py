@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from adaptcheck.errors import FrameworkError, ScoringUnsupported
+from adaptcheck.base.errors import FrameworkError, ScoringUnsupported
+from adaptcheck.base.procs import is_loopback_url
+from adaptcheck.base.redact import REDACTED, scrub_text, scrub_url_credentials
 from adaptcheck.openai_client.errors import (
     EndpointError,
     EndpointNotReady,
@@ -42,8 +44,6 @@ from adaptcheck.openai_client.parsing import (
     token_id,
 )
 from adaptcheck.openai_client.records import Capabilities, CompletionResult, ScoreResult, StreamChunk
-from adaptcheck.procs import is_loopback_url
-from adaptcheck.redact import REDACTED, scrub_text, scrub_url_credentials
 
 if TYPE_CHECKING:
     from typing_extensions import Self

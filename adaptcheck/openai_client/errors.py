@@ -4,14 +4,14 @@ with a one-line, scrubbed message.
 
 from __future__ import annotations
 
-from adaptcheck.errors import DeviceError, FrameworkError
-from adaptcheck.redact import scrub_text
+from adaptcheck.base.errors import DeviceError, FrameworkError
+from adaptcheck.base.redact import scrub_text
 
 
 class EndpointError(DeviceError, FrameworkError):
     """An OpenAI-compatible endpoint could not answer; the message is one line.
 
-    A :class:`~adaptcheck.errors.DeviceError` (exit code 4): the endpoint is the system
+    A :class:`~adaptcheck.base.errors.DeviceError` (exit code 4): the endpoint is the system
     under test, like a device that cannot be used. Also a
     :class:`~adaptcheck.frameworks.base.FrameworkError`, so adapters and checks that catch
     framework failures catch these too.

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from adaptcheck.dtypes import ITEMSIZE, is_fnuz, torch_dtype
+from adaptcheck.base.dtypes import ITEMSIZE, is_fnuz, torch_dtype
 from adaptcheck.perf.micro import (
     TimingOptions,
     make_row,

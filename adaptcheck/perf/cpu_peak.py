@@ -44,7 +44,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaptcheck.hostfacts import parse_lscpu_like
+from adaptcheck.base.hostfacts import parse_lscpu_like
 from adaptcheck.perf.cpu_clock import (
     VectorClock,
     remeasure_vector_clock,

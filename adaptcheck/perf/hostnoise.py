@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptcheck.procs import descendants
+from adaptcheck.base.procs import descendants
 
 MHZ_EVERY = 5
 """Read the clock every this many samples (/proc/cpuinfo is long on a many-core host)."""

@@ -49,7 +49,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from adaptcheck.errors import exception_line
+from adaptcheck.base.errors import exception_line
 from adaptcheck.openai_client.client import AsyncOpenAIClient
 from adaptcheck.openai_client.errors import (
     EndpointError,

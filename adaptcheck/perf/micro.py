@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from adaptcheck.dtypes import ITEMSIZE, GemmDtype, is_fnuz, torch_dtype
+from adaptcheck.base.dtypes import ITEMSIZE, GemmDtype, is_fnuz, torch_dtype
 from adaptcheck.perf.caches import DRAM_FACTOR, LastLevelCache, device_llc, residency
 from adaptcheck.perf.peaks import Peak, efficiency, fmt_rate, roofline
 from adaptcheck.perf.timing import CI_TARGET, Timing, time_callable

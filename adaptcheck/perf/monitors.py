@@ -13,7 +13,7 @@ warning line.
 
 *The server.* Which process it is when it runs on this machine (the pid of a launched
 server, or the process listening on a loopback endpoint's port: :func:`local_server_pid`;
-:func:`adaptcheck.procs.tree_rss_mib` reads its tree's resident memory), and vLLM's
+:func:`adaptcheck.base.procs.tree_rss_mib` reads its tree's resident memory), and vLLM's
 KV-cache usage gauge from ``/metrics`` where the server has one, sampled during the window
 (its peak is what says how full the cache got).
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from adaptcheck.base.procs import is_loopback_host
 from adaptcheck.perf.serving_metrics import percentile
-from adaptcheck.procs import is_loopback_host
 
 if TYPE_CHECKING:
     from adaptcheck.openai_client.client import AsyncOpenAIClient

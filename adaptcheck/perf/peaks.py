@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adaptcheck.yamldata import (
+from adaptcheck.base.yamldata import (
     MatrixError,
     load_model,
     matrices_file,

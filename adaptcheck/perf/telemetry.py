@@ -4,7 +4,7 @@ Responsible for taking one sample every ``interval_s`` without disturbing the lo
 watches, and for never stopping early:
 
 * *host* (a thread of its own): resident memory of the server's whole process tree
-  (:func:`~adaptcheck.procs.tree_rss_mib`, when the server's pid is known), the
+  (:func:`~adaptcheck.base.procs.tree_rss_mib`, when the server's pid is known), the
   host's CPU utilisation (from consecutive ``/proc/stat`` reads: the share of all CPUs busy
   since the previous sample) and CPU frequency where readable (cpufreq, else ``cpu MHz``);
 * *device* (a second thread): the backend's :meth:`~adaptcheck.backends.base.Backend.telemetry_sample`
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adaptcheck.errors import exception_line
-from adaptcheck.hostfacts import cpu_frequency_mhz, cpu_times
-from adaptcheck.procs import tree_rss_mib
+from adaptcheck.base.errors import exception_line
+from adaptcheck.base.hostfacts import cpu_frequency_mhz, cpu_times
+from adaptcheck.base.procs import tree_rss_mib
 
 if TYPE_CHECKING:
     from typing_extensions import Self

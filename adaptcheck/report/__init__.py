@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from adaptcheck.atomic import write_text_atomic
-from adaptcheck.models.results import RunResults
+from adaptcheck.base.atomic import write_text_atomic
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.report.render import details_path, render
 from adaptcheck.report.view import build_view
 

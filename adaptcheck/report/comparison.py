@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.compare import SELF_KIND, Comparison
 from adaptcheck.compare.model import PerfFigure, RunRef
 from adaptcheck.compare.perf import describe_change, value_text
-from adaptcheck.errors import InvalidInputError
-from adaptcheck.models.results import RunResults
 from adaptcheck.report.fmt import Label, status_key, status_label
 
 PAGE_TEMPLATE = "compare_page.html.j2"

@@ -14,8 +14,8 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
-from adaptcheck.jsonvalues import as_float  # noqa: F401 - re-exported: the report's readers import it from here
-from adaptcheck.models.results import CheckResult, RunResults
+from adaptcheck.base.jsonvalues import as_float  # noqa: F401 - re-exported: the report's readers import it from here
+from adaptcheck.base.schemas.results import CheckResult, RunResults
 
 # Display label of each status key. 'na' (a skip the backend declared inapplicable) is kept
 # apart from 'skip' because only the latter can block a grade; 'notrun' is a planned check

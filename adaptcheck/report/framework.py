@@ -17,7 +17,7 @@ reader needs to judge a bring-up at a glance:
   control, their chart, the localisation, the reproducer (:mod:`adaptcheck.report.numerics`).
 
 Each result's details are read as its kind's typed evidence
-(:mod:`adaptcheck.models.framework_evidence`): ``framework`` is one shape in every outcome (the
+(:mod:`adaptcheck.base.schemas.framework_evidence`): ``framework`` is one shape in every outcome (the
 name always, the facts when it loaded), so nothing here guesses between a name and a dict or
 reads the framework out of a check id; files older than schema 1.3 are brought to that shape
 by the loader. Results are still read defensively: details that do not fit the schema (a
@@ -32,14 +32,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptcheck.models.framework_evidence import (
+from adaptcheck.base.schemas.framework_evidence import (
     FrameworkCheckEvidence,
     FrameworkInfo,
     FrameworkRef,
     ModelInfo,
     lifecycle_evidence_model,
 )
-from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
     Label,

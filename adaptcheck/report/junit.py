@@ -13,7 +13,7 @@ validates against (``junit-10.xsd``; tests/report/data/junit.xsd reflects it):
   step was not selected (``--steps``) it is ``<skipped>`` ("not run: …"), otherwise (run
   interrupted, result lost) it is an ``<error>`` — something meant to run did not.
 * The ``grade`` testcase carries the grade, what it certifies (the model, its weights digest
-  and dtype, the frameworks: :mod:`adaptcheck.models.certificate`) and its blockers in
+  and dtype, the frameworks: :mod:`adaptcheck.base.schemas.certificate`) and its blockers in
   ``<system-out>``; it fails only when ``require`` was given and the grade is below it, so the
   JUnit verdict and the exit code agree. Every suite has properties: run id, grade, adaptcheck
   version, digest, the model (``adaptcheck.model``, ``adaptcheck.model.sha256``,
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
 
-from adaptcheck.atomic import write_text_atomic
+from adaptcheck.base.atomic import write_text_atomic
+from adaptcheck.base.redact import scrub_text
+from adaptcheck.base.schemas.certificate import UNKNOWN, CertificateSubject, certificate_subject
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.grade import level_at_least
-from adaptcheck.models.certificate import UNKNOWN, CertificateSubject, certificate_subject
-from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
-from adaptcheck.redact import scrub_text
 from adaptcheck.report.view import STEP_NAMES
 
 # A failure body is for reading in a CI page, not for archiving: the full details are in results.json.

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptcheck.models.environment import DeviceInfo, Environment
-from adaptcheck.models.results import CheckResult, Status
+from adaptcheck.base.schemas.environment import DeviceInfo, Environment
+from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.report.fmt import NOT_PRESENT, format_value, status_key
 
 RULES_PREFIX = "matrix.rules."

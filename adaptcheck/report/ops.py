@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults
 from adaptcheck.report.fmt import (
     Label,
     as_dict,

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptcheck.models.results import CheckResult, RunResults, Status
+from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report.fmt import (
     STATUS_LABELS,

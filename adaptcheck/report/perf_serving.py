@@ -23,7 +23,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from adaptcheck.models.results import CheckResult
+from adaptcheck.base.schemas.results import CheckResult
 from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report import svg
 

@@ -19,7 +19,7 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from adaptcheck.atomic import write_text_atomic
+from adaptcheck.base.atomic import write_text_atomic
 from adaptcheck.compare import Comparison
 from adaptcheck.report.comparison import PAGE_TEMPLATE, ComparePage, build_compare_view
 from adaptcheck.report.view import ReportView

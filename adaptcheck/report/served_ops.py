@@ -19,8 +19,8 @@ import json
 import re
 from typing import Any
 
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.frameworks.vllm_ops import custom_op_layers
-from adaptcheck.models.results import RunResults
 from adaptcheck.report.fmt import as_dict
 
 STEP = 4

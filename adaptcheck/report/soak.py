@@ -20,7 +20,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from adaptcheck.models.results import CheckResult
+from adaptcheck.base.schemas.results import CheckResult
 from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report import svg
 from adaptcheck.report.fmt import Label, as_dict, as_float, format_float, format_value

@@ -13,8 +13,8 @@ import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from adaptcheck.models.certificate import CertificateSubject, certificate_subject, subject_label
-from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.base.schemas.certificate import CertificateSubject, certificate_subject, subject_label
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.comparison import CompareView, build_compare
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
@@ -175,7 +175,7 @@ class SubjectPart:
 
 @dataclass
 class SubjectView:
-    """What the grade certifies, under the grade on the first screen (:mod:`adaptcheck.models.certificate`)."""
+    """What the grade certifies, under the grade on the first screen (:mod:`adaptcheck.base.schemas.certificate`)."""
 
     known: bool
     # 'Certified' above L0; 'Tested' when nothing was certified.

@@ -42,7 +42,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.errors import AdaptcheckError
+from adaptcheck.base.errors import AdaptcheckError
 
 INLINED_PACKAGES = ("adaptcheck", "reference_kernels", "tests")
 """Top-level packages always copied, even where they happen to be installed."""

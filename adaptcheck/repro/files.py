@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from adaptcheck.atomic import write_text_atomic
+from adaptcheck.base.atomic import write_text_atomic
 
 REPRO_DIR = "repro"
 """Folder of the run folder holding the scripts."""

@@ -28,8 +28,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from adaptcheck import __version__, klestimate
-from adaptcheck.dtypes import FLOAT_DTYPES, framework_dtype
+from adaptcheck import __version__
+from adaptcheck.base import klestimate
+from adaptcheck.base.dtypes import FLOAT_DTYPES, framework_dtype
 from adaptcheck.repro.files import write_script
 
 DTYPES = FLOAT_DTYPES
@@ -245,7 +246,7 @@ def render_model_script(check_id: str, spec: ModelReproSpec) -> str:
         '"""\n'
     )
     # JSON inside a Python string literal: values from the run can never become code.
-    # The estimator's own source (adaptcheck.klestimate): the script computes what the check did.
+    # The estimator's own source (adaptcheck.base.klestimate): the script computes what the check did.
     estimator = "\n\n".join(inspect.getsource(f).rstrip() for f in (klestimate.position_kl, klestimate.quantile))
     # The script cannot import adaptcheck: it gets adaptcheck's one dtype map as a literal.
     torch_dtypes = repr({name: framework_dtype(name) for name in (*DTYPES, "fp64")})

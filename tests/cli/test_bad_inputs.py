@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 import typer
 
+from adaptcheck.base.errors import ExitCode
 from adaptcheck.cli import app as cli_app
 from adaptcheck.cli.app import main
-from adaptcheck.errors import ExitCode
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
@@ -143,7 +143,7 @@ def _read_only_cwd(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 
 
 def _good_json(tmp: Path, mp: pytest.MonkeyPatch) -> None:
-    from adaptcheck.models.results import RunResults
+    from adaptcheck.base.schemas.results import RunResults
 
     RunResults.load(GOOD_SOURCE).save(tmp / "good.json")  # sealed with its digest
 
@@ -242,7 +242,7 @@ def _orphan_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 
 
 def _run_without_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
-    from adaptcheck.models.results import DeviceRef, LadderRef, utcnow
+    from adaptcheck.base.schemas.results import DeviceRef, LadderRef, utcnow
     from adaptcheck.runfolder import RUN_META, RunMeta
 
     run = tmp / "run1"
@@ -256,8 +256,8 @@ def _run_without_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 
 def _sealed_variant(tmp: Path, name: str, edit: Callable[[dict[str, Any]], None], seal: bool) -> None:
     """``good.json``'s content changed by ``edit``, written as ``name``; re-sealed when ``seal``."""
-    from adaptcheck.integrity import DIGEST_FIELD, compute_digest
-    from adaptcheck.models.results import RunResults
+    from adaptcheck.base.integrity import DIGEST_FIELD, compute_digest
+    from adaptcheck.base.schemas.results import RunResults
 
     content = json.loads(RunResults.load(GOOD_SOURCE).model_dump_json())
     content[DIGEST_FIELD] = compute_digest(content)
@@ -292,8 +292,8 @@ def _escape_json(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 def _run_edited_ladder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     import hashlib
 
+    from adaptcheck.base.schemas.results import DeviceRef, LadderRef, utcnow
     from adaptcheck.ladder.loader import load_ladder
-    from adaptcheck.models.results import DeviceRef, LadderRef, utcnow
     from adaptcheck.runfolder import LADDER_SNAPSHOT, RUN_META, RunMeta
 
     run = tmp / "run2"
@@ -432,7 +432,7 @@ def test_bad_input_through_console_script(row: Row, tmp_path: Path, monkeypatch:
 
 
 def test_alias_bomb_is_refused_in_well_under_a_second(tmp_path: Path) -> None:
-    from adaptcheck.errors import LadderError
+    from adaptcheck.base.errors import LadderError
     from adaptcheck.ladder.loader import parse_ladder
 
     assert len(BOMB.encode()) == 342

@@ -154,7 +154,7 @@ def test_grade_exit_codes(dummy_results: Path, tmp_path: Path) -> None:
 
 
 def test_grade_recomputes_rather_than_trusting_the_file(dummy_results: Path) -> None:
-    from adaptcheck.integrity import DIGEST_FIELD, compute_digest
+    from adaptcheck.base.integrity import DIGEST_FIELD, compute_digest
 
     data = json.loads(dummy_results.read_text())
     data["grade"]["level"] = "L5"  # a hand-edited grade ...
@@ -207,12 +207,12 @@ def test_kinds_and_schema() -> None:
 
 
 def test_docs_match_the_models() -> None:
-    from adaptcheck.models.docgen import DOCS, render
+    from adaptcheck.base.schemas.docgen import DOCS, render
 
     root = Path(__file__).resolve().parents[2] / "docs"
     for which, (model, title, intro) in DOCS.items():
         assert (root / f"{which}-schema.md").read_text() == render(model, title, intro) + "\n", (
-            f"docs/{which}-schema.md is stale: python -m adaptcheck.models.docgen {which} > docs/{which}-schema.md")
+            f"docs/{which}-schema.md is stale: python -m adaptcheck.base.schemas.docgen {which} > docs/{which}-schema.md")
 
 
 def test_secret_values_never_leave_the_machine(write_ladder) -> None:

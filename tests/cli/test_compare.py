@@ -152,8 +152,8 @@ def test_a_baseline_from_before_digests_is_refused_unless_allowed() -> None:
     """Schema 1.0 files carry no digest: nothing proves them intact. Issue 12 changed this
     from "accepted" to "refused (exit 5) unless --allow-unverified": a baseline nobody vouches
     for could hide a regression. Allowed, the copy is verbatim (perf.regression then marks it)."""
-    from adaptcheck.errors import IntegrityError
-    from adaptcheck.integrity import Integrity, verify_file
+    from adaptcheck.base.errors import IntegrityError
+    from adaptcheck.base.integrity import Integrity, verify_file
     from adaptcheck.session import _baseline_text
 
     assert verify_file(BASELINE).status is Integrity.NO_DIGEST
@@ -169,7 +169,7 @@ def test_grade_change_leads_with_the_checks_that_caused_it(tmp_path: Path, seale
     (before issue 12 the grade was not mentioned and a status change hid under "Other
     differences"). One word for not-applicable: an n/a check that now fails reads "n/a → fail",
     as the report calls it, never "skip → fail"."""
-    from adaptcheck.models.results import Status
+    from adaptcheck.base.schemas.results import Status
 
     _, rerun = load_pair()
     lost = check(rerun, "framework.transformers.concurrent")

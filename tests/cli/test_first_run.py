@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.progress import (
     ReasonFolder,
@@ -21,7 +22,6 @@ from adaptcheck.cli.progress import (
 )
 from adaptcheck.ladder.estimate import estimate
 from adaptcheck.ladder.loader import load_ladder
-from adaptcheck.models.results import CheckResult, Status
 from adaptcheck.session import RunHeader
 from tests.conftest import run_cli
 
@@ -166,8 +166,8 @@ def test_run_prints_the_header_first(tmp_path: Path) -> None:
 
 
 def test_running_check_shows_elapsed_planned_and_progress(tmp_path: Path) -> None:
+    from adaptcheck.base.schemas.ladder import CheckSpec
     from adaptcheck.cli.progress import CheckColumn
-    from adaptcheck.models.ladder import CheckSpec
 
     out, _ = _output()
     progress = RichProgress(out)

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from adaptcheck.base.errors import ExitCode
 from adaptcheck.cli.app import app, main
-from adaptcheck.errors import ExitCode
 from adaptcheck.ladder.loader import load_ladder, parse_ladder
 
 RUNNER = CliRunner()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adaptcheck.models.results import RunResults
+from adaptcheck.base.schemas.results import RunResults
 from tests.conftest import run_cli
 from tests.fleet.runs import FleetRuns, fleet_runs_fixture, run  # noqa: F401 - a fixture
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck.errors import ExitCode
+from adaptcheck.base.errors import ExitCode
 from tests.conftest import ladder_text, run_cli
 from tests.repro.standalone import run_standalone
 

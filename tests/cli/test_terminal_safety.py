@@ -1,6 +1,6 @@
 """No terminal control reaches the terminal (issue 12): a results file, a plugin or a device can
 carry text with escape sequences (``EPYC\\x1b]0;…\\x07\\x1b[2J`` retitles the window and clears
-the screen). Every line printed to stderr goes through :func:`adaptcheck.terminal.terminal_safe`,
+the screen). Every line printed to stderr goes through :func:`adaptcheck.base.terminal.terminal_safe`,
 which shows each control as its escaped text; the stdout document stays valid JSON / YAML.
 
 The hostile files are sealed with a valid digest (the digest is not a signature: anyone can
@@ -18,10 +18,10 @@ import pytest
 import yaml
 from rich.console import Console
 
+from adaptcheck.base.schemas.results import CheckResult, Status
+from adaptcheck.base.terminal import terminal_safe
 from adaptcheck.cli.output import Output
 from adaptcheck.grade import compute_grade
-from adaptcheck.models.results import CheckResult, Status
-from adaptcheck.terminal import terminal_safe
 from tests.compare.helpers import BASELINE, check, load_pair, write_sealed
 from tests.conftest import run_cli
 from tests.report.factory import make_results
@@ -112,8 +112,8 @@ def test_table_cells_and_titles_are_made_safe() -> None:
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_run_progress_lines_go_through_the_sanitiser(quiet: bool) -> None:
+    from adaptcheck.base.schemas.ladder import CheckSpec
     from adaptcheck.cli.progress import RichProgress
-    from adaptcheck.models.ladder import CheckSpec
 
     out, buffer = _captured_output()
     out.quiet = quiet

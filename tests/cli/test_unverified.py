@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.fleet import merge_results
-from adaptcheck.models.results import RunResults
 from tests.compare.helpers import BASELINE, RERUN, write_sealed
 from tests.conftest import run_cli
 from tests.report.factory import make_results
@@ -238,8 +238,8 @@ def test_run_baseline_allowed_unverified_is_marked_in_the_evidence(tmp_path: Pat
 
 def test_load_verified_is_the_one_rule(tmp_path: Path) -> None:
     """The library function every command uses: intact passes, the rest raise unless allowed."""
-    from adaptcheck.errors import IntegrityError, InvalidInputError
-    from adaptcheck.trusted import load_verified
+    from adaptcheck.base.errors import IntegrityError, InvalidInputError
+    from adaptcheck.base.trusted import load_verified
 
     intact = _intact(tmp_path / "intact.json")
     results, verdict = load_verified(intact, allow_unverified=False)

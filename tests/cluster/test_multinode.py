@@ -26,10 +26,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from adaptcheck.base.procs import free_port
 from adaptcheck.collectives.exact import OPS
 from adaptcheck.collectives.launch import loopback_interface
 from adaptcheck.collectives.worker import TorchCollectives
-from adaptcheck.procs import free_port
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 

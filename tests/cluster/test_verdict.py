@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.base.errors import UsageError
 from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
 from adaptcheck.cluster.models import Settings
 from adaptcheck.cluster.rank import Watchdog
@@ -26,7 +27,6 @@ from adaptcheck.cluster.verdict import (
     slowest_rank,
 )
 from adaptcheck.collectives.plan import Plan
-from adaptcheck.errors import UsageError
 
 TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
                 "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.integrity import DIGEST_FIELD, compute_digest
-from adaptcheck.models.results import CheckResult, RunResults
+from adaptcheck.base.integrity import DIGEST_FIELD, compute_digest
+from adaptcheck.base.schemas.results import CheckResult, RunResults
 
 DATA = Path(__file__).resolve().parent / "data"
 BASELINE = DATA / "baseline.json"

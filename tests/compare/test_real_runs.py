@@ -12,8 +12,8 @@ import statistics
 
 import pytest
 
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.compare import ComparePolicy, compare_results
-from adaptcheck.models.results import Status
 from tests.compare.helpers import (
     GEMM_ROW,
     SERVING_LEVEL,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.compare import ComparePolicy, Comparison, compare_results
 from adaptcheck.compare.numeric import RULES, judge
-from adaptcheck.errors import InvalidInputError
-from adaptcheck.models.results import CheckResult, RunResults, Status
 from tests.compare.helpers import load_pair
 
 POLICY = ComparePolicy()

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.compare import ComparePolicy, Comparison, compare_results
 from adaptcheck.compare.perf import RunsFigure, runs_bound
-from adaptcheck.models.results import CheckResult, Status
 from tests.compare.helpers import load_pair
 
 POLICY = ComparePolicy()

@@ -8,15 +8,15 @@ import sys
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.environment import DeviceInfo
+from adaptcheck.base.yamldata import parse_model
 from adaptcheck.compat.known_good import (
     KnownGoodFile,
     differences,
     load_known_good,
     match_known_good,
 )
-from adaptcheck.models.environment import DeviceInfo
 from adaptcheck.steps.matrix.capture import capture_environment
-from adaptcheck.yamldata import parse_model
 from tests.steps.matrix.factories import cuda_env, make_env
 
 SHIPPED = load_known_good()

@@ -9,17 +9,17 @@ import pytest
 import yaml
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.paths import data_dir
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
+from adaptcheck.base.yamldata import MatrixError
 from adaptcheck.compat.known_good import (
     KNOWN_GOOD_ENV,
     extra_known_good_files,
     load_known_good_sources,
 )
 from adaptcheck.ladder.check import CheckContext
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
-from adaptcheck.paths import data_dir
 from adaptcheck.steps.matrix.checks import KnownGoodCheck, KnownGoodParams
-from adaptcheck.yamldata import MatrixError
 from tests.steps.matrix.factories import make_env
 
 SHIPPED = data_dir("matrices") / "known_good.yaml"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from adaptcheck.base.paths import data_dir
+from adaptcheck.base.yamldata import MatrixError, parse_model
 from adaptcheck.compat.known_good import KnownGoodFile, load_known_good
 from adaptcheck.compat.rules import RulesFile, load_rules
-from adaptcheck.paths import data_dir
-from adaptcheck.yamldata import MatrixError, parse_model
 
 
 def test_shipped_files_are_valid_and_sourced() -> None:

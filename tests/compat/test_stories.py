@@ -21,10 +21,10 @@ import pytest
 from adaptcheck.backends.ascend import parse_cann_version_cfg, parse_driver_version_info
 from adaptcheck.backends.hygon import parse_hy_smi_driver
 from adaptcheck.backends.musa import parse_musa_version_json
+from adaptcheck.base.schemas.environment import DeviceInfo, Environment
 from adaptcheck.compat.assess import Assessment, assess
 from adaptcheck.compat.known_good import load_known_good
 from adaptcheck.compat.rules import load_rules
-from adaptcheck.models.environment import DeviceInfo, Environment
 from tests.steps.matrix.factories import make_env
 
 NO_SITE_FILES: list[Path] = []

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.yamldata import MatrixError, parse_model
 from adaptcheck.compat.archs import ArchSupportedRule, covers
 from adaptcheck.compat.rules import RuleInputs, RulesFile, evaluate
 from adaptcheck.compat.stackkeys import comparable, fits, target_text
 from adaptcheck.compat.tables import VersionTableRule
-from adaptcheck.errors import InvalidInputError
-from adaptcheck.yamldata import MatrixError, parse_model
 from tests.steps.matrix.factories import make_env, requires_from
 
 TABLE: dict[str, Any] = {

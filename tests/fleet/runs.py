@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from adaptcheck.integrity import DIGEST_FIELD, compute_digest
+from adaptcheck.base.integrity import DIGEST_FIELD, compute_digest
 from tests.conftest import run_cli
 
 NEVER_MATCHES = {"schema_version": 1, "entries": [{

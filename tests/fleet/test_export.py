@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.compat.known_good import (
     KnownGoodEntry,
     differences,
@@ -17,7 +18,6 @@ from adaptcheck.compat.known_good import (
 from adaptcheck.compat.stackkeys import fits
 from adaptcheck.fleet import export_known_good
 from adaptcheck.fleet.export import device_regex, pin
-from adaptcheck.models.results import RunResults
 
 from .runs import FleetRuns, derive, fleet_runs_fixture, load  # noqa: F401 - a fixture
 
@@ -101,7 +101,7 @@ def test_reexport_replaces_by_id_and_keeps_other_entries(fleet_runs: FleetRuns, 
 
 
 def test_an_invalid_existing_file_is_not_overwritten(fleet_runs: FleetRuns, tmp_path: Path) -> None:
-    from adaptcheck.yamldata import MatrixError
+    from adaptcheck.base.yamldata import MatrixError
 
     out = tmp_path / "kg.yaml"
     out.write_text("schema_version: 1\nentries: [{id: x}]\n")

@@ -6,9 +6,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.fleet import merge_results
 from adaptcheck.fleet.stack import key_versions
-from adaptcheck.models.results import RunResults
 
 from .runs import FleetRuns, derive, fleet_runs_fixture  # noqa: F401 - a fixture
 

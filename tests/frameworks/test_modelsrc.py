@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck.errors import ExitCode, InvalidInputError, UnknownNameError
+from adaptcheck.base.errors import ExitCode, InvalidInputError, UnknownNameError
 from adaptcheck.frameworks import modelfiles, synthetic
 from adaptcheck.frameworks.modelsrc import ModelError, ResolvedModel, resolve_model
 

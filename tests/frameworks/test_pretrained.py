@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.errors import ExitCode, UnknownNameError
+from adaptcheck.base.errors import ExitCode, UnknownNameError
 from adaptcheck.frameworks import modelsrc, pretrained, synthetic
 from adaptcheck.frameworks.modelsrc import ModelError, resolve_model
 
@@ -155,7 +155,7 @@ def test_named_models_and_sources(tmp_path: Path) -> None:
 
 
 def test_run_folder_and_capture_accept_named_models() -> None:
-    from adaptcheck.models.ladder import ModelSpec
+    from adaptcheck.base.schemas.ladder import ModelSpec
     from adaptcheck.steps.matrix.capture import model_info
 
     assert model_info(ModelSpec(name="embedded:tiny-llama")).source == "embedded"
@@ -164,12 +164,10 @@ def test_run_folder_and_capture_accept_named_models() -> None:
 
 
 def test_shipped_ladders_name_auto() -> None:
-    import yaml
+    from adaptcheck.ladder.loader import load_ladder
 
-    from adaptcheck.paths import data_dir
-
-    for ladder in ("quick", "standard"):
-        assert yaml.safe_load((data_dir("ladders") / f"{ladder}.yaml").read_text())["model"]["name"] == "auto"
+    for ladder in ("quick", "standard"):  # resolved: quick inherits standard's model section
+        assert load_ladder(ladder).spec.model.name == "auto"
 
 
 # --- bad GGUF files --------------------------------------------------------------------------------

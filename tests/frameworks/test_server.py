@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from adaptcheck.base.procs import descendants, pid_alive
 from adaptcheck.frameworks.server import (
     ManagedServer,
     ServerSpec,
@@ -27,7 +28,6 @@ from adaptcheck.frameworks.server import (
     build_env,
     death_cause,
 )
-from adaptcheck.procs import descendants, pid_alive
 from tests.servers import serving_unavailable
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")

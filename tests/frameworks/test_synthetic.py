@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from adaptcheck.errors import UnknownNameError
+from adaptcheck.base.errors import UnknownNameError
 from adaptcheck.frameworks import synthetic
 from adaptcheck.frameworks.synthetic import (
     BOS_ID,

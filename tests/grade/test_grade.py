@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from adaptcheck.base.schemas.ladder import GradeSpec
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, Status
 from adaptcheck.grade import compute_grade, level_at_least
 from adaptcheck.ladder.loader import load_ladder
-from adaptcheck.models.ladder import GradeSpec
-from adaptcheck.models.results import CheckResult, PlannedCheck, Status
 
 RULES = GradeSpec.model_validate({"levels": [
     {"level": "L1", "name": "device usable", "conditions": [

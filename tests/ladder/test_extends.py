@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from adaptcheck.errors import LadderError
+from adaptcheck.base.errors import LadderError
+from adaptcheck.base.paths import data_dir
 from adaptcheck.ladder.loader import load_ladder, parse_ladder
-from adaptcheck.paths import data_dir
 from tests.conftest import ladder_text
 
 PARENT_CHECKS: list[dict[str, object]] = [

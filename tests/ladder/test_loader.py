@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck.errors import LadderError, UnknownNameError
+from adaptcheck.base.errors import LadderError, UnknownNameError
 from adaptcheck.ladder.loader import builtin_ladders, load_ladder, parse_ladder
 from tests.conftest import ladder_text
 

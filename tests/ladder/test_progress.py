@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from adaptcheck.backends.registry import get_backend
+from adaptcheck.base.schemas.ladder import CheckSpec, ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import PROGRESS_MIN_INTERVAL_S, CheckContext
 from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
-from adaptcheck.models.ladder import CheckSpec, ModelSpec
-from adaptcheck.models.results import Status
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from adaptcheck.errors import UsageError
+from adaptcheck.base.errors import UsageError
+from adaptcheck.base.runlock import LOCK_FILE, acquire, read_holder
 from adaptcheck.ladder.runner import JournalWriter
-from adaptcheck.runlock import LOCK_FILE, acquire, read_holder
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
@@ -232,7 +232,7 @@ def test_lock_is_exclusive_names_its_holder_and_is_released(tmp_path: Path) -> N
 
 def _hold_lock_in_child(run_dir: Path) -> subprocess.Popen[str]:
     """A separate process that takes the folder's lock as a resume does and keeps it."""
-    code = ("import sys; from pathlib import Path; from adaptcheck.runlock import acquire; "
+    code = ("import sys; from pathlib import Path; from adaptcheck.base.runlock import acquire; "
             "lock = acquire(Path(sys.argv[1]), 'adaptcheck run --resume'); print('locked', flush=True); "
             "sys.stdin.read()")
     child = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from adaptcheck.base.schemas.ladder import CheckSpec, ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
-from adaptcheck.models.ladder import CheckSpec, ModelSpec
-from adaptcheck.models.results import Status
 from tests.conftest import popen_interruptible, run_cli
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")

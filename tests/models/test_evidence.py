@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from pydantic import Field
 
-from adaptcheck.grade import compute_grade
-from adaptcheck.models.evidence import Evidence, EvidenceError
-from adaptcheck.models.framework_evidence import (
+from adaptcheck.base.schemas.evidence import Evidence, EvidenceError
+from adaptcheck.base.schemas.framework_evidence import (
     LIFECYCLE_EVIDENCE,
     FrameworkCheckEvidence,
     FrameworkInfo,
@@ -27,8 +26,9 @@ from adaptcheck.models.framework_evidence import (
     SubcheckRow,
     lifecycle_evidence_model,
 )
-from adaptcheck.models.results import SCHEMA_VERSION, CheckResult, RunResults, Status
-from adaptcheck.models.upgrade import parse_version, upgrade_results
+from adaptcheck.base.schemas.results import SCHEMA_VERSION, CheckResult, RunResults, Status
+from adaptcheck.base.schemas.upgrade import parse_version, upgrade_results
+from adaptcheck.grade import compute_grade
 from adaptcheck.report.framework import build_framework
 from adaptcheck.report.render import render
 from adaptcheck.report.view import build_view
@@ -121,8 +121,8 @@ def test_an_unknown_step4_kind_reads_the_shared_part() -> None:
 
 
 def test_the_runner_names_the_framework_of_a_check_it_wrote_in_place() -> None:
+    from adaptcheck.base.schemas.ladder import CheckSpec
     from adaptcheck.ladder.runner import error_results
-    from adaptcheck.models.ladder import CheckSpec
 
     spec = CheckSpec(id="bringup.x", step=4, kind="framework.reference", params={"framework": "transformers"})
     [crashed] = error_results(spec, "worker crashed: SIGKILL")

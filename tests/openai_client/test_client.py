@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.errors import AdaptcheckError, ExitCode
+from adaptcheck.base.errors import AdaptcheckError, ExitCode
+from adaptcheck.base.procs import free_port
 from adaptcheck.frameworks.base import FrameworkError
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.frameworks.synthetic import synthetic_info
@@ -37,7 +38,6 @@ from adaptcheck.openai_client.metrics import metric_total, parse_prometheus
 from adaptcheck.openai_client.parsing import normalize_base_url, server_error_message
 from adaptcheck.openai_client.records import CompletionResult
 from adaptcheck.openai_client.sync import OpenAIClient
-from adaptcheck.procs import free_port
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 

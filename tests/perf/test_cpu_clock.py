@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
 from adaptcheck.ladder.check import CheckContext, Status
-from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.perf import cpu_clock
 from adaptcheck.perf.cpu_clock import (
     CHAIN,

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.frameworks.base import FrameworkConfig, GenRequest, LoadOptions
 from adaptcheck.frameworks.endpoint_fw import EndpointFramework
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.openai_client.sync import OpenAIClient
 from adaptcheck.perf.load_audit import workload_facts
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult

@@ -19,13 +19,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.dtypes import GemmDtype
 from adaptcheck.collectives.bandwidth import (
     busbw_factor,
     collective_row,
     elements_for_bytes,
     full_tensor_bytes,
 )
-from adaptcheck.dtypes import GemmDtype
 from adaptcheck.perf.attention import (
     bench_decode,
     bench_prefill,
@@ -280,8 +280,8 @@ def test_collective_row_algbw_busbw_and_efficiency() -> None:
 # --- issue 14: rows that fit in the cache, the memory reference, above-peak rows, the median's CI ---
 
 def _ctx(tmp_path: Any) -> Any:
+    from adaptcheck.base.schemas.ladder import ModelSpec
     from adaptcheck.ladder.check import CheckContext
-    from adaptcheck.models.ladder import ModelSpec
 
     return CheckContext(backend=CpuBackend(), device_index=0, seed=0, run_dir=tmp_path, model=ModelSpec())
 

@@ -19,7 +19,7 @@ import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.backends.cuda import CudaBackend
-from adaptcheck.hostfacts import cpu_frequency_mhz
+from adaptcheck.base.hostfacts import cpu_frequency_mhz
 from adaptcheck.perf.telemetry import STOP_WAIT_S, TelemetrySampler
 from adaptcheck.perf.trend import fit_trend
 from tests.backends.fakes import fake_bin, install_fake_tool

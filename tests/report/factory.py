@@ -9,10 +9,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from adaptcheck.grade import compute_grade
-from adaptcheck.models.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
-from adaptcheck.models.ladder import ConditionSpec, GradeSpec, LevelSpec, ModelSpec
-from adaptcheck.models.results import (
+from adaptcheck.base.schemas.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
+from adaptcheck.base.schemas.ladder import ConditionSpec, GradeSpec, LevelSpec, ModelSpec
+from adaptcheck.base.schemas.results import (
     CheckResult,
     DeviceRef,
     LadderRef,
@@ -20,6 +19,7 @@ from adaptcheck.models.results import (
     RunResults,
     Status,
 )
+from adaptcheck.grade import compute_grade
 
 XSS_SCRIPT = "<script>alert(1)</script>"
 XSS_ATTR = '"><img src=x onerror=alert(1)>'
@@ -145,7 +145,7 @@ PRETRAINED_MODEL: dict[str, Any] = {
     # ResolvedModel.describe() of a real pretrained model converted from a PyPI package's GGUF,
     # asked for as 'pretrained:auto' (adaptcheck/frameworks/modelsrc.py).
     "name": "pretrained:auto",
-    "path": "/root/.cache/adaptcheck/models/pretrained/smollm2-135m-q8_0-1a2b3c4d",
+    "path": "/root/.cache/adaptcheck/base/schemas/pretrained/smollm2-135m-q8_0-1a2b3c4d",
     "source": "pretrained",
     "architecture": "LlamaForCausalLM", "model_type": "llama", "head_dim": 64, "num_layers": 30,
     "vocab_size": 49152, "torch_dtype": "bfloat16",

@@ -1,6 +1,6 @@
 """The certificate names what it certified (issue 27): the model (name, source, digest,
 architecture, dtype) and the frameworks with their versions, read from results.json by one
-typed view (:mod:`adaptcheck.models.certificate`) that the report's first screen,
+typed view (:mod:`adaptcheck.base.schemas.certificate`) that the report's first screen,
 ``adaptcheck grade --format json`` and the JUnit grade suite all show. An older file without
 the facts still loads and says ``model: unknown``.
 
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import xmlschema
 
-from adaptcheck.models.certificate import SHORT_DIGEST, certificate_subject
-from adaptcheck.models.results import RunResults
+from adaptcheck.base.schemas.certificate import SHORT_DIGEST, certificate_subject
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.report.junit import GRADE_SUITE, junit_xml
 from adaptcheck.report.render import render
 from adaptcheck.report.view import build_view

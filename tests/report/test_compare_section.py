@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.compare import ComparePolicy, Comparison, compare_results
-from adaptcheck.models.results import CheckResult, RunResults, Status
 from adaptcheck.report.comparison import build_compare_view
 from adaptcheck.report.render import render, write_compare_report
 from adaptcheck.report.view import build_view

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
-from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.framework import (
     MAX_DIVERGENCES,
     FrameworkBlock,

@@ -15,7 +15,7 @@ import pytest
 import xmlschema
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from adaptcheck.models.results import CheckResult, Status
+from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.report.junit import MAX_BODY_CHARS, junit_xml
 from tests.conftest import ladder_text, run_cli
 from tests.report.factory import PLANNED, make_results

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
-from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.ops import (
     OpCell,
     OpsView,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
-from adaptcheck.models.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.perf import (
     MicroRow,
     MicroView,

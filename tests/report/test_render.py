@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from adaptcheck.errors import OutputError
-from adaptcheck.models.results import CheckResult, Status
+from adaptcheck.base.errors import OutputError
+from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.report import write_report
 from adaptcheck.report.fmt import STATUS_LABELS
 from adaptcheck.report.render import PRINT_SCRIPT, render, script_hash
@@ -257,7 +257,7 @@ def test_template_never_bypasses_escaping() -> None:
 
 
 def test_checks_left_out_of_the_grade_are_named_worst_first() -> None:
-    from adaptcheck.models.results import PlannedCheck
+    from adaptcheck.base.schemas.results import PlannedCheck
     from adaptcheck.report.junit import junit_xml
     from adaptcheck.runfolder import regrade
 

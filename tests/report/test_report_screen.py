@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.models.results import RunResults
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.report import write_report
 from adaptcheck.report.render import details_path
 from tests.report.factory import PRETRAINED_MODEL, PRETRAINED_SHA256

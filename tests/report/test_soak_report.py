@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from adaptcheck.models.results import CheckResult, PlannedCheck, Status
+from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, Status
 from adaptcheck.perf.trend import memory_growth_verdict
 from adaptcheck.report import svg
 from adaptcheck.report.perf import PerfView

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
+from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.frameworks.vllm_ops import VLLM_OPS, VllmOp
-from adaptcheck.models.results import CheckResult, RunResults, Status
 from adaptcheck.report import svg
 from adaptcheck.report.framework import FwCheckRow
 from adaptcheck.report.numerics import NumericsView

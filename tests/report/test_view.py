@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from adaptcheck.models.results import CheckResult, Status
+from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.report.fmt import format_duration, format_float, format_value
 from adaptcheck.report.render import render
 from adaptcheck.report.view import ReportView, build_view

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.ladder.loader import load_ladder
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.repro.bundle import Bundle, BundleError
 from adaptcheck.repro.ops import OpsReproCase, render_ops_script
 from adaptcheck.steps.ops.catalog import get_op

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck.models.numerics import ModelNumericsPolicy
-from adaptcheck.yamldata import load_model, matrices_file
+from adaptcheck.base.schemas.numerics import ModelNumericsPolicy
+from adaptcheck.base.yamldata import load_model, matrices_file
 
 
 class _File(BaseModel):

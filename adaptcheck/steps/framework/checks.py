@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from adaptcheck.base.schemas.framework_evidence import FrameworkCheckEvidence
 from adaptcheck.frameworks.weights_audit import ROW_WEIGHTS
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.models.framework_evidence import FrameworkCheckEvidence
 from adaptcheck.steps.framework import probes
 from adaptcheck.steps.framework.lifecycle import Active, not_loaded, run_with_framework
 from adaptcheck.steps.framework.params import (

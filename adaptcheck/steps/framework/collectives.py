@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from adaptcheck.base.plugins import class_ref, import_root, load_ref
 from adaptcheck.collectives.launch import launch
 from adaptcheck.collectives.plan import (
     CollectivesParams,
@@ -17,7 +18,6 @@ from adaptcheck.collectives.plan import (
     summarize,
 )
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.plugins import class_ref, import_root, load_ref
 
 
 class CollectivesCheck(Check):

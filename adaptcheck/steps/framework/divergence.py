@@ -22,8 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adaptcheck.klestimate import position_kl, quantile
-from adaptcheck.models.numerics import Rule
+from adaptcheck.base.klestimate import position_kl, quantile
+from adaptcheck.base.schemas.numerics import Rule
 
 __all__ = ["HIST_EDGES", "PositionStats", "compare_positions", "histogram", "judge", "position_kl", "quantile",
            "summarize"]

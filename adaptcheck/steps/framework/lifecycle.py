@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adaptcheck.errors import AdaptcheckError, exception_line
+from adaptcheck.base.errors import AdaptcheckError, exception_line
+from adaptcheck.base.schemas.framework_evidence import FrameworkCheckEvidence, FrameworkInfo, ModelInfo
 from adaptcheck.frameworks.base import (
     Framework,
     FrameworkConfig,
@@ -47,7 +48,6 @@ from adaptcheck.frameworks.modelsrc import ResolvedModel, resolve_model
 from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.frameworks.weights_audit import WeightsAudit, audit_cached
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.models.framework_evidence import FrameworkCheckEvidence, FrameworkInfo, ModelInfo
 from adaptcheck.steps.framework.params import FrameworkParams
 
 SCRATCH_KEY = "framework.active"

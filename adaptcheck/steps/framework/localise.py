@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from adaptcheck.base.schemas.numerics import Rule
 from adaptcheck.frameworks.base import Framework, ScoreRequest
-from adaptcheck.models.numerics import Rule
 
 MAX_TABLE = 40
 """Rows of the per-module table kept in the results (the first departure is among them)."""

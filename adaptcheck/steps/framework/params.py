@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adaptcheck.dtypes import FloatDtype
+from adaptcheck.base.dtypes import FloatDtype
 
 DEFAULT_TIE_MARGIN = {"fp32": 0.05, "fp16": 0.25, "bf16": 0.5}
 """Largest logprob gap (nats) between two tokens that still counts as a tie when the same

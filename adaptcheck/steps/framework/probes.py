@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.base.procs import tree_rss_mib
 from adaptcheck.frameworks.base import (
     Framework,
     FrameworkError,
@@ -22,7 +23,6 @@ from adaptcheck.frameworks.base import (
     ScoringUnsupported,
 )
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.procs import tree_rss_mib
 from adaptcheck.steps.framework import prompts
 from adaptcheck.steps.framework import teacher as tf_rules
 from adaptcheck.steps.framework.agreement import Comparison, TextCodec, compare

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.base.schemas.numerics import ModelNumericsPolicy
 from adaptcheck.frameworks.base import (
     Framework,
     Generation,
@@ -22,7 +23,6 @@ from adaptcheck.frameworks.base import (
     ScoreRequest,
 )
 from adaptcheck.ladder.check import CheckContext
-from adaptcheck.models.numerics import ModelNumericsPolicy
 from adaptcheck.steps.framework import divergence as dv
 from adaptcheck.steps.framework.lifecycle import Active, framework_dir
 from adaptcheck.steps.framework.reference import Control, TeacherData, control_scores

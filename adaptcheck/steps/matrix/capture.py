@@ -26,14 +26,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from adaptcheck.base.redact import redact_env, scrub_text
+from adaptcheck.base.schemas.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
 from adaptcheck.compat.versions import distribution_version as dist_version
 from adaptcheck.frameworks.modelsrc import model_source
-from adaptcheck.models.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
-from adaptcheck.redact import redact_env, scrub_text
 
 if TYPE_CHECKING:
     from adaptcheck.backends.base import Backend
-    from adaptcheck.models.ladder import ModelSpec
+    from adaptcheck.base.schemas.ladder import ModelSpec
 
 T = TypeVar("T")
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.base.hostfacts import host_sample
+from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.compat.known_good import (
     KNOWN_GOOD_ENV,
     extra_known_good_files,
@@ -32,9 +34,7 @@ from adaptcheck.compat.known_good import (
 )
 from adaptcheck.compat.rules import RuleInputs, Verdict, evaluate_all, load_rules
 from adaptcheck.compat.stackkeys import stack_value
-from adaptcheck.hostfacts import host_sample
 from adaptcheck.ladder.check import Check, CheckContext, NoParams, Outcome
-from adaptcheck.models.environment import Environment
 from adaptcheck.steps.matrix.capture import capture_environment
 
 _SCRATCH_KEY = "matrix.environment"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 from types import ModuleType
 
-from adaptcheck.errors import UnknownNameError, did_you_mean
+from adaptcheck.base.errors import UnknownNameError, did_you_mean
 from adaptcheck.steps.ops.opdef import OpDef
 
 FAMILIES = ("gemm", "norms", "activations", "rope", "attention", "moe", "quant", "sampling", "embedding")

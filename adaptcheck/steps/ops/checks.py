@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.catalog import get_op
 from adaptcheck.steps.ops.harness import CaseResult, fit_case, measure_speed, run_case
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef

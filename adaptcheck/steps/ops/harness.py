@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from adaptcheck.dtypes import is_fnuz, torch_dtype
+from adaptcheck.base.dtypes import is_fnuz, torch_dtype
 from adaptcheck.steps.ops.judge import OutputComparison, compare
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef
 from adaptcheck.steps.ops.tolerance import TolerancePolicy

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adaptcheck import __version__
-from adaptcheck.errors import InvalidInputError
+from adaptcheck.base.errors import InvalidInputError
 from adaptcheck.repro.files import repro_relpath
 from adaptcheck.repro.ops import OpsReproCase, OpsReproSpec, write_ops_repro
 from adaptcheck.steps.ops.harness import CaseResult, to_numpy

@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adaptcheck.errors import UnknownNameError, did_you_mean
-from adaptcheck.models.numerics import ModelNumericsPolicy
-from adaptcheck.yamldata import load_model, matrices_file
+from adaptcheck.base.errors import UnknownNameError, did_you_mean
+from adaptcheck.base.schemas.numerics import ModelNumericsPolicy
+from adaptcheck.base.yamldata import load_model, matrices_file
 
 
 class Limit(BaseModel):

@@ -20,14 +20,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from adaptcheck.base.dtypes import ITEMSIZE, FloatDtype
+from adaptcheck.base.plugins import class_ref, import_root
 from adaptcheck.collectives.bandwidth import collective_row, elements_for_bytes
 from adaptcheck.collectives.launch import LaunchResult, launch
 from adaptcheck.collectives.plan import resolve_world_size
-from adaptcheck.dtypes import ITEMSIZE, FloatDtype
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.micro import MIB, not_run_row
 from adaptcheck.perf.timing import SYNC, summarize
-from adaptcheck.plugins import class_ref, import_root
 from adaptcheck.steps.perf.common import TimedParams, headline, resolve_peak, verdict
 
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]

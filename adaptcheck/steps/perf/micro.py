@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adaptcheck.dtypes import FloatDtype, GemmDtype
+from adaptcheck.base.dtypes import FloatDtype, GemmDtype
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.attention import bench_decode, bench_prefill
 from adaptcheck.perf.caches import residency

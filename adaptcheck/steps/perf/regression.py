@@ -24,11 +24,11 @@ from pathlib import Path
 
 from pydantic import Field
 
+from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.integrity import verify_file
+from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.compare import ComparePolicy, Comparison, compare_results
-from adaptcheck.errors import InvalidInputError
-from adaptcheck.integrity import verify_file
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.models.results import RunResults
 
 SHOWN = 3
 """Regressions named in the message; the details list them all."""

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adaptcheck.base.procs import tree_rss_mib
 from adaptcheck.frameworks.endpoint_fw import EndpointFramework, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.arrival import Arrival
@@ -65,7 +66,6 @@ from adaptcheck.perf.stability import (
     drift,
 )
 from adaptcheck.perf.workload import Shape, Workload, prompt_factory
-from adaptcheck.procs import tree_rss_mib
 from adaptcheck.steps.framework.lifecycle import (
     Active,
     framework_facts,

@@ -46,9 +46,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.frameworks.endpoint_fw import ServedEndpoint, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.models.results import Status
 from adaptcheck.perf.arrival import TIMED, Arrival
 from adaptcheck.perf.arrival import describe as describe_arrivals
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from adaptcheck.dtypes import ALL_DTYPES, is_fnuz, torch_dtype
+from adaptcheck.base.dtypes import ALL_DTYPES, is_fnuz, torch_dtype
 from adaptcheck.ladder.check import CheckContext, NoParams, Outcome
 from adaptcheck.steps.smoke.numerics import bit_diff, int_view
 from adaptcheck.steps.smoke.ops import SmokeCheck

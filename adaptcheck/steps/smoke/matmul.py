@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck.dtypes import FloatDtype, torch_dtype
+from adaptcheck.base.dtypes import FloatDtype, torch_dtype
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.smoke.numerics import (
     MATMUL_TOLERANCES,

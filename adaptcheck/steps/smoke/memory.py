@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck.dtypes import ALL_DTYPES, DeviceDtype, is_fnuz, torch_dtype
+from adaptcheck.base.dtypes import ALL_DTYPES, DeviceDtype, is_fnuz, torch_dtype
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.smoke.numerics import bit_diff, pattern_tensor
 from adaptcheck.steps.smoke.ops import SmokeCheck, timed

@@ -8,7 +8,7 @@ back, leaving an element unfilled, a reduction that always answers 0) to prove t
 numerical check can fail; a backend whose vendor path differs from plain torch could
 provide its own the same way.
 
-Also here: a synchronized timer. Dtype names map to torch dtypes in :mod:`adaptcheck.dtypes`.
+Also here: a synchronized timer. Dtype names map to torch dtypes in :mod:`adaptcheck.base.dtypes`.
 """
 
 from __future__ import annotations

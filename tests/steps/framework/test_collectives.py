@@ -34,6 +34,10 @@ import torch.distributed as dist
 from pydantic import ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.dtypes import torch_dtype
+from adaptcheck.base.plugins import import_root
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.collectives.exact import (
     OPS,
     broadcast_source,
@@ -58,12 +62,8 @@ from adaptcheck.collectives.plan import (
     summarize,
 )
 from adaptcheck.collectives.worker import TorchCollectives
-from adaptcheck.dtypes import torch_dtype
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
-from adaptcheck.plugins import import_root
 from adaptcheck.steps.framework.collectives import CollectivesCheck
 from tests.conftest import run_cli
 

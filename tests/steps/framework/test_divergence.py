@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from adaptcheck.models.numerics import Rule
+from adaptcheck.base.schemas.numerics import Rule
 from adaptcheck.steps.framework import divergence as dv
 
 

@@ -8,6 +8,7 @@ from typing import ClassVar
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
 from adaptcheck.frameworks.base import (
     Availability,
     Framework,
@@ -17,7 +18,6 @@ from adaptcheck.frameworks.base import (
     LoadOptions,
 )
 from adaptcheck.ladder.check import CheckContext
-from adaptcheck.models.ladder import ModelSpec
 from adaptcheck.steps.framework.lifecycle import SCRATCH_KEY, acquire, release
 
 HERE = __name__  # this module, by the name the framework registry imports it under

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.base.schemas.numerics import Rule
 from adaptcheck.frameworks.base import LoadOptions, Scored, ScoreRequest
 from adaptcheck.frameworks.transformers_fw import TransformersFramework
-from adaptcheck.models.numerics import Rule
 from adaptcheck.steps.framework.bounds import load_numerics
 from adaptcheck.steps.framework.reference import control_scores, teacher_data
 from adaptcheck.steps.framework.teacher import (

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from adaptcheck.base.schemas.numerics import Rule
 from adaptcheck.frameworks.base import GenRequest, LoadOptions, Scored
 from adaptcheck.frameworks.modelsrc import resolve_model
 from adaptcheck.frameworks.transformers_fw import TransformersFramework
-from adaptcheck.models.numerics import Rule
 from adaptcheck.steps.framework import prompts
 from adaptcheck.steps.framework.bounds import load_numerics
 from adaptcheck.steps.framework.reference import control_scores, teacher_data

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaptcheck.models.environment import DeviceInfo, Environment, PluginInfo
+from adaptcheck.base.schemas.environment import DeviceInfo, Environment, PluginInfo
 
 
 def make_env(**overrides: Any) -> Environment:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
-from adaptcheck.models.environment import DeviceInfo
-from adaptcheck.models.ladder import ModelSpec
+from adaptcheck.base.schemas.environment import DeviceInfo
+from adaptcheck.base.schemas.ladder import ModelSpec
 from adaptcheck.steps.matrix import capture as capture_mod
 from adaptcheck.steps.matrix.capture import (
     capture_environment,

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.compat.rules import Verdict
 from adaptcheck.ladder.check import CheckContext, NoParams, Outcome
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.steps.matrix.checks import (
     CaptureCheck,
     KnownGoodCheck,

@@ -11,8 +11,8 @@ from importlib import metadata
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.compat.rules import RuleInputs, Verdict, evaluate, load_rules
-from adaptcheck.models.environment import Environment
 from adaptcheck.steps.matrix.capture import capture_environment
 
 DIST = "adaptcheck-dummy-vllm-plugin"

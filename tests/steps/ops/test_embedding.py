@@ -11,9 +11,9 @@ import torch
 from pydantic import ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
 from adaptcheck.steps.ops.families.embedding import EmbeddingCase, make_ids
 from adaptcheck.steps.ops.families.embedding import embedding as torch_embedding

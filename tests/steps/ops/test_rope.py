@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
 from adaptcheck.steps.ops.families.rope import rope as torch_rope
 from adaptcheck.steps.ops.providers.base import DictProvider

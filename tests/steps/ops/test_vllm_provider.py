@@ -26,10 +26,10 @@ except ImportError as exc:  # pragma: no cover - CI installs it
                       "pip uninstall -y torchvision torchaudio torchcodec)") from exc
 
 from adaptcheck.backends.cpu import CpuBackend
-from adaptcheck.hostfacts import cpu_flags
+from adaptcheck.base.hostfacts import cpu_flags
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.steps.ops.catalog import all_ops
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
 from adaptcheck.steps.ops.providers import vllm_provider as vp

@@ -15,11 +15,11 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.collectives.launch import LaunchResult, RankExit
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.perf.micro import gemm_bytes, gemm_flops
 from adaptcheck.perf.peak_lookup import peak_for
 from adaptcheck.perf.timing import SYNC

@@ -11,12 +11,12 @@ import pytest
 from pydantic import ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.compare import Comparison
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.ladder.runner import JournalWriter
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import CheckResult, RunResults, Status
 from adaptcheck.runfolder import BASELINE, JOURNAL, LADDER_SNAPSHOT, RUN_META, RunMeta
 from adaptcheck.steps.perf.regression import (
     NO_BASELINE,

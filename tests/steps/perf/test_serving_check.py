@@ -16,6 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.frameworks.base import Availability
 from adaptcheck.frameworks.endpoint_fw import (
     TransformersServeFramework,
@@ -23,8 +25,6 @@ from adaptcheck.frameworks.endpoint_fw import (
 )
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.steps.framework.lifecycle import release
 from adaptcheck.steps.perf.serving import ServingCheck, ServingParams, resolve_framework
 from tests.conftest import run_cli

@@ -25,9 +25,9 @@ import pytest
 from pydantic import ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import CheckResult, Status
 from adaptcheck.perf.hostnoise import HostReport, HostSampler
 from adaptcheck.steps.framework.lifecycle import release
 from adaptcheck.steps.perf import serving

@@ -20,11 +20,11 @@ import pytest
 from pydantic import ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.steps.framework.lifecycle import release
 from adaptcheck.steps.perf.soak import SoakCheck, SoakParams, soak_verdict
 from tests.perf.fault_proxy import fault_proxy

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.steps.framework.lifecycle import release
 from adaptcheck.steps.perf.soak import SoakCheck, SoakParams
 from tests.perf.latency_server import latency_server

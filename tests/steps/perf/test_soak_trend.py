@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 
-from adaptcheck.models.results import Status
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.perf.telemetry import SeriesSet, Telemetry, TelemetrySampler
 from adaptcheck.perf.trend import memory_growth_verdict
 from adaptcheck.steps.perf.soak import Looker, SoakParams, soak_verdict

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.models.ladder import ModelSpec
-from adaptcheck.models.results import Status
 from adaptcheck.steps.smoke.ops import DeviceOps
 
 

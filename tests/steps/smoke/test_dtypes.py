@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptcheck.dtypes import ALL_DTYPES
+from adaptcheck.base.dtypes import ALL_DTYPES
 from adaptcheck.ladder.check import NoParams
 from adaptcheck.steps.smoke.dtypes import DtypeProbeCheck
 from adaptcheck.steps.smoke.ops import DeviceOps

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from adaptcheck.dtypes import torch_dtype
+from adaptcheck.base.dtypes import torch_dtype
 from adaptcheck.steps.smoke.numerics import (
     MATMUL_TOLERANCES,
     MatmulTolerance,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from adaptcheck.dtypes import torch_dtype
+from adaptcheck.base.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
 from reference_kernels import embedding as ref
 

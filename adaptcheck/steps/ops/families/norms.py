@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from adaptcheck.dtypes import torch_dtype
+from adaptcheck.base.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
 from reference_kernels import norms as ref
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from adaptcheck.dtypes import is_fnuz, torch_dtype
+from adaptcheck.base.dtypes import is_fnuz, torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
 from reference_kernels import quant as ref
 

@@ -26,7 +26,7 @@ from functools import lru_cache
 import torch
 from pydantic import Field, model_validator
 
-from adaptcheck.dtypes import torch_dtype
+from adaptcheck.base.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
 from reference_kernels import rope as ref
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from adaptcheck.dtypes import torch_dtype
+from adaptcheck.base.dtypes import torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
 from reference_kernels import sampling as ref
 

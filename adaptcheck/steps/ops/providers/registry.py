@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaptcheck import plugins
-from adaptcheck.errors import UsageError
+from adaptcheck.base import plugins
+from adaptcheck.base.errors import UsageError
 from adaptcheck.steps.ops.providers.base import DictProvider, OpProvider
 
 ENTRY_POINT_GROUP = "adaptcheck.op_providers"

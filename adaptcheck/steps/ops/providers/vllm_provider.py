@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.frameworks.vllm_ops import CONTIGUOUS_BLOCK_SIZE, VLLM_OPS
-from adaptcheck.hostfacts import cpu_flags
 from adaptcheck.steps.ops.providers.base import OpProvider
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ import os
 from typing import ClassVar
 
 from adaptcheck.backends.base import Backend, ProbeResult
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 
 class AcmeBackend(Backend):

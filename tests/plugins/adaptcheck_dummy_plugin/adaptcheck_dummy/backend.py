@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from adaptcheck.backends.base import Backend, ProbeResult
-from adaptcheck.models.environment import DeviceInfo
+from adaptcheck.base.schemas.environment import DeviceInfo
 
 
 def _enabled(name: str) -> bool:

@@ -1,6 +1,6 @@
 """Tamper evidence for ``results.json``: a SHA-256 digest over the file's own content.
 
-:meth:`RunResults.save <adaptcheck.models.results.RunResults.save>` stores
+:meth:`RunResults.save <adaptcheck.base.schemas.results.RunResults.save>` stores
 ``digest = "sha256:<hex>"`` in the file; :func:`verify_file` (``adaptcheck verify``) says
 whether the content still matches it.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck import safejson
+from adaptcheck.base import safejson
 
 DIGEST_FIELD = "digest"
 """Top-level key of results.json that carries the digest."""

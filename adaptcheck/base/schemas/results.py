@@ -4,7 +4,7 @@ The file is versioned (:data:`SCHEMA_VERSION`); :meth:`RunResults.load` refuses 
 another major version with a one-line error. The grade stored here is recomputed from the
 checks and the ladder's rules alone (``adaptcheck grade`` does exactly that), so the CLI,
 the report and CI always agree. :meth:`RunResults.save` seals the file with a SHA-256
-digest of its content (:mod:`adaptcheck.integrity`; ``adaptcheck verify`` checks it).
+digest of its content (:mod:`adaptcheck.base.integrity`; ``adaptcheck verify`` checks it).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from adaptcheck import safejson
-from adaptcheck.atomic import write_text_atomic
-from adaptcheck.errors import InvalidInputError
-from adaptcheck.integrity import DIGEST_FIELD, compute_digest
-from adaptcheck.models.environment import Environment
-from adaptcheck.models.evidence import Evidence, EvidenceError
-from adaptcheck.models.ladder import GradeSpec, ModelSpec
-from adaptcheck.models.upgrade import upgrade_results
+from adaptcheck.base import safejson
+from adaptcheck.base.atomic import write_text_atomic
+from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.integrity import DIGEST_FIELD, compute_digest
+from adaptcheck.base.schemas.environment import Environment
+from adaptcheck.base.schemas.evidence import Evidence, EvidenceError
+from adaptcheck.base.schemas.ladder import GradeSpec, ModelSpec
+from adaptcheck.base.schemas.upgrade import upgrade_results
 
 # 1.1: added ``digest``; 1.0 files (without it) still load.
 # 1.2: added ``model.quantization`` and ``grade.left_out``; older files load with 'none' and [].
@@ -232,7 +232,7 @@ class RunResults(BaseModel):
     @classmethod
     def load(cls, path: Path) -> RunResults:
         """Read and validate a results file; any problem is a one-line InvalidInputError."""
-        # Bounded: size, nesting and integer length are limited (adaptcheck.safejson).
+        # Bounded: size, nesting and integer length are limited (adaptcheck.base.safejson).
         raw = safejson.load_file(Path(path), what="results file", missing_hint="pass the results.json of a run")
         if not isinstance(raw, dict):
             raise InvalidInputError(f"{path}: expected a JSON object at the top level")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parents[1]  # adaptcheck/ (this module is adaptcheck/base/paths.py)
 
 
 def data_dir(name: str) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 
-from adaptcheck.redact import scrub_text
+from adaptcheck.base.redact import scrub_text
 
 # C0 controls but \t and \n, DEL, C1 controls, and the bidi embeddings/overrides/isolates that
 # reorder what the terminal shows (U+200E/F marks are harmless and kept).

@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.errors import UnknownNameError, did_you_mean
+from adaptcheck.base.errors import UnknownNameError, did_you_mean
 
 
 @dataclass

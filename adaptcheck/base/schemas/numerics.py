@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck.dtypes import FloatDtype
+from adaptcheck.base.dtypes import FloatDtype
 
 
 class Rule(BaseModel):

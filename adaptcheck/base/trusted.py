@@ -4,7 +4,7 @@
 ``run --baseline`` all act on what a results.json says; each reads it through
 :func:`load_verified`, so the rule is written once: a file whose digest does not match its
 content (edited after the run) or that carries no digest (nothing proves it intact) is
-refused with :class:`~adaptcheck.errors.IntegrityError` (exit 5) — unless the user passed
+refused with :class:`~adaptcheck.base.errors.IntegrityError` (exit 5) — unless the user passed
 ``--allow-unverified``, in which case it is returned with its :class:`VerifyResult` and the
 caller marks its output as unverified (``VerifyResult.unverified_reason`` gives the words).
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaptcheck.errors import IntegrityError, InvalidInputError
-from adaptcheck.integrity import Integrity, VerifyResult, verify_file
-from adaptcheck.models.results import RunResults
+from adaptcheck.base.errors import IntegrityError, InvalidInputError
+from adaptcheck.base.integrity import Integrity, VerifyResult, verify_file
+from adaptcheck.base.schemas.results import RunResults
 
 ALLOW_OPTION = "--allow-unverified"
 ALLOW_HELP = ("Use a results file even when it was edited after its run or carries no digest; "

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
-from adaptcheck.errors import InvalidInputError, UsageError
+from adaptcheck.base.errors import InvalidInputError, UsageError
 
 try:  # POSIX only; adaptcheck's runner does not support Windows.
     import fcntl

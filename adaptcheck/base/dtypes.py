@@ -107,7 +107,7 @@ def torch_dtype(name: str, *, fnuz: bool = False) -> torch.dtype:
 
     attr = torch_dtype_name(name, fnuz=fnuz)
     dtype = getattr(torch, attr, None)
-    if dtype is None:
+    if not isinstance(dtype, torch.dtype):
         raise AttributeError(f"torch {torch.__version__} has no torch.{attr} (dtype {name!r})")
     return dtype
 

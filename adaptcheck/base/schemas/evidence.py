@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from adaptcheck.errors import InvalidInputError
+from adaptcheck.base.errors import InvalidInputError
 
 E = TypeVar("E", bound="Evidence")
 

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from adaptcheck.errors import OutputError
+from adaptcheck.base.errors import OutputError
 
 
 def write_text_atomic(path: Path, text: str, check: Callable[[Path], object] | None = None,

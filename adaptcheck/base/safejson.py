@@ -12,7 +12,7 @@ instead of a crash or a stall:
 * integers: at most :data:`MAX_INT_DIGITS` (1,000) digits (Python itself refuses 4,300 with
   a bare ``ValueError`` that names no file).
 
-Every problem is an :class:`~adaptcheck.errors.InvalidInputError` naming the file, and the
+Every problem is an :class:`~adaptcheck.base.errors.InvalidInputError` naming the file, and the
 line where one is known.
 """
 
@@ -25,7 +25,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from adaptcheck.errors import InvalidInputError
+from adaptcheck.base.errors import InvalidInputError
 
 MAX_JSON_BYTES = 64 * 1024 * 1024
 """Largest JSON file read (bytes)."""

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from adaptcheck.errors import InvalidInputError
-from adaptcheck.paths import data_dir
+from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.paths import data_dir
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adaptcheck.models.framework_evidence import FrameworkRef
-from adaptcheck.models.results import RunResults
+from adaptcheck.base.schemas.framework_evidence import FrameworkRef
+from adaptcheck.base.schemas.results import RunResults
 
 UNKNOWN = "unknown"
 SHORT_DIGEST = 12

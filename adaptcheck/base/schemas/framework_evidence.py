@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field
 
-from adaptcheck.models.evidence import Evidence
+from adaptcheck.base.schemas.evidence import Evidence
 
 
 class FrameworkInfo(Evidence):

@@ -1,0 +1,1 @@
+"""Pydantic schemas: the ladder spec, the captured environment and the run results."""
