@@ -1,6 +1,6 @@
 """What the test proxies share: a real HTTP server on 127.0.0.1 that relays to a real upstream.
 
-``tests/steps/framework/wrong_server.py`` (corrupts answers) and ``tests/perf/fault_proxy.py``
+``tests/steps/frameworks/wrong_server.py`` (corrupts answers) and ``tests/perf/fault_proxy.py``
 (fails like a server under load) differ only in how they answer completion requests; the
 server's life cycle, the pass-through of every other request and "closing for good" live here.
 """

@@ -7,7 +7,7 @@ transformers batches: comparing a prompt alone with the same prompt inside that 
 exercises padding masks and position ids, the classic source of batch-dependent answers.
 
 The CPU reference of step 4 is this same adapter at float64 on the CPU (see
-``adaptcheck.steps.framework.reference``): one code path, two precisions.
+``adaptcheck.steps.frameworks.reference``): one code path, two precisions.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ transformers and the model folder (plus vLLM for the vLLM frameworks), never ada
    the endpoint's ``/v1/completions`` (``endpoint`` and other served frameworks);
 3. per position, KL(reference || device) over buckets: each of the device's top-K tokens
    that the reference's top tokens (plus the scored token) also list, and one "rest" bucket —
-   the estimator of ``adaptcheck.steps.framework.divergence`` (a test holds the two equal);
+   the estimator of ``adaptcheck.steps.frameworks.divergence`` (a test holds the two equal);
 4. prints KL mean / p99 / max, |Δ logprob| and the same-top rate, the bounds and what the
    check measured; exit 1 when the mean or the p99 is over its bound, 0 otherwise.
 

@@ -28,8 +28,8 @@ def real_model() -> ResolvedModel:
 def reference_requests(model: ResolvedModel, seed: int = 0, **params: Any) -> list[GenRequest]:
     """What ``framework.reference`` asks the float64 reference with its default params, or
     with ``params`` (ReferenceParams fields: prompts, long_prompt_tokens, max_tokens …) instead."""
-    from adaptcheck.steps.framework.params import ReferenceParams
-    from adaptcheck.steps.framework.probes import Tok
-    from adaptcheck.steps.framework.probes import reference_requests as requests
+    from adaptcheck.steps.frameworks.params import ReferenceParams
+    from adaptcheck.steps.frameworks.probes import Tok
+    from adaptcheck.steps.frameworks.probes import reference_requests as requests
 
     return requests(Tok(None, model.path), ReferenceParams(framework="transformers", **params), seed)

@@ -23,7 +23,7 @@ from adaptcheck.frameworks.endpoint_fw import (
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.frameworks.vllm_fw import SCORE_MAX_LOGPROBS
 from tests.frameworks.test_vllm_scoring import FP32_MAX_DLOGPROB, reference_logprobs
-from tests.steps.framework.wrong_server import wrong_server
+from tests.steps.frameworks.wrong_server import wrong_server
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 

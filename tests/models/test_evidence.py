@@ -92,7 +92,7 @@ def test_lifecycle_evidence_round_trips() -> None:
 
 def test_a_failed_load_has_the_same_framework_shape_as_a_loaded_one() -> None:
     from adaptcheck.ladder.check import Outcome
-    from adaptcheck.steps.framework.lifecycle import not_loaded, with_evidence
+    from adaptcheck.steps.frameworks.lifecycle import not_loaded, with_evidence
 
     failed = with_evidence(Outcome.errored("vllm: no platform"), not_loaded("vllm"))
     passed = with_evidence(Outcome.passed("ok", details={"subchecks": [{"name": "a", "ok": True, "detail": ""}]}),
@@ -109,7 +109,7 @@ def test_a_failed_load_has_the_same_framework_shape_as_a_loaded_one() -> None:
 
 def test_a_malformed_subcheck_row_is_caught_where_it_is_written() -> None:
     from adaptcheck.ladder.check import Outcome
-    from adaptcheck.steps.framework.lifecycle import not_loaded, with_evidence
+    from adaptcheck.steps.frameworks.lifecycle import not_loaded, with_evidence
 
     with pytest.raises(ValueError, match="subchecks"):
         with_evidence(Outcome.passed("ok", details={"subchecks": [{"ok": True}]}), not_loaded("vllm"))

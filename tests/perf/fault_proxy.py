@@ -1,6 +1,6 @@
 """A faulty server for the load generator's tests: a real streaming HTTP proxy in front of a real server.
 
-Unlike ``tests/steps/framework/wrong_server.py`` (which answers streams itself from the
+Unlike ``tests/steps/frameworks/wrong_server.py`` (which answers streams itself from the
 upstream's complete answer, to corrupt their content), this proxy relays the upstream's
 stream as it arrives, chunk by chunk, so timing-sensitive code sees a real stream, and it
 fails in the ways a server under load fails, chosen by ``mode``:

@@ -40,9 +40,9 @@ from adaptcheck.perf.workload import (
     prompt_factory,
     server_token_counter,
 )
-from adaptcheck.steps.framework.checks import ConcurrentCheck, SingleRequestCheck
-from adaptcheck.steps.framework.lifecycle import release
-from adaptcheck.steps.framework.params import ConcurrentParams, SingleRequestParams
+from adaptcheck.steps.frameworks.checks import ConcurrentCheck, SingleRequestCheck
+from adaptcheck.steps.frameworks.lifecycle import release
+from adaptcheck.steps.frameworks.params import ConcurrentParams, SingleRequestParams
 from adaptcheck.steps.perf.serving import ServingCheck, ServingParams
 from tests.perf.misbehaving_server import misbehaving_server
 

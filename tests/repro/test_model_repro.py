@@ -21,7 +21,7 @@ from adaptcheck.repro.model import (
     render_model_script,
     write_model_repro,
 )
-from adaptcheck.steps.framework import divergence as dv
+from adaptcheck.steps.frameworks import divergence as dv
 from tests.repro.standalone import run_standalone
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")

@@ -1,6 +1,6 @@
 """Typed evidence of the step-4 lifecycle checks (``framework.load``, ``framework.reference``, …).
 
-Every lifecycle check runs through one framework instance (``steps.framework.lifecycle``) and
+Every lifecycle check runs through one framework instance (``steps.frameworks.lifecycle``) and
 records which framework answered (``details.framework``) and which model it served
 (``details.model``). Before schema 1.3 the framework was a dict of facts when it loaded and a
 bare name when it did not, and readers guessed between the two; now it is one shape,

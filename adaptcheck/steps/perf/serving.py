@@ -66,13 +66,13 @@ from adaptcheck.perf.stability import (
     drift,
 )
 from adaptcheck.perf.workload import Shape, Workload, prompt_factory
-from adaptcheck.steps.framework.lifecycle import (
+from adaptcheck.steps.frameworks.lifecycle import (
     Active,
     framework_facts,
     run_with_framework,
 )
-from adaptcheck.steps.framework.params import FrameworkParams
-from adaptcheck.steps.framework.probes import local_tokenizer
+from adaptcheck.steps.frameworks.params import FrameworkParams
+from adaptcheck.steps.frameworks.probes import local_tokenizer
 
 AUTO = "auto"
 AUTO_ORDER = ("vllm_serve", "transformers_serve")

@@ -56,7 +56,7 @@ from adaptcheck.perf.monitors import local_server_pid
 from adaptcheck.perf.telemetry import Telemetry, TelemetrySampler
 from adaptcheck.perf.trend import MIN_SAMPLES, GrowthVerdict, SequentialRule, settled
 from adaptcheck.perf.workload import PromptFactory, Shape, Workload
-from adaptcheck.steps.framework.lifecycle import (
+from adaptcheck.steps.frameworks.lifecycle import (
     Active,
     framework_facts,
 )

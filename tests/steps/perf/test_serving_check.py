@@ -25,7 +25,7 @@ from adaptcheck.frameworks.endpoint_fw import (
 )
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.steps.framework.lifecycle import release
+from adaptcheck.steps.frameworks.lifecycle import release
 from adaptcheck.steps.perf.serving import ServingCheck, ServingParams, resolve_framework
 from tests.conftest import run_cli
 from tests.perf.fault_proxy import fault_proxy

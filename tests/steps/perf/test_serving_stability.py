@@ -29,7 +29,7 @@ from adaptcheck.base.schemas.ladder import ModelSpec
 from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.perf.hostnoise import HostReport, HostSampler
-from adaptcheck.steps.framework.lifecycle import release
+from adaptcheck.steps.frameworks.lifecycle import release
 from adaptcheck.steps.perf import serving
 from adaptcheck.steps.perf.serving import ServingCheck, ServingParams
 from tests.perf.latency_server import latency_server

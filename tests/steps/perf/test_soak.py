@@ -25,7 +25,7 @@ from adaptcheck.base.schemas.results import Status
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.steps.framework.lifecycle import release
+from adaptcheck.steps.frameworks.lifecycle import release
 from adaptcheck.steps.perf.soak import SoakCheck, SoakParams, soak_verdict
 from tests.perf.fault_proxy import fault_proxy
 

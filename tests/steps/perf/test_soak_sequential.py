@@ -18,7 +18,7 @@ from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.base.schemas.ladder import ModelSpec
 from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.steps.framework.lifecycle import release
+from adaptcheck.steps.frameworks.lifecycle import release
 from adaptcheck.steps.perf.soak import SoakCheck, SoakParams
 from tests.perf.latency_server import latency_server
 from tests.steps.perf.test_soak import leak_proxy

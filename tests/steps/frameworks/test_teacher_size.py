@@ -12,14 +12,14 @@ import pytest
 from adaptcheck.frameworks.modelsrc import resolve_model
 from adaptcheck.ladder.loader import load_ladder
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.steps.framework.params import (
+from adaptcheck.steps.frameworks.params import (
     ConcurrentParams,
     KvCacheParams,
     ReferenceParams,
     TeacherSize,
     TeacherSized,
 )
-from adaptcheck.steps.framework.probes import Tok, reference_requests
+from adaptcheck.steps.frameworks.probes import Tok, reference_requests
 
 LADDERS = Path(__file__).resolve().parents[3] / "ladders"
 

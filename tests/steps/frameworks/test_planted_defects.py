@@ -1,7 +1,7 @@
 """Step 4 fails a device whose kernels are wrong, names the module, and writes a reproducer.
 
 One real ``adaptcheck run`` in bf16 on the embedded models, with defects planted in the
-model's execution path (``tests/steps/framework/planted.py``: torch dispatcher kernels and
+model's execution path (``tests/steps/frameworks/planted.py``: torch dispatcher kernels and
 torch's module hooks) next to the unmodified transformers adapter on the same ladder:
 
 - a bf16 SiLU with a large error, an RMSNorm without eps, attention that ignores its scale
@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from tests.steps.framework.test_framework_checks import fw_check, run_ladder
+from tests.steps.frameworks.test_framework_checks import fw_check, run_ladder
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
-P = "tests.steps.framework.planted"
+P = "tests.steps.frameworks.planted"
 QWEN_D80 = "embedded:tiny-qwen2-d80"
 
 
@@ -116,7 +116,7 @@ def _run_script(script: Path, cwd: Path, plant: tuple[str, str] | None = None) -
     for the whole process (the broken device a kernel engineer would run it on)."""
     import inspect
 
-    from tests.steps.framework import planted
+    from tests.steps.frameworks import planted
 
     if plant is None:
         argv = [sys.executable, "-I", str(script)]

@@ -18,7 +18,7 @@ from adaptcheck.frameworks.base import (
     LoadOptions,
 )
 from adaptcheck.ladder.check import CheckContext
-from adaptcheck.steps.framework.lifecycle import SCRATCH_KEY, acquire, release
+from adaptcheck.steps.frameworks.lifecycle import SCRATCH_KEY, acquire, release
 
 HERE = __name__  # this module, by the name the framework registry imports it under
 

@@ -14,7 +14,7 @@ import pytest
 from adaptcheck.frameworks.base import Generation, GenRequest, LoadOptions
 from adaptcheck.frameworks.modelsrc import resolve_model
 from adaptcheck.frameworks.transformers_fw import TransformersFramework
-from adaptcheck.steps.framework import prompts, reference
+from adaptcheck.steps.frameworks import prompts, reference
 
 
 class WrongInBatches(TransformersFramework):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from adaptcheck.frameworks import synthetic
-from tests.steps.framework.test_framework_checks import fw_check, run_ladder
+from tests.steps.frameworks.test_framework_checks import fw_check, run_ladder
 
 pytestmark = pytest.mark.slow  # one CLI run with a transformers load: outside the fast lane
 

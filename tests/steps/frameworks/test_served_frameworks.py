@@ -20,14 +20,14 @@ import pytest
 
 from adaptcheck.frameworks.server import ManagedServer
 from tests.conftest import popen_interruptible, run_cli
-from tests.steps.framework.test_healthy_matrix import (
+from tests.steps.frameworks.test_healthy_matrix import (
     MATRIX_KINDS,
     VLLM_FULL_RUN,
     VLLM_MODEL,
     assert_healthy_cells,
     matrix_checks,
 )
-from tests.steps.framework.wrong_server import wrong_server
+from tests.steps.frameworks.wrong_server import wrong_server
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 

@@ -3,7 +3,7 @@
 Each adapter is the real transformers adapter whose ``generate``/``score`` run with one
 defect switched on, through torch's dispatcher (``torch.library`` kernels registered for
 the CPU key) or torch's public module hooks — the layers a vendor kernel or extension
-plugs into. Ladders name them as ``framework: "tests.steps.framework.planted:NAME"``.
+plugs into. Ladders name them as ``framework: "tests.steps.frameworks.planted:NAME"``.
 
 Why scoped to the adapter's calls: on a CPU-only machine the "device" is the CPU, the same
 silicon whose torch kernels are the healthy control. A defect registered for the whole

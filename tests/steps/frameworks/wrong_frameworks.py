@@ -1,6 +1,6 @@
 """Deliberately wrong frameworks: the real transformers adapter with one defect each.
 
-Ladders in the tests name them as ``framework: "tests.steps.framework.wrong_frameworks:NAME"``
+Ladders in the tests name them as ``framework: "tests.steps.frameworks.wrong_frameworks:NAME"``
 (the registry accepts ``module:Class``). Each must be caught by the step-4 check that owns
 the defect, while the unmodified adapter passes the same check.
 """

@@ -17,7 +17,7 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
-WRONG = "tests.steps.framework.wrong_frameworks"
+WRONG = "tests.steps.frameworks.wrong_frameworks"
 
 
 def fw_check(id_: str, kind: str, framework: str, **params: Any) -> dict[str, Any]:

@@ -19,11 +19,11 @@ from adaptcheck.base.schemas.numerics import Rule
 from adaptcheck.frameworks.base import GenRequest, LoadOptions, Scored
 from adaptcheck.frameworks.modelsrc import resolve_model
 from adaptcheck.frameworks.transformers_fw import TransformersFramework
-from adaptcheck.steps.framework import prompts
-from adaptcheck.steps.framework.bounds import load_numerics
-from adaptcheck.steps.framework.reference import control_scores, teacher_data
-from adaptcheck.steps.framework.teacher import judge_scores, score_alone
-from tests.steps.framework.planted import BadSiluBf16, RopeTableTooShort
+from adaptcheck.steps.frameworks import prompts
+from adaptcheck.steps.frameworks.bounds import load_numerics
+from adaptcheck.steps.frameworks.reference import control_scores, teacher_data
+from adaptcheck.steps.frameworks.teacher import judge_scores, score_alone
+from tests.steps.frameworks.planted import BadSiluBf16, RopeTableTooShort
 
 
 @pytest.fixture(scope="module")

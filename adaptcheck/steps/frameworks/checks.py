@@ -15,9 +15,9 @@ from typing import Any
 from adaptcheck.base.schemas.framework_evidence import FrameworkCheckEvidence
 from adaptcheck.frameworks.weights_audit import ROW_WEIGHTS
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.steps.framework import probes
-from adaptcheck.steps.framework.lifecycle import Active, not_loaded, run_with_framework
-from adaptcheck.steps.framework.params import (
+from adaptcheck.steps.frameworks import probes
+from adaptcheck.steps.frameworks.lifecycle import Active, not_loaded, run_with_framework
+from adaptcheck.steps.frameworks.params import (
     CompileParams,
     ConcurrentParams,
     FrameworkParams,

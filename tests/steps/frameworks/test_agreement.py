@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaptcheck.frameworks.base import Generation
-from adaptcheck.steps.framework.agreement import compare, compare_pair
+from adaptcheck.steps.frameworks.agreement import compare, compare_pair
 
 
 def gen(ids: list[int], tops: list[dict[int, float]] | None = None, finish: str = "length") -> Generation:

@@ -23,11 +23,11 @@ from adaptcheck.frameworks.base import (
     ScoringUnsupported,
 )
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.steps.framework import prompts
-from adaptcheck.steps.framework import teacher as tf_rules
-from adaptcheck.steps.framework.agreement import Comparison, TextCodec, compare
-from adaptcheck.steps.framework.bounds import load_numerics
-from adaptcheck.steps.framework.lifecycle import (
+from adaptcheck.steps.frameworks import prompts
+from adaptcheck.steps.frameworks import teacher as tf_rules
+from adaptcheck.steps.frameworks.agreement import Comparison, TextCodec, compare
+from adaptcheck.steps.frameworks.bounds import load_numerics
+from adaptcheck.steps.frameworks.lifecycle import (
     Active,
     acquire,
     framework_dir,
@@ -36,7 +36,7 @@ from adaptcheck.steps.framework.lifecycle import (
     run_with_framework,
     with_evidence,
 )
-from adaptcheck.steps.framework.params import (
+from adaptcheck.steps.frameworks.params import (
     DEFAULT_TIE_MARGIN,
     CompileParams,
     ConcurrentParams,
@@ -47,7 +47,7 @@ from adaptcheck.steps.framework.params import (
     TeacherSize,
     TensorParallelParams,
 )
-from adaptcheck.steps.framework.reference import (
+from adaptcheck.steps.frameworks.reference import (
     ReferenceUnavailable,
     control_scores,
     teacher_data,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from adaptcheck.frameworks import synthetic
-from tests.steps.framework.test_framework_checks import fw_check, run_ladder
+from tests.steps.frameworks.test_framework_checks import fw_check, run_ladder
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 

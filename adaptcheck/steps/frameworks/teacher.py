@@ -23,9 +23,9 @@ from adaptcheck.frameworks.base import (
     ScoreRequest,
 )
 from adaptcheck.ladder.check import CheckContext
-from adaptcheck.steps.framework import divergence as dv
-from adaptcheck.steps.framework.lifecycle import Active, framework_dir
-from adaptcheck.steps.framework.reference import Control, TeacherData, control_scores
+from adaptcheck.steps.frameworks import divergence as dv
+from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir
+from adaptcheck.steps.frameworks.reference import Control, TeacherData, control_scores
 
 Row = dict[str, Any]
 
@@ -73,7 +73,7 @@ def against_reference(ctx: CheckContext, active: Active, teacher: TeacherData, p
     if not ok:
         if fw.torch_model() is not None:
             details["localisation"] = _localise(active, teacher, details["worst_sequence"], policy, top_k)
-            from adaptcheck.steps.framework.localise import describe
+            from adaptcheck.steps.frameworks.localise import describe
 
             detail += f"; first departing module: {describe(details['localisation'])}"
         else:
@@ -98,8 +98,8 @@ def _worst(dev: list[Scored], teacher: TeacherData) -> int:
 
 
 def _localise(active: Active, teacher: TeacherData, index: int, policy: ModelNumericsPolicy, top_k: int) -> dict[str, Any]:
-    from adaptcheck.steps.framework import localise
-    from adaptcheck.steps.framework.reference import cpu_transformers
+    from adaptcheck.steps.frameworks import localise
+    from adaptcheck.steps.frameworks.reference import cpu_transformers
 
     seq = teacher.sequences[index]
     seq = ScoreRequest(seq.token_ids, seq.start, top_k)
