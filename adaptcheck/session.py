@@ -11,6 +11,7 @@ with ``--baseline``), executes the selected checks through the isolated runner, 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,43 @@ def run_header(run_dir: Path, meta: RunMeta, spec: LadderSpec, selected: list[Ch
         ladder=f"{meta.ladder.id} {meta.ladder.version} ({meta.ladder.source})",
         model=f"{_model_label(spec.model.name)} ({spec.model.precision}{'' if spec.model.quantization == 'none' else ', ' + spec.model.quantization})",
         run_dir=run_dir, steps=list(meta.steps), checks=len(selected),
-        already_done=len(selected) - len(todo), expected=estimate(todo).text(), endpoint=meta.endpoint)
+        already_done=len(selected) - len(todo), expected=estimate(todo, _runs_here(meta.endpoint)).text(),
+        endpoint=meta.endpoint)
+
+
+def _runs_here(endpoint: str | None) -> Callable[[CheckSpec], bool]:
+    """Whether a check will run here rather than skip at once, for the header's estimate: its
+    ``framework`` is installed and has something to talk to, its op ``provider`` is installed.
+    Asked of the adapters and providers themselves (no names known here); each answer is
+    cached, and anything that cannot be answered counts as running (the estimate errs long)."""
+    from functools import cache
+
+    from adaptcheck.frameworks.base import FrameworkConfig
+    from adaptcheck.frameworks.registry import framework_class
+    from adaptcheck.steps.ops.providers.registry import load_provider
+
+    @cache
+    def framework_runs(name: str) -> bool:
+        cls = framework_class(name)
+        return cls.availability().available and cls.unconfigured(FrameworkConfig(endpoint_url=endpoint)) is None
+
+    @cache
+    def provider_runs(name: str) -> bool:
+        installed = getattr(load_provider(name), "installed", None)  # a plain provider object has none
+        return bool(installed()) if callable(installed) else True
+
+    def runs_here(spec: CheckSpec) -> bool:
+        params = spec.params or {}
+        try:
+            if isinstance(params.get("framework"), str) and not framework_runs(params["framework"]):
+                return False
+            if isinstance(params.get("provider"), str) and not provider_runs(params["provider"]):
+                return False
+        except Exception:  # noqa: BLE001 - a header estimate must never stop a run
+            return True
+        return True
+
+    return runs_here
 
 
 def _model_label(name: str) -> str:

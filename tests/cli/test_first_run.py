@@ -154,6 +154,40 @@ def test_estimate_adds_up_what_the_ladder_states() -> None:
     assert 60 < quick.seconds < est.seconds
 
 
+def test_checks_that_will_skip_add_nothing_to_the_estimate() -> None:
+    """Without vLLM, the standard ladder's vLLM op and framework checks are skips of a few ms:
+    counted at typical times they made a 13-minute run's header say "about 18 min"."""
+    checks = load_ladder("standard").spec.checks
+    def not_vllm(c: object) -> bool:
+        params = getattr(c, "params", None) or {}
+        return params.get("provider") != "vllm" and params.get("framework") not in ("vllm", "vllm_serve")
+    everything, here = estimate(checks), estimate(checks, not_vllm)
+    assert here.seconds < everything.seconds - 120
+    assert here.stated_s == everything.stated_s  # the soak and timed serving runs still run
+    assert estimate(checks, lambda c: True) == everything
+
+
+def test_the_header_asks_adapters_and_providers_whether_their_checks_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptcheck.base.schemas.ladder import CheckSpec
+    from adaptcheck.frameworks.base import Availability
+    from adaptcheck.frameworks.registry import framework_class
+    from adaptcheck.session import _runs_here
+    from adaptcheck.steps.ops.providers.vllm_provider import VllmProvider
+
+    vllm = framework_class("vllm")
+    monkeypatch.setattr(vllm, "availability", classmethod(lambda cls: Availability(False, "not installed")))
+    monkeypatch.setattr(VllmProvider, "installed", lambda self: False)
+    runs = _runs_here(endpoint=None)
+    spec = {"id": "x", "step": 4, "kind": "framework.reference"}
+    assert not runs(CheckSpec(**spec, params={"framework": "vllm"}))
+    assert runs(CheckSpec(**spec, params={"framework": "transformers"}))
+    assert not runs(CheckSpec(**spec, params={"framework": "endpoint"}))  # no --endpoint given
+    assert _runs_here(endpoint="http://127.0.0.1:9/v1")(CheckSpec(**spec, params={"framework": "endpoint"}))
+    op = {"id": "o", "step": 3, "kind": "ops.op"}
+    assert not runs(CheckSpec(**op, params={"op": "rms_norm", "provider": "vllm"}))
+    assert runs(CheckSpec(**op, params={"op": "rms_norm"}))
+
+
 def test_run_prints_the_header_first(tmp_path: Path) -> None:
     proc = run_cli(["run", "--ladder", "quick", "--steps", "1", "--out", str(tmp_path / "run")], timeout=300)
     assert proc.returncode in (0, 1), proc.stderr

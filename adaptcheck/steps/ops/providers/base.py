@@ -26,6 +26,11 @@ class OpProvider:
         """(usable here, reason when not). Never raises."""
         return True, ""
 
+    def installed(self) -> bool:
+        """Cheaply, without importing what it wraps: could it be usable here at all? False only
+        when it surely is not (the run header's estimate counts its checks as skips)."""
+        return True
+
     def ops(self) -> dict[str, Callable[..., Any]]:
         """Op name → callable."""
         return {}

@@ -26,6 +26,7 @@ reads too; this module keeps the adapters, which call vLLM.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -522,6 +523,10 @@ class VllmProvider(OpProvider):
             text += (f"; note: {', '.join(bypassed)}: platform forward not overridden here, so models run"
                      " forward_native instead of the kernel checked")
         return text
+
+    def installed(self) -> bool:
+        # find_spec, not an import: importing vLLM takes seconds and logs to the terminal.
+        return importlib.util.find_spec("vllm") is not None
 
     def available(self) -> tuple[bool, str]:
         try:
