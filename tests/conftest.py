@@ -93,6 +93,18 @@ def ladder_text(checks: list[dict[str, object]], *, timeout_s: float = 60, grade
     return body + textwrap.dedent(grade if grade is not None else GRADE_ANY_STEP.format(first=checks[0]["id"]))
 
 
+def finished_run(root: Path, checks: list[dict[str, object]], **ladder_kw: object) -> Path:
+    """A real ``adaptcheck run --device cpu`` of a throw-away ladder of ``checks`` in ``root``,
+    finished (exit 0); its run folder. For module-scoped fixtures: one run that several tests
+    read, or copy before they change it."""
+    ladder = root / "ladder.yaml"
+    ladder.write_text(ladder_text(checks, **ladder_kw))  # type: ignore[arg-type]
+    run_dir = root / "run"
+    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(run_dir), "--quiet"])
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
 @pytest.fixture
 def write_ladder(tmp_path: Path) -> Callable[..., Path]:
     def _write(checks: list[dict[str, object]], **kw: object) -> Path:

@@ -112,15 +112,9 @@ def test_bad_steps_and_nonempty_out(write_ladder) -> None:
 @pytest.fixture(scope="module")
 def dummy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real run of the dummy ladder for the module (its tests only read it or edit a copy)."""
-    from tests.conftest import ladder_text
+    from tests.conftest import finished_run
 
-    root = tmp_path_factory.mktemp("dummy-run")
-    ladder = root / "ladder.yaml"
-    ladder.write_text(ladder_text(DUMMY_LADDER))
-    out = root / "run"
-    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(out), "--quiet"])
-    assert done.returncode == 0, done.stderr
-    return out
+    return finished_run(tmp_path_factory.mktemp("dummy-run"), DUMMY_LADDER)
 
 
 @pytest.fixture

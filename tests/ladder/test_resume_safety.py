@@ -43,14 +43,9 @@ def _ran(run_dir: Path) -> int:
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One finished run of the cheap ladder; tests copy it and damage the copy."""
-    from tests.conftest import ladder_text
+    from tests.conftest import finished_run
 
-    base = tmp_path_factory.mktemp("clean")
-    ladder = base / "ladder.yaml"
-    ladder.write_text(ladder_text(CHEAP))
-    run_dir = base / "run"
-    done = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--out", str(run_dir), "--quiet"])
-    assert done.returncode == 0, done.stderr
+    run_dir = finished_run(tmp_path_factory.mktemp("clean"), CHEAP)
     assert json.loads((run_dir / "results.json").read_text())["complete"] is True
     return run_dir
 
