@@ -31,7 +31,7 @@ import typer
 
 from adaptcheck.base.errors import ExitCode
 from adaptcheck.cli import app as cli_app
-from adaptcheck.cli.app import main
+from tests.inprocess import invoke
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
 
@@ -363,15 +363,10 @@ def check_output(row: Row, code: int, output: str) -> None:
         assert row.fragment in errors[0], f"{row.id}: the fragment is not in the error line:\n{output}"
 
 
-def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    code: int
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
+def run_in_process(args: list[str]) -> tuple[int, str]:
+    """The CLI's entry point in this process (tests/inprocess.py), output of both streams."""
+    done = invoke(args)
+    return done.returncode, done.stdout + done.stderr
 
 
 def console_script() -> Path:
@@ -411,11 +406,10 @@ def test_covered_rows_name_a_test_that_exists(row: Row) -> None:
 
 
 @pytest.mark.parametrize("row", [r for r in RUNNABLE if r.run in ("in-process", "both")], ids=lambda r: r.id)
-def test_bad_input_in_process(row: Row, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_in_process(row: Row, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     prepare(row, tmp_path, monkeypatch)
     assert row.args is not None
-    code, output = run_in_process(row.args, capsys)
+    code, output = run_in_process(row.args)
     check_output(row, code, output)
 
 
@@ -442,14 +436,13 @@ def test_alias_bomb_is_refused_in_well_under_a_second(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 0.2
 
 
-def test_merge_keeps_the_good_file_when_one_input_is_hostile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_merge_keeps_the_good_file_when_one_input_is_hostile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     _good_json(tmp_path, monkeypatch)
     _deep_json(tmp_path, monkeypatch)
     _digits_json(tmp_path, monkeypatch)
     code, output = run_in_process(["matrix", "merge", "deep.json", "good.json", "digits.json",
-                                   "--output", "m.json"], capsys)
+                                   "--output", "m.json"])
     assert code == 0, output
     matrix = json.loads((tmp_path / "m.json").read_text())
     assert matrix["merged_runs"] == 1 and len(matrix["rows"]) == 1
@@ -503,30 +496,29 @@ def _raised_by_click_packages() -> list[tuple[str, Callable[[], BaseException]]]
 
 @pytest.mark.parametrize("source,make", _raised_by_click_packages(), ids=lambda v: v if isinstance(v, str) else "")
 def test_usage_errors_of_either_click_exit_2(source: str, make: Callable[[], BaseException],
-                                             monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_app, "app", _app_raising(make()))
-    code, output = run_in_process(["boom"], capsys)
+    code, output = run_in_process(["boom"])
     assert code == ExitCode.USAGE, output
     assert output.count("adaptcheck: error:") == 1 and "not good" in output
 
 
-def test_a_genuine_bug_is_still_exit_70(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_genuine_bug_is_still_exit_70(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_app, "app", _app_raising(RuntimeError("a real bug")))
-    code, output = run_in_process(["boom"], capsys)
+    code, output = run_in_process(["boom"])
     assert code == ExitCode.INTERNAL
     assert "internal error (RuntimeError: a real bug)" in output
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), typer.Abort()], ids=["ctrl-c", "abort"])
-def test_interrupt_and_abort_exit_130(exc: BaseException, monkeypatch: pytest.MonkeyPatch,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_interrupt_and_abort_exit_130(exc: BaseException, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_app, "app", _app_raising(exc))
-    code, output = run_in_process(["boom"], capsys)
+    code, output = run_in_process(["boom"])
     assert code == ExitCode.INTERRUPTED, output
     assert "interrupted" in output
 
 
-def test_typer_exit_code_is_kept(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_typer_exit_code_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_app, "app", _app_raising(typer.Exit(4)))
-    code, _ = run_in_process(["boom"], capsys)
+    code, _ = run_in_process(["boom"])
     assert code == 4
