@@ -21,7 +21,7 @@ from adaptcheck.base.schemas.results import RunResults
 def statuses(path: Path) -> tuple[RunResults, dict[str, str]]:
     """The run, and check id -> status (the results file's own loader: older schemas load too)."""
     run = RunResults.load(path)
-    return run, {c.id: str(c.status.value if hasattr(c.status, "value") else c.status) for c in run.checks}
+    return run, {c.id: c.status.value for c in run.checks}
 
 
 def differences(before: dict[str, str], after: dict[str, str], ignore: set[str]) -> list[tuple[str, str, str]]:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print("warning: the seeds differ, so the runs are not the same experiment")
     for check_id, was, now in diff:
         print(f"  {check_id}: {was} -> {now}")
-    same = len([i for i in a if i in b and i not in args.ignore]) - len([d for d in diff if "-" not in d[1:]])
+    same = sum(1 for i, status in a.items() if i not in args.ignore and b.get(i) == status)
     print(f"{same} checks with the same status, {len(diff)} different")
     return 1 if diff else 0
 
