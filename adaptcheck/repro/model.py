@@ -26,7 +26,7 @@ import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from adaptcheck import __version__
 from adaptcheck.base import klestimate
@@ -35,6 +35,13 @@ from adaptcheck.repro.files import write_script
 
 DTYPES = FLOAT_DTYPES
 """What the device side may run in; the reference also fp64."""
+
+
+class ReproSequence(TypedDict):
+    """One token sequence the script scores teacher-forced (embedded in it as JSON)."""
+
+    token_ids: list[int]
+    start: int
 
 
 @dataclass
@@ -49,8 +56,8 @@ class ModelReproSpec:
     device: str
     """torch device string of the device side ("cpu", "cuda:0" …)."""
     attn_implementation: str | None
-    sequences: list[dict[str, Any]]
-    """[{"token_ids": [...], "start": int}]: positions start .. len-1 are scored."""
+    sequences: list[ReproSequence]
+    """Positions start .. len-1 of each are scored."""
     top_k: int
     bound_kl_mean: float
     bound_kl_p99: float

@@ -19,10 +19,11 @@ Everything here is pure: scores in, statistics out.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from adaptcheck.base.klestimate import position_kl, quantile
+from adaptcheck.base.schemas.framework_evidence import BoundVerdict
 from adaptcheck.base.schemas.numerics import Rule
 
 __all__ = ["HIST_EDGES", "PositionStats", "compare_positions", "histogram", "judge", "position_kl", "quantile",
@@ -83,12 +84,13 @@ def histogram(values: Sequence[float], edges: Sequence[float] = HIST_EDGES) -> l
     return counts
 
 
-def judge(stats: dict[str, float], control: dict[str, float], rules: dict[str, Rule], dtype: str) -> dict[str, dict[str, float | bool]]:
-    """Each rule's verdict: ``{stat: {value, bound, multiple, floor, control, ok}}``."""
-    out: dict[str, dict[str, float | bool]] = {}
+def judge(stats: Mapping[str, float], control: Mapping[str, float], rules: Mapping[str, Rule],
+          dtype: str) -> dict[str, BoundVerdict]:
+    """Each rule's verdict: ``value <= multiple x control + floor[dtype]``, by statistic."""
+    out: dict[str, BoundVerdict] = {}
     for stat, rule in rules.items():
         bound = rule.bound(control[stat], dtype)
-        out[stat] = {"value": stats[stat], "bound": bound, "multiple": rule.multiple,
-                     "floor": rule.floor[dtype], "control": control[stat],  # type: ignore[index]
-                     "ok": stats[stat] <= bound}
+        out[stat] = BoundVerdict(value=stats[stat], bound=bound, multiple=rule.multiple,
+                                 floor=rule.floor[dtype],  # type: ignore[index]
+                                 control=control[stat], ok=stats[stat] <= bound)
     return out
