@@ -321,7 +321,7 @@ def check_numerics(check_id: str, kind: str, evidence: FrameworkCheckEvidence | 
     reference = evidence if isinstance(evidence, ReferenceEvidence) else None
     tf = teacher_forced_view(check_id, reference, records_base) if reference is not None else None
     dist = distribution_view(kind, evidence.distribution if isinstance(evidence, ComparingEvidence) else None)
-    repro = None if tf is not None or reference is None else records_link(reference.repro, records_base)
+    repro = None if tf is not None or evidence is None else records_link(evidence.repro, records_base)
     if tf is None and dist is None and repro is None:
         return None
     return CheckNumerics(teacher_forced=tf, distribution=dist, repro=repro)

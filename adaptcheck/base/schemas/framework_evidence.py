@@ -11,7 +11,7 @@ figure means: docs/step4-numerics.md; the results file: docs/results-schema.md.
 
 from __future__ import annotations
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, StrictBool
 
 from adaptcheck.base.schemas.evidence import Evidence
 
@@ -74,7 +74,9 @@ class SubcheckRow(Evidence):
     """One sub-check: held (``ok: true``), did not hold (``false``) or could not run here (``null``)."""
 
     name: str = Field(description="What the row checks, in words.")
-    ok: bool | None = Field(default=None, description="true held, false did not, null not run here (never a pass).")
+    # Strict: only a literal true is a pass; a "yes" or 1 from a hand-made file does not fit.
+    ok: StrictBool | None = Field(default=None, description="true held, false did not, null not run here (never a "
+                                  "pass).")
     detail: str = Field(default="", description="The numbers or the reason, one line.")
 
 
@@ -93,6 +95,8 @@ class FrameworkCheckEvidence(FrameworkRef):
 
     model: ModelInfo | None = Field(default=None, description="The model it served; None when it did not load.")
     subchecks: list[SubcheckRow] = Field(default_factory=list, description="Sub-check rows, in the order run.")
+    repro: str | None = Field(default=None, description="Run-folder path of the reproducer written for a failure.")
+    repro_error: str | None = Field(default=None, description="Why the reproducer could not be written.")
 
 
 class WeightsAuditFacts(Evidence):
@@ -126,8 +130,8 @@ class PromptVerdict(Evidence):
     """
 
     index: int | None = Field(default=None, description="The prompt's position in the comparison.")
-    ok: bool | None = Field(default=None, description="The answers agree within the comparison's rule.")
-    exact: bool | None = Field(default=None, description="The two answers are identical.")
+    ok: StrictBool | None = Field(default=None, description="The answers agree within the comparison's rule.")
+    exact: StrictBool | None = Field(default=None, description="The two answers are identical.")
     common_prefix: int | None = Field(default=None, description="Tokens the answers share from the start.")
     len_a: int | None = Field(default=None, description="Tokens of the first (reference) answer.")
     len_b: int | None = Field(default=None, description="Tokens of the second answer.")
@@ -135,15 +139,15 @@ class PromptVerdict(Evidence):
                                    "identical or one side stopped.")
     token_a: int | None = Field(default=None, description="The first answer's token at the divergence.")
     token_b: int | None = Field(default=None, description="The second answer's token at the divergence.")
-    b_in_top_a: bool | None = Field(default=None, description="token_b among the first answer's top-N (null: no "
+    b_in_top_a: StrictBool | None = Field(default=None, description="token_b among the first answer's top-N (null: no "
                                     "logprobs).")
-    a_in_top_b: bool | None = Field(default=None, description="token_a among the second answer's top-N (null: no "
+    a_in_top_b: StrictBool | None = Field(default=None, description="token_a among the second answer's top-N (null: no "
                                     "logprobs).")
     gap_a: float | None = Field(default=None, description="logprob_a(token_a) - logprob_a(token_b) at the divergence.")
     max_logprob_diff: float | None = Field(default=None, description="Largest |logprob_a - logprob_b| of the shared "
                                            "tokens over the common prefix.")
     reason: str = Field(default="", description="Why the prompt failed, in words ('' when it held).")
-    by_text: bool = Field(default=False, description="Compared as text (an answer had no token ids).")
+    by_text: StrictBool = Field(default=False, description="Compared as text (an answer had no token ids).")
 
 
 class DivergenceStats(Evidence):
@@ -175,7 +179,7 @@ class BoundVerdict(Evidence):
     multiple: float | None = Field(default=None, description="Allowed multiple of the control's figure.")
     floor: float | None = Field(default=None, description="Added to the bound for the served dtype.")
     control: float | None = Field(default=None, description="The control's (or the run alone's) figure.")
-    ok: bool | None = Field(default=None, description="value <= bound.")
+    ok: StrictBool | None = Field(default=None, description="value <= bound.")
 
 
 class KlHistogram(Evidence):
@@ -194,7 +198,7 @@ class ModuleError(Evidence):
     error: float | None = Field(default=None, description="The device's normalized error ||dev - ref|| / ||ref||.")
     control: float | None = Field(default=None, description="The CPU control's normalized error at the same tensor.")
     bound: float | None = Field(default=None, description="The bound the device's error is held to.")
-    departs: bool | None = Field(default=None, description="error > bound.")
+    departs: StrictBool | None = Field(default=None, description="error > bound.")
 
 
 class Localisation(ModuleError):
@@ -250,7 +254,7 @@ class BatchedVsAlone(Evidence):
     alone: DivergenceStats | None = Field(default=None, description="Each sequence alone vs float64.")
     batched: DivergenceStats | None = Field(default=None, description="All sequences in one batch vs float64.")
     bounds: dict[str, BoundVerdict] | None = Field(default=None, description="Each bounded statistic's verdict.")
-    ok: bool | None = Field(default=None, description="Every bound held.")
+    ok: StrictBool | None = Field(default=None, description="Every bound held.")
 
 
 class Distribution(DivergenceStats):
@@ -263,7 +267,7 @@ class Distribution(DivergenceStats):
     bound_kl_mean: float | None = Field(default=None, description="Flat form: the KL mean's bound.")
     bound_kl_p99: float | None = Field(default=None, description="Flat form: the KL p99's bound.")
     bound_kl_max: float | None = Field(default=None, description="Flat form: the KL max's bound.")
-    ok: bool | None = Field(default=None, description="Every bound held; null without a CPU control (no bound).")
+    ok: StrictBool | None = Field(default=None, description="Every bound held; null without a CPU control (no bound).")
     vs_reference: BatchedVsAlone | None = Field(default=None, description="Alone vs batched only: each run against "
                                                 "float64.")
 
@@ -284,8 +288,6 @@ class ReferenceEvidence(ComparingEvidence):
                                                  "float64 teacher (or the greedy fallback and why).")
     reference: str | None = Field(default=None, description="What the reference was, e.g. 'transformers fp64 on CPU'.")
     compared_as_text: int | None = Field(default=None, description="Prompts compared as text (token ids unavailable).")
-    repro: str | None = Field(default=None, description="Run-folder path of the reproducer written for a failure.")
-    repro_error: str | None = Field(default=None, description="Why the reproducer could not be written.")
 
 
 class ConcurrentEvidence(ComparingEvidence):
