@@ -5,7 +5,8 @@ case and step-4 comparison does); otherwise writes it from what results.json rec
 that check — a step-3 op check's case parameters and seeds, a step-4 comparison's
 ``details["teacher_forced"]`` plus the sequences file the run stored under
 ``framework/teacher-*.json`` — and prints its path. Reads results.json through the digest
-check like every command that acts on one.
+check like every command that acts on one. What a step-4 script does:
+docs/step4-numerics.md ("Reproducers").
 """
 
 from __future__ import annotations
