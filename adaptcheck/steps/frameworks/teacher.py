@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from adaptcheck.base.schemas.framework_evidence import (
     BatchedVsAlone,
     BoundVerdict,
@@ -84,7 +86,8 @@ def reference_verdict(ctx: CheckContext, active: Active, teacher: TeacherData, p
         device=DivergenceStats.model_validate(dev_sum), control_stats=DivergenceStats.model_validate(ctl_sum),
         bounds=judged,
         histogram=KlHistogram(edges=dv.HIST_EDGES, device=dv.histogram(dev_pos.kl), control=dv.histogram(ctl_pos.kl)),
-        localisation=None, implementations=fw.implementations(),
+        # The adapter's free-form answer, as JSON (a plugin's tuple becomes a list, as stored before).
+        localisation=None, implementations=to_jsonable_python(fw.implementations()),
         worst_sequence=_worst(dev, teacher),
     )
     metrics = {"tf_kl_mean": dev_sum["kl_mean"], "tf_kl_p99": dev_sum["kl_p99"], "tf_kl_max": dev_sum["kl_max"],
