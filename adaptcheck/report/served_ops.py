@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
+from pydantic import JsonValue
+
+from adaptcheck.base.schemas.ops_evidence import ServedOpsRef
 from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.frameworks.vllm_ops import custom_op_layers
-from adaptcheck.report.fmt import as_dict
 
 STEP = 4
 VLLM_PROVIDER = "vllm"
@@ -29,7 +30,7 @@ NATIVE = "forward_native"
 NOT_USED_TEXT = "not used by the served model here (vLLM ran forward_native)"
 
 
-def _text(key: str, value: Any) -> str:
+def _text(key: str, value: JsonValue) -> str:
     return f"{key}: " + (value if isinstance(value, str) else json.dumps(value, default=str))
 
 
@@ -62,9 +63,11 @@ def unused_ops(results: RunResults) -> dict[str, str]:
     for c in results.checks:
         if c.step != STEP:
             continue
-        impls = as_dict(as_dict(as_dict(c.details).get("teacher_forced")).get("implementations"))
-        for key, value in impls.items():
-            text = _text(str(key), value)
+        served = c.evidence(ServedOpsRef)
+        if served is None or served.teacher_forced is None:
+            continue
+        for key, value in served.teacher_forced.implementations.items():
+            text = _text(key, value)
             for op, (cls, kernel) in layers.items():
                 if _word(cls, text) and _native(text, kernel):
                     checks = evidence.setdefault(op, {}).setdefault(text, [])

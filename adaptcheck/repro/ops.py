@@ -26,10 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from adaptcheck.repro.bundle import Bundle
 from adaptcheck.repro.files import write_script
+
+OutputTolerance = TypedDict("OutputTolerance", {"class": str, "mode": str, "limits": dict[str, float],
+                                                 "max_code_distance": int | None})
+"""One output's tolerance class as the script reads it (JSON in the script's ``OUTPUTS``)."""
 
 
 @dataclass
@@ -37,9 +41,10 @@ class OpsReproCase:
     """One case as the check ran it (after any shrink)."""
 
     name: str
-    params: dict[str, Any]
+    params: dict[str, object]
     """What the generator reads of the case (fields, ``name`` included, and computed
-    properties): plain values the script hands it as a namespace."""
+    properties): the op's own values, which the script hands it as a namespace;
+    :func:`_literal` refuses any that is not a plain Python literal."""
     seed: int
     observed: str = ""
     """What the check measured, shown in the script's header for comparison."""
@@ -62,8 +67,8 @@ class OpsReproSpec:
     compare: Callable[..., Any]
     precision: Callable[..., Any]
     """``full_fp32_precision(backend)``: TF32/HF32 off around the op, as in the check."""
-    outputs: list[tuple[str, dict[str, Any]]]
-    """(output name, tolerance: {"class", "mode", "limits", "max_code_distance"}) per output."""
+    outputs: list[tuple[str, OutputTolerance]]
+    """(output name, tolerance class) per output."""
     in_place: bool
     cases: list[OpsReproCase]
     device_type: str = "cpu"
