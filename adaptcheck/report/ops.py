@@ -1,15 +1,7 @@
-"""View data of step 3: the op × dtype matrix and the per-op evidence — plain data, no HTML.
-
-Every ``ops.op`` result is one (op, provider, dtype) cell. The cell says its status in text
-and glyph (never colour alone) and the measured error as a fraction of the tolerance, so a
-reader sees at a glance both *whether* an op passed and *how close* it came to the limit:
-``0.9×`` passes but is worth a look on the next driver, ``∞`` is an exact-mode mismatch or
-a non-finite surprise. Each op then gets a detail block with the tolerance policy of every
-output beside what was measured, and every case with its worst element.
-
-Results are read defensively: a check that crashed its worker has no details and no dtype,
-a provider that is missing gives details-less skips, and an older results file may lack a
-field. None of those may break the page; they show as what is known.
+"""View data of step 3 — the op × dtype matrix and the per-op evidence, plain data, no HTML —
+read from each ``ops.op`` result's typed evidence; details that do not fit read as empty, so a
+crashed or foreign result shows what is known (what the cells say: docs/ops.md, "Reading the
+report").
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Which step-3 kernels the model served in step 4 did not use here.
-
-vLLM's layer classes (``CustomOp``) run either a platform path (``forward_cpu``,
-``forward_cuda`` … — the ``_C`` kernels step 3 checks through the ``vllm`` provider) or
-``forward_native`` (plain torch ops). On x86 CPUs, for instance, RMSNorm and GELUTanh run
-``forward_native``, so a passing (or failing) ``ops.vllm.rms_norm`` says nothing about the
-served model there. Step 4 records what each layer type really ran in
-``details.teacher_forced.implementations``; this module reads those and tells the step-3
-section which vLLM-provider ops to mark as not used by the served model.
-
-Which op each layer class runs, and under which kernel name, is the table the ``vllm`` op
-provider maps its ops by (:data:`adaptcheck.frameworks.vllm_ops.VLLM_OPS`), read here, not
-copied: an op added there is marked here without a change to this module.
+"""Which step-3 vLLM-provider kernels the model served in step 4 did not run here (its layer
+ran ``forward_native``), from step 4's ``teacher_forced.implementations`` and the op ↔ layer
+table :data:`adaptcheck.frameworks.vllm_ops.VLLM_OPS` (docs/ops.md, "Kernels the served model
+did not use").
 """
 
 from __future__ import annotations

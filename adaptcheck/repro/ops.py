@@ -1,19 +1,6 @@
-"""The step-3 reproducer: one operator, one dtype, the cases of one check, as a script.
-
-The script is :class:`OpsReproSpec` made standalone. It carries, inlined by
-:mod:`adaptcheck.repro.bundle` from the very code the check ran:
-
-* the op's input generator, fed the same case parameters and the same seed (a CPU
-  ``torch.Generator``), so the inputs are bit for bit the check's;
-* the float64 reference kernel (NumPy) and the conversion of inputs to float64/int64;
-* the call of the op under test as the provider makes it (the torch function, or vLLM's
-  adapter around ``torch.ops._C``, which imports ``vllm._custom_ops`` by name);
-* the comparison and the tolerance class limits, so the error figure is the check's.
-
-It prints one line per case and output (``ratio=…`` is the measured error as a fraction of
-the bound, ≤ 1 passes) and a last line worded like the check's message; it exits 1 when a
-case is out of tolerance or raises, 0 otherwise. ``--device`` runs it elsewhere,
-``--dump-inputs DIR`` saves each case's inputs (``torch.save``) for a kernel's own test.
+"""The step-3 reproducer: one operator, one dtype, the cases of one check, as a standalone
+script — :class:`OpsReproSpec` made text, the check's own code inlined by
+:mod:`adaptcheck.repro.bundle` (what it carries and prints: docs/ops.md, "Reproducers").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The ``ops.op`` check kind: one operator, one provider, several dtypes and cases.
-
-Outcomes are one per dtype (``ops.gemm.bf16``) so the report can draw an op × dtype matrix
-and the grade can demand exactly the model's dtype. A dtype the backend does not claim, a
-provider that is not installed here, or a provider lacking the op give ``skip`` marked not
-applicable with the reason — never ``pass``. A case whose kernel raises is an ``error``.
+"""The ``ops.op`` check kind: one operator, one provider, one outcome per dtype from its cases,
+recorded as :class:`~adaptcheck.base.schemas.ops_evidence.OpEvidence` (outcomes, skips and
+errors: docs/ops.md, "How an op is checked").
 """
 
 from __future__ import annotations

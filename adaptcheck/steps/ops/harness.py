@@ -1,11 +1,6 @@
-"""Run one operator over its cases × dtypes on the device and judge it against the reference.
-
-For each dtype: inputs are generated on the CPU in that dtype from a seed derived from the
-run seed, the op, the case and the dtype; the provider gets device copies (clones when the
-op works in place), the reference gets float64/int64 NumPy copies of the very same values.
-Cases are shrunk (never skipped) when the device or the reference would be too slow for
-the check's time budget, and the shrink is recorded. TF32/HF32 are off while ops run, so
-fp32 means fp32.
+"""Run one case of an operator on the device and judge each output against the float64
+reference, shrinking cases to the check's time budget (seeding, shrinking and fp32 precision:
+docs/ops.md, "How an op is checked").
 """
 
 from __future__ import annotations

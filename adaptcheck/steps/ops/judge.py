@@ -1,10 +1,6 @@
-"""Compare one op output with its float64 reference and say by how much it is off.
-
-Every comparison records the same evidence, whatever the mode: max abs error, max relative
-error (denominator guarded so that near-zero references do not explode it), the fraction of
-elements outside the element-wise tolerance, cosine similarity, the ULP distance in the
-output dtype where that means something, non-finite counts, and the worst element (index,
-got, expected). ``ratio`` is the measured error as a fraction of the limit: ≤ 1 passes.
+"""Compare one op output with its float64 reference and say by how much it is off (the figures
+and the modes: docs/ops.md, "What is measured"). Reproducers copy this code, so it uses
+torch, NumPy and plain dataclasses only.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Step 3's side of the reproducers: from an op check (live, or as results.json recorded it)
-to an :class:`~adaptcheck.repro.ops.OpsReproSpec`.
-
-The check calls :func:`write_check_repro` for an outcome that failed or errored; ``adaptcheck
-repro`` calls :func:`write_recorded_repro` for a check that has no script yet. Both hand the
-writer the very objects the check uses (the op's generator, its reference kernel, the
-provider's callable, the harness's comparison), so the script is the check's code.
+"""Step 3's side of the reproducers: from an op check, live (:func:`write_check_repro`, for an
+outcome that failed or errored) or as results.json recorded it (:func:`write_recorded_repro`,
+for ``adaptcheck repro``), to an :class:`~adaptcheck.repro.ops.OpsReproSpec` holding the very
+objects the check used, so the script is the check's code (docs/ops.md, "Reproducers").
 """
 
 from __future__ import annotations
