@@ -127,7 +127,8 @@ def _run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBa
     gen = torch.Generator(device="cpu")
     gen.manual_seed(result.seed)
     inputs = op.make_inputs(case, dtype, gen)
-    result.notes = to_jsonable_python(inputs.notes)  # the op's own facts, as the JSON they are stored as
+    # The op's own facts as the JSON they are stored as (str for anything else, as the worker's wire does).
+    result.notes = to_jsonable_python(inputs.notes, fallback=str)
     ref_args = {k: to_numpy(v) for k, v in inputs.kwargs.items()}
     dev_args = {k: (v.clone() if op.in_place else v).to(ctx.device) if isinstance(v, torch.Tensor) else v
                 for k, v in inputs.kwargs.items()}
