@@ -19,8 +19,7 @@ host link; for gloo ranks on one CPU host, the memory reference: loopback traffi
 
 from __future__ import annotations
 
-from typing import Any
-
+from adaptcheck.base.schemas.micro_evidence import MicroRow
 from adaptcheck.perf.micro import make_row
 from adaptcheck.perf.peaks import Peak, efficiency
 from adaptcheck.perf.timing import Timing
@@ -57,19 +56,20 @@ def full_tensor_bytes(op: str, world_size: int, elements: int, itemsize: int) ->
 
 
 def collective_row(op: str, dtype: str, world_size: int, elements: int, itemsize: int, timing: Timing,
-                   peak: Peak | None, *, rank_medians: list[float] | None = None) -> dict[str, Any]:
+                   peak: Peak | None, *, rank_medians: list[float] | None = None) -> MicroRow:
     """One contract row: ``bytes`` = S, ``achieved.bytes_per_s`` = algbw, efficiency = busbw /
     the interconnect, bound ``network``; ``extra`` holds algbw, busbw, world size and op."""
     size = full_tensor_bytes(op, world_size, elements, itemsize)
     row = make_row(f"{op} {size / (1 << 20):g} MiB" if size >= 1 << 20 else f"{op} {size} B", dtype,
                    {"op": op, "world_size": world_size, "elements_per_rank": elements, "bytes": size},
                    None, float(size), timing, peak, bound="network")
-    algbw = row["achieved"]["bytes_per_s"]
+    algbw = row.achieved.bytes_per_s
     busbw = algbw * busbw_factor(op, world_size) if algbw is not None else None
-    row["efficiency"] = efficiency("network", peak, dtype, None, busbw)
-    row["ridge_point"] = None  # a FLOP/byte ridge means nothing for a transfer
-    row["extra"].update(algbw=algbw, busbw=busbw, world_size=world_size, op=op,
-                        busbw_factor=busbw_factor(op, world_size))
+    row.efficiency = efficiency("network", peak, dtype, None, busbw)
+    row.ridge_point = None  # a FLOP/byte ridge means nothing for a transfer
+    extra = row.extra
+    extra.algbw, extra.busbw, extra.world_size, extra.op = algbw, busbw, world_size, op
+    extra.busbw_factor = busbw_factor(op, world_size)
     if rank_medians is not None:
-        row["extra"]["rank_median_s"] = rank_medians
+        extra.rank_median_s = rank_medians
     return row

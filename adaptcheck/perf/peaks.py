@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from adaptcheck.base.schemas.micro_evidence import PeakRecord
 from adaptcheck.base.yamldata import (
     MatrixError,
     load_model,
@@ -144,12 +145,16 @@ class Peak:
         """Ceiling for collectives' busbw: the device interconnect, else the host link."""
         return self.interconnect_bw or self.host_link_bw
 
+    def record(self) -> PeakRecord:
+        """The contract's ``peak`` record (plus the memory basis and notes)."""
+        return PeakRecord(device=self.device, entry=self.entry, source=self.source, verified=self.verified,
+                          flops=dict(self.flops), memory_bw=self.memory_bw, host_link_bw=self.host_link_bw,
+                          interconnect_bw=self.interconnect_bw, derivation=list(self.derivation),
+                          memory_bw_basis=self.memory_bw_basis, notes=self.notes)
+
     def as_dict(self) -> dict[str, Any]:
-        """The contract's ``peak`` mapping (plus the memory basis and notes)."""
-        return {"device": self.device, "entry": self.entry, "source": self.source, "verified": self.verified,
-                "flops": dict(self.flops), "memory_bw": self.memory_bw, "host_link_bw": self.host_link_bw,
-                "interconnect_bw": self.interconnect_bw, "derivation": list(self.derivation),
-                "memory_bw_basis": self.memory_bw_basis, "notes": self.notes}
+        """:meth:`record` as the JSON object stored in ``details.peak`` (what the step-5 verdict writes)."""
+        return self.record().dump()
 
     def replace(self, **changes: Any) -> Peak:
         return dataclasses.replace(self, **changes)

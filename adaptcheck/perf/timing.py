@@ -47,6 +47,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.base.schemas.micro_evidence import TimeStats
+
 if TYPE_CHECKING:
     from adaptcheck.backends.base import Backend
 
@@ -185,12 +187,12 @@ class Timing:
         """Every sample finite and positive (the contract's condition for not failing)."""
         return all(math.isfinite(s) and s > 0 for s in self.samples)
 
-    def as_dict(self) -> dict[str, Any]:
-        """The contract's ``time_s`` mapping."""
+    def stats(self) -> TimeStats:
+        """The contract's ``time_s`` record."""
         lo, hi, coverage = self.median_ci
-        return {"median": self.median, "min": self.min, "p10": self.p10, "p90": self.p90, "mean": self.mean,
-                "spread": self.spread, "n": self.n, "median_ci": [lo, hi], "ci_level": coverage,
-                "ci_rel_width": self.ci_rel_width, "ci_target": self.ci_target, "settled": self.settled}
+        return TimeStats(median=self.median, min=self.min, p10=self.p10, p90=self.p90, mean=self.mean,
+                         spread=self.spread, n=self.n, median_ci=(lo, hi), ci_level=coverage,
+                         ci_rel_width=self.ci_rel_width, ci_target=self.ci_target, settled=self.settled)
 
 
 def summarize(samples: Sequence[float], **kw: Any) -> Timing:

@@ -22,11 +22,13 @@ from pydantic import Field, field_validator
 
 from adaptcheck.base.dtypes import ITEMSIZE, FloatDtype
 from adaptcheck.base.plugins import class_ref, import_root
+from adaptcheck.base.schemas.micro_evidence import MicroRow
 from adaptcheck.collectives.bandwidth import collective_row, elements_for_bytes
 from adaptcheck.collectives.launch import LaunchResult, launch
 from adaptcheck.collectives.plan import resolve_world_size
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.perf.micro import MIB, not_run_row
+from adaptcheck.perf.micro import MIB, Params, not_run_row
+from adaptcheck.perf.peaks import Peak
 from adaptcheck.perf.timing import SYNC, summarize
 from adaptcheck.steps.perf.common import TimedParams, headline, resolve_peak, verdict
 
@@ -84,7 +86,7 @@ def rank_failures(launched: LaunchResult) -> str:
 
 
 def bench_rows(cases: list[tuple[str, str, int]], launched: LaunchResult, world_size: int,
-               peak: Any) -> list[dict[str, Any]]:
+               peak: Peak | None) -> list[MicroRow]:
     """One row per case from every rank's ``bench`` record (the slowest rank's median)."""
     by_key: dict[str, dict[int, dict[str, Any]]] = {}
     for rank, recs in launched.records.items():
@@ -94,7 +96,7 @@ def bench_rows(cases: list[tuple[str, str, int]], launched: LaunchResult, world_
     rows = []
     for op, dtype, n in cases:
         got = by_key.get(f"{op}/{dtype}/{n}", {})
-        params = {"op": op, "world_size": world_size, "elements_per_rank": n}
+        params: Params = {"op": op, "world_size": world_size, "elements_per_rank": n}
         name = f"{op} {dtype} {n} elements/rank"
         errors = [r for r in got.values() if r.get("status") != "ok"]
         if errors:
@@ -130,7 +132,7 @@ class CollectivesBenchCheck(Check):
                                    details={"benchmark": "collectives", "device_count": ctx.device_count})
         peak = resolve_peak(ctx, params.peaks_file)
         sizes = params.sizes_mib or ([1, 256] if backend.is_accelerator else [1, 32])
-        rows: list[dict[str, Any]] = []
+        rows: list[MicroRow] = []
         cases: list[tuple[str, str, int]] = []
         for op in params.ops:
             for dtype in params.dtypes:
@@ -155,22 +157,23 @@ class CollectivesBenchCheck(Check):
             launched = launch(config, ws, timeout_s=params.timeout_s, crash_grace_s=5, logs_dir=logs,
                               extra_pythonpath=[root] if root else [])
             rows = bench_rows(cases, launched, ws, peak) + rows
-        metrics: dict[str, Any] = {"world_size": ws, "library": backend.collective_library}
-        largest: dict[tuple[str, str], dict[str, Any]] = {}
+        metrics: dict[str, float | str] = {"world_size": ws, "library": backend.collective_library}
+        largest: dict[tuple[str | None, str | None], MicroRow] = {}
         for row in rows:
-            if row["status"] == "ok":
-                key = (row["extra"]["op"], row["dtype"])
-                if key not in largest or row["bytes"] > largest[key]["bytes"]:
+            if row.status == "ok":
+                key = (row.extra.op, row.dtype)
+                if key not in largest or (row.bytes or 0) > (largest[key].bytes or 0):
                     largest[key] = row
         for (op_name, dtype_name), row in largest.items():
-            headline(metrics, f"{op_name}_{dtype_name}", row)
-            metrics[f"{op_name}_{dtype_name}_busbw_gbps"] = row["extra"]["busbw"] / 1e9
+            headline(metrics, f"{op_name}_{dtype_name}", row.dump())
+            if row.extra.busbw is not None:  # None: the timing was unusable (the verdict fails the row)
+                metrics[f"{op_name}_{dtype_name}_busbw_gbps"] = row.extra.busbw / 1e9
         notes = [(f"{ws} {backend.collective_library} ranks; algbw = S/t, busbw = algbw × 2(n-1)/n (all_reduce) "
                   "or (n-1)/n (all_gather, reduce_scatter, all_to_all); t = the slowest rank's median")]
         if launched is not None:
             metrics["wall_s"] = round(launched.wall_s, 3)
             crash = rank_failures(launched)
             if crash:
-                out = verdict(ctx, "collectives", rows, peak, metrics, notes, timer=SYNC)
+                out = verdict(ctx, "collectives", [row.dump() for row in rows], peak, metrics, notes, timer=SYNC)
                 return Outcome.errored(crash, metrics=metrics, details={**out.details, "logs_dir": launched.logs_dir})
-        return verdict(ctx, "collectives", rows, peak, metrics, notes, timer=SYNC)
+        return verdict(ctx, "collectives", [row.dump() for row in rows], peak, metrics, notes, timer=SYNC)
