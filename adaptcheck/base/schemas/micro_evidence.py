@@ -177,3 +177,17 @@ class RankRecord(Evidence):
     inner: int | None = Field(default=None, description="bench: calls per repetition.")
     warmup: int | None = Field(default=None, description="bench: warm-up calls.")
     estimate_s: float | None = Field(default=None, description="bench: the agreed per-call estimate (slowest rank).")
+
+
+class RankPayload(Evidence):
+    """What one rank of ``adaptcheck cluster collectives`` sends rank 0 (``all_gather_object``)."""
+
+    rank: int = Field(description="Global rank (RANK).")
+    local_rank: int = Field(description="Rank on its node; also the device index it drove.")
+    node_rank: int | None = Field(default=None, description="Its node's rank (GROUP_RANK); null when not set.")
+    hostname: str = Field(description="socket.gethostname() on its node.")
+    device: str = Field(description="torch device it drove.")
+    pid: int = Field(description="Process id on its node.")
+    init_s: float | None = Field(default=None, description="Seconds the process group took to form.")
+    records: list[RankRecord] = Field(default_factory=list, description="Its exactness records (event 'op').")
+    bench: list[RankRecord] = Field(default_factory=list, description="Its timing records (event 'bench').")
