@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 import adaptcheck
 from adaptcheck.base.dtypes import ITEMSIZE, CollectiveDtype, FloatDtype
 from adaptcheck.base.errors import DeviceError, UsageError, exception_line
-from adaptcheck.base.schemas.micro_evidence import RankPayload, RankRecord
+from adaptcheck.base.schemas.micro_evidence import RankPayload
 from adaptcheck.base.schemas.results import utcnow
 from adaptcheck.base.terminal import error_line
 from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
@@ -49,6 +49,7 @@ from adaptcheck.cluster.models import MultinodeCollectives, Settings
 from adaptcheck.cluster.verdict import RunInfo, build_report
 from adaptcheck.collectives.bandwidth import elements_for_bytes
 from adaptcheck.collectives.exact import DEFAULT_DTYPES, OPS
+from adaptcheck.collectives.launch import BenchSettings
 from adaptcheck.collectives.plan import CollectivesParams, Plan, make_plan
 from adaptcheck.perf.micro import MIB
 
@@ -285,14 +286,14 @@ def run_cluster_collectives(options: ClusterCollectivesOptions,
                     for n in me.plan.elements:
                         watchdog.enter(f"{op} ({dtype}, {n} elements)", options.timeout_s, EXIT_PEER_LOST)
                         dist.barrier()
-                        me.payload.records.append(RankRecord.parse(run_case(
-                            impl, backend, env.rank, env.world_size, op, dtype, n, device_index=env.local_rank)))
-            bench = {"warmup": 2, "min_reps": 5, "max_reps": 50, "budget_s": options.bench_budget_s}
+                        me.payload.records.append(run_case(impl, backend, env.rank, env.world_size, op, dtype, n,
+                                                           device_index=env.local_rank))
+            bench = BenchSettings(warmup=2, min_reps=5, max_reps=50, budget_s=options.bench_budget_s)
             for op, dtype, n in me.bench_cases:
                 watchdog.enter(f"timing {op} ({dtype}, {n} elements)", options.timeout_s, EXIT_PEER_LOST)
                 dist.barrier()
-                me.payload.bench.append(RankRecord.parse(run_bench_case(
-                    impl, backend, env.rank, env.world_size, op, dtype, n, bench, device_index=env.local_rank)))
+                me.payload.bench.append(run_bench_case(impl, backend, env.rank, env.world_size, op, dtype, n, bench,
+                                                       device_index=env.local_rank))
             watchdog.enter("gathering the ranks' results", options.timeout_s, EXIT_PEER_LOST)
             gathered: list[Any] = [None] * env.world_size
             dist.all_gather_object(gathered, me.payload.dump(), group=control)  # plain JSON data on the wire

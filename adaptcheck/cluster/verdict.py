@@ -151,7 +151,7 @@ def build_report(info: RunInfo, plan: Plan, settings: Settings, gathered: Sequen
     """
     payloads = [RankPayload.parse(p, where=f"payload {i} gathered from the ranks") for i, p in enumerate(gathered)]
     ranks = rank_infos(payloads)
-    records = {p.rank: [r.dump() for r in p.records] for p in payloads}
+    records = {p.rank: list(p.records) for p in payloads}
     reported = {p.rank for p in payloads}
     exits = [RankExit(rank=r, returncode=0) for r in sorted(reported)]
     outcome = summarize(plan, LaunchResult(records=records, exits=exits, wall_s=info.wall_s, logs_dir=""))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adaptcheck.base.dtypes import ITEMSIZE, CollectiveDtype
+from adaptcheck.base.schemas.micro_evidence import RankRecord
 from adaptcheck.collectives.exact import (
     DEFAULT_DTYPES,
     OPS,
@@ -118,6 +119,9 @@ class CollectivesParams(BaseModel):
 
 # --- verdict ------------------------------------------------------------------------------
 
+RANK_EVIDENCE = {"mismatches", "first_index", "got", "expected", "error"}
+"""The facts of a rank's record that a table row keeps for each rank that was not ok."""
+
 def _signal_text(code: int | None) -> str:
     if code is None:
         return "did not start"
@@ -129,17 +133,17 @@ def _signal_text(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _where(records: list[dict[str, Any]]) -> str:
+def _where(records: list[RankRecord]) -> str:
     """What a rank was doing when it stopped: the op begun but not finished, or its phase."""
     begun = None
     for rec in records:
-        if rec.get("event") == "begin":
+        if rec.event == "begin":
             begun = rec
-        elif rec.get("event") == "op" and begun is not None and rec.get("key") == begun.get("key"):
+        elif rec.event == "op" and begun is not None and rec.key == begun.key:
             begun = None
     if begun is not None:
-        return f"in {begun['op']} ({begun['dtype']}, {begun['elements']} elements)"
-    events = [r.get("event") for r in records]
+        return f"in {begun.op} ({begun.dtype}, {begun.elements} elements)"
+    events = [r.event for r in records]
     if "done" in events:
         return "after finishing"
     if "ready" in events:
@@ -163,7 +167,7 @@ class Plan:
     skipped_dtypes: dict[str, str] = field(default_factory=dict)
 
 
-def merge_rows(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def merge_rows(plan: Plan, records: dict[int, list[RankRecord]]) -> list[dict[str, Any]]:
     """One row per (op, dtype, elements) with each rank's result folded in.
 
     Row status: ``mismatch`` (some rank got a wrong element: conclusive whatever else
@@ -171,18 +175,18 @@ def merge_rows(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[dic
     its peers raised, e.g. "connection closed by peer", is a consequence, kept as evidence) >
     ``raised`` > ``unsupported`` > ``ok`` (every rank matched).
     """
-    by_key: dict[str, dict[int, dict[str, Any]]] = {}
+    by_key: dict[str | None, dict[int, RankRecord]] = {}
     for rank, recs in records.items():
         for rec in recs:
-            if rec.get("event") == "op":
-                by_key.setdefault(rec["key"], {})[rank] = rec
+            if rec.event == "op":
+                by_key.setdefault(rec.key, {})[rank] = rec
     rows: list[dict[str, Any]] = []
     for op in plan.ops:
         for dtype in plan.dtypes:
             for n in plan.elements:
                 key = f"{op}/{dtype}/{n}"
                 got = by_key.get(key, {})
-                statuses = {r: rec.get("status") for r, rec in got.items()}
+                statuses = {r: rec.status for r, rec in got.items()}
                 row: dict[str, Any] = {"op": op, "dtype": dtype, "elements": n,
                                        "bytes_per_rank": n * ITEMSIZE[dtype]}
                 if any(s == "mismatch" for s in statuses.values()):
@@ -197,11 +201,10 @@ def merge_rows(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[dic
                     row["status"] = "ok"
                 else:  # a status this version does not know: never count it as a pass
                     row["status"] = "incomplete"
-                times = [rec["time_s"] for rec in got.values() if isinstance(rec.get("time_s"), (int, float))]
+                times = [rec.time_s for rec in got.values() if rec.time_s is not None]
                 row["time_s"] = max(times) if times else None  # a collective is as slow as its slowest rank
-                bad = {r: {k: rec.get(k) for k in ("mismatches", "first_index", "got", "expected", "error")
-                           if rec.get(k) is not None}
-                       for r, rec in sorted(got.items()) if rec.get("status") != "ok"}
+                bad = {r: rec.model_dump(mode="json", include=RANK_EVIDENCE, exclude_none=True)
+                       for r, rec in sorted(got.items()) if rec.status != "ok"}
                 if bad:
                     row["ranks"] = bad
                 missing = [r for r in range(plan.world_size) if r not in got]
@@ -223,17 +226,17 @@ def summarize(plan: Plan, launched: LaunchResult) -> Outcome:
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "mismatch", "raised", "unsupported",
                                                                       "incomplete")}
     metrics.update({f"rows_{k}": v for k, v in counts.items()})
-    inits = [r.get("init_s") for rs in launched.records.values() for r in rs if r.get("event") == "ready"]
+    inits = [r.init_s for rs in launched.records.values() for r in rs if r.event == "ready" and r.init_s is not None]
     if inits:
-        metrics["rendezvous_s"] = round(max(i for i in inits if isinstance(i, (int, float))), 3)
+        metrics["rendezvous_s"] = round(max(inits), 3)
     ranks = []
     for e in launched.exits:
         recs = launched.records.get(e.rank, [])
-        start = next((r for r in recs if r.get("event") == "start"), {})
-        ranks.append({"rank": e.rank, "device": start.get("device"), "pid": start.get("pid"),
+        start = next((r for r in recs if r.event == "start"), RankRecord(event="start"))
+        ranks.append({"rank": e.rank, "device": start.device, "pid": start.pid,
                       "exit": _signal_text(e.returncode), "killed": e.killed, "last_line": e.last_line,
                       "stuck_at": e.stuck_at or None, "ended_s": e.ended_s, "log": e.log})
-    apis = next((r.get("apis") for rs in launched.records.values() for r in rs if r.get("event") == "ready"), None)
+    apis = next((r.apis for rs in launched.records.values() for r in rs if r.event == "ready"), None)
     details: dict[str, Any] = {
         "table": rows, "ranks": ranks, "dist_backend": plan.dist_backend, "library": plan.library,
         "on_unsupported": plan.on_unsupported, "broadcast_src": broadcast_source(ws),

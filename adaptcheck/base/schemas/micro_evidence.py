@@ -167,12 +167,12 @@ class RankRecord(Evidence):
     elements: int | None = Field(default=None, description="Per-rank chunk size in elements.")
     status: str | None = Field(default=None, description="op: ok | mismatch | unsupported | raised; bench: ok | "
                                "unsupported | raised.")
-    error: str | None = Field(default=None, description="What the collective raised.")
     time_s: float | None = Field(default=None, description="op: seconds the one checked call took.")
     mismatches: int | None = Field(default=None, description="op: elements that differ from the expectation.")
     first_index: int | None = Field(default=None, description="op: first wrong element.")
     got: int | float | str | None = Field(default=None, description="op: the value found there (or shape/dtype).")
     expected: int | float | str | None = Field(default=None, description="op: the value that must be there.")
+    error: str | None = Field(default=None, description="What the collective raised.")
     samples: list[float] | None = Field(default=None, description="bench: seconds per call, one per repetition.")
     inner: int | None = Field(default=None, description="bench: calls per repetition.")
     warmup: int | None = Field(default=None, description="bench: warm-up calls.")

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
 from adaptcheck.base.dtypes import ITEMSIZE, FloatDtype
 from adaptcheck.base.plugins import class_ref, import_root
-from adaptcheck.base.schemas.micro_evidence import MicroRow
+from adaptcheck.base.schemas.micro_evidence import MicroRow, RankRecord
 from adaptcheck.collectives.bandwidth import collective_row, elements_for_bytes
-from adaptcheck.collectives.launch import LaunchResult, launch
+from adaptcheck.collectives.launch import BenchSettings, LaunchResult, WorkerConfig, launch
 from adaptcheck.collectives.plan import resolve_world_size
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.micro import MIB, Params, not_run_row
@@ -88,27 +88,27 @@ def rank_failures(launched: LaunchResult) -> str:
 def bench_rows(cases: list[tuple[str, str, int]], launched: LaunchResult, world_size: int,
                peak: Peak | None) -> list[MicroRow]:
     """One row per case from every rank's ``bench`` record (the slowest rank's median)."""
-    by_key: dict[str, dict[int, dict[str, Any]]] = {}
+    by_key: dict[str | None, dict[int, RankRecord]] = {}
     for rank, recs in launched.records.items():
         for rec in recs:
-            if rec.get("event") == "bench":
-                by_key.setdefault(rec["key"], {})[rank] = rec
+            if rec.event == "bench":
+                by_key.setdefault(rec.key, {})[rank] = rec
     rows = []
     for op, dtype, n in cases:
         got = by_key.get(f"{op}/{dtype}/{n}", {})
         params: Params = {"op": op, "world_size": world_size, "elements_per_rank": n}
         name = f"{op} {dtype} {n} elements/rank"
-        errors = [r for r in got.values() if r.get("status") != "ok"]
+        errors = [r for r in got.values() if r.status != "ok"]
         if errors:
-            raised = any(r.get("status") == "raised" for r in errors)
+            raised = any(r.status == "raised" for r in errors)
             rows.append(not_run_row(name, dtype, params, ("" if raised else "not supported: ")
-                                    + str(errors[0].get("error", "?")), raised=raised))
+                                    + (errors[0].error or "?"), raised=raised))
         elif len(got) < world_size:
             rows.append(not_run_row(name, dtype, params, f"ranks {sorted(set(range(world_size)) - set(got))} "
                                                          "never reported it (died or hung there)", raised=True))
         else:
-            timings = {rank: summarize(rec["samples"], inner=int(rec.get("inner", 1)), warmup=int(rec.get("warmup", 0)),
-                                       timer=SYNC) for rank, rec in got.items()}
+            timings = {rank: summarize(rec.samples or [], inner=rec.inner or 1, warmup=rec.warmup or 0, timer=SYNC)
+                       for rank, rec in got.items()}
             slowest = max(timings.values(), key=lambda t: t.median)
             rows.append(collective_row(op, dtype, world_size, n, ITEMSIZE[dtype], slowest, peak,
                                        rank_medians=[timings[r].median for r in sorted(timings)]))
@@ -147,11 +147,11 @@ class CollectivesBenchCheck(Check):
         if cases:
             ref = class_ref(type(backend))
             root = import_root(ref.partition(":")[0])
-            config = {"mode": "bench", "backend": backend.name, "backend_class": ref, "ops": list(params.ops),
-                      "dtypes": list(params.dtypes), "elements": [], "cases": cases, "impl": None,
-                      "timeout_s": params.timeout_s,
-                      "bench": {"warmup": params.warmup, "min_reps": params.min_reps, "max_reps": params.max_reps,
-                                "budget_s": params.budget_s}}
+            config = WorkerConfig(mode="bench", backend=backend.name, backend_class=ref, ops=list(params.ops),
+                                  dtypes=list(params.dtypes), elements=[], cases=cases, impl=None,
+                                  timeout_s=params.timeout_s,
+                                  bench=BenchSettings(warmup=params.warmup, min_reps=params.min_reps,
+                                                      max_reps=params.max_reps, budget_s=params.budget_s))
             ctx.run_dir.mkdir(parents=True, exist_ok=True)
             logs = Path(tempfile.mkdtemp(prefix="perf-collectives-", dir=ctx.run_dir))
             launched = launch(config, ws, timeout_s=params.timeout_s, crash_grace_s=5, logs_dir=logs,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.micro_evidence import RankRecord
 from adaptcheck.base.schemas.results import Status
 from adaptcheck.collectives.launch import LaunchResult, RankExit
 from adaptcheck.ladder.check import CheckContext, Outcome
@@ -343,7 +344,8 @@ def test_collectives_single_accelerator_is_not_applicable(tmp_path: Path) -> Non
 
 
 def _launched(records: dict[int, list[dict[str, Any]]], exits: list[RankExit] | None = None) -> LaunchResult:
-    return LaunchResult(records=records, exits=exits or [RankExit(0, 0), RankExit(1, 0)], wall_s=1.0, logs_dir="x")
+    typed = {rank: [RankRecord.parse(rec) for rec in recs] for rank, recs in records.items()}
+    return LaunchResult(records=typed, exits=exits or [RankExit(0, 0), RankExit(1, 0)], wall_s=1.0, logs_dir="x")
 
 
 def test_bench_rows_from_rank_records() -> None:
