@@ -13,7 +13,7 @@ start as -1) all change some element.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from adaptcheck.base.dtypes import CollectiveDtype, torch_dtype
 
@@ -136,7 +136,16 @@ def output_buffer(op: str, world_size: int, elements: int, dtype: str, device: A
     return torch.full((numel,), SENTINEL, dtype=torch_dtype(dtype), device=device)
 
 
-def compare(got: torch.Tensor, expected: torch.Tensor) -> dict[str, Any]:
+class Mismatch(TypedDict):
+    """What :func:`compare` found: how many elements differ, the first of them and its values."""
+
+    mismatches: int
+    first_index: int | None
+    got: int | float | str | None
+    expected: int | float | str | None
+
+
+def compare(got: torch.Tensor, expected: torch.Tensor) -> Mismatch:
     """Exact comparison: mismatch count, first wrong index and the values there.
 
     NaN never equals anything, so a NaN counts as wrong. A size or dtype difference is a

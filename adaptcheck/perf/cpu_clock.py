@@ -37,7 +37,6 @@ recorded, and the caller uses cpufreq or ``cpu MHz`` as before, saying why.
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import os
 import platform
@@ -47,9 +46,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 CHAIN = 64
 """Dependent adds per loop iteration: large enough that ``dec``/``jnz`` hide behind them."""
@@ -118,10 +119,9 @@ class VectorClock:
                 f"time, slowest thread per repetition, best repetition ({spread})"
                 + (f"; also {others}" if others else "") + (f"; {self.reason}" if self.reason else ""))
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["cpus"] = list(self.cpus)
-        return out
+
+_WIRE: TypeAdapter[VectorClock] = TypeAdapter(VectorClock)
+"""The child process's answer: one JSON line, validated by the parent."""
 
 
 def fallback(reason: str) -> VectorClock:
@@ -304,15 +304,13 @@ def measure_vector_clock(flags: frozenset[str], cpus: Sequence[int] | None = Non
         return fallback(f"the vector loop ({'/'.join(widths)}) was killed by {sig}"
                         + (" (an instruction the kernel or hypervisor does not enable)" if sig == "SIGILL" else ""))
     try:
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
+        data = _WIRE.validate_json(proc.stdout.strip().splitlines()[-1])
+    except (ValidationError, IndexError):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return fallback(f"the measuring process exited {proc.returncode}: {tail[:200]}")
-    if data.get("ghz") is None:
-        return fallback(str(data.get("reason") or "no figure"))
-    return VectorClock(ghz=float(data["ghz"]), width=data["width"], by_width=data["by_width"],
-                       threads=data["threads"], cpus=tuple(data["cpus"]), reps=data["reps"], chain=data["chain"],
-                       iters=data["iters"], rep_ghz=data["rep_ghz"], wall_s=data["wall_s"], reason=data["reason"])
+    if data.ghz is None:
+        return fallback(data.reason or "no figure")
+    return replace(data, measurements=1)
 
 
 _BEST: dict[frozenset[str], VectorClock] = {}
@@ -361,7 +359,7 @@ def _child_main(argv: Sequence[str]) -> int:
         clock = measure_here(widths, cpus)
     except OSError as exc:
         clock = fallback(f"executable memory refused: {exc}")
-    print(json.dumps(clock.to_dict()))
+    print(_WIRE.dump_json(clock).decode())
     return 0
 
 

@@ -67,26 +67,39 @@ class SeriesSet:
             if len(column) == n:
                 column.append(None)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"t_s": [round(t, 2) for t in self.t_s]}
+    def to_dict(self) -> dict[str, list[float | None]]:
+        out: dict[str, list[float | None]] = {"t_s": [round(t, 2) for t in self.t_s]}
         for key, column in self.fields.items():
             out[key] = [round(v, DIGITS) if v is not None else None for v in column]
         return out
 
 
 @dataclass
+class _ErrorKind:
+    """One distinct error message of a source: how often, and when first."""
+
+    error: str
+    count: int
+    first_t_s: float
+
+    def record(self, source: str) -> dict[str, str | int | float]:
+        """The ``telemetry.errors[]`` entry."""
+        return {"source": source, "error": self.error, "count": self.count, "first_t_s": self.first_t_s}
+
+
+@dataclass
 class _Errors:
     """Error messages of one source: count and first time, in the order first seen."""
 
-    seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seen: dict[str, _ErrorKind] = field(default_factory=dict)
     dropped: int = 0
 
     def add(self, t_s: float, message: str) -> None:
         entry = self.seen.get(message)
         if entry is not None:
-            entry["count"] += 1
+            entry.count += 1
         elif len(self.seen) < MAX_ERROR_KINDS:
-            self.seen[message] = {"error": message, "count": 1, "first_t_s": round(t_s, 2)}
+            self.seen[message] = _ErrorKind(error=message, count=1, first_t_s=round(t_s, 2))
         else:
             self.dropped += 1
 
@@ -103,7 +116,7 @@ class Telemetry:
 
     def to_dict(self) -> dict[str, Any]:
         """The compact shape docs/perf.md fixes (``details.telemetry`` of ``perf.soak``)."""
-        errors = [{"source": source, **entry} for source, errs in self.errors.items() for entry in errs.seen.values()]
+        errors = [entry.record(source) for source, errs in self.errors.items() for entry in errs.seen.values()]
         dropped = sum(e.dropped for e in self.errors.values())
         notes = self.notes + ([f"{dropped} more error(s) of other kinds not kept"] if dropped else [])
         calls = self.device.call_s if self.device is not None else []
