@@ -1,11 +1,7 @@
-"""``adaptcheck cluster``: checks that span several machines (``cluster collectives``).
-
-``collectives`` is one rank of a multi-node job: run it under torchrun on every node
-(docs/cluster.md). Rank 0 prints the tables and writes ``--out/collectives-multinode.json``;
-the other ranks print only a failure's one-line reason. Exit codes: 0 every collective
-exact on every rank; 1 a wrong, raising or (accelerators) unsupported collective, or
-nothing checked; 2 usage (also: not launched by torchrun); 4 device; 6 the process group
-never formed within --join-timeout; 7 a peer was lost after it formed.
+"""``adaptcheck cluster``: checks that span several machines — ``cluster collectives``, one rank of
+a multi-node job run under torchrun on every node (rank 0 prints the tables and writes
+``--out/collectives-multinode.json``; the others print only a failure's reason). Usage and exit
+codes: docs/cluster.md ("Collectives across nodes with torchrun").
 """
 
 from __future__ import annotations

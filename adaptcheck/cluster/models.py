@@ -1,9 +1,7 @@
-"""``collectives-multinode.json``: what a multi-node collectives run found, rank by rank.
-
-Rank 0 writes it after gathering every rank's outcome, or — when the group never formed or
-a peer was lost — with what it had by then (``missing_ranks`` names who never reported).
-Every field is described so ``adaptcheck schema``-style docs and reviewers read the same
-contract.
+"""``collectives-multinode.json``: what a multi-node collectives run found, rank by rank, written
+by rank 0 after gathering every rank's outcome (or, when the group never formed or a peer was
+lost, with what it had: ``missing_ranks`` names who never reported); every field is described.
+Usage: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
-"""One rank of ``adaptcheck cluster collectives``: step 4's exact collectives across nodes.
-
-Launched on every node by torchrun (docs/cluster.md), as the ``adaptcheck`` console script
-or in torchrun's module form ``-m adaptcheck cluster collectives``; the CLI parses and calls
-:func:`run_cluster_collectives` (this library never imports the CLI). Each rank:
-
-1. reads its place from the launcher (:class:`~.env.RankEnv`) and selects the backend
-   (``--device``, default as ``adaptcheck run``), driving device ``LOCAL_RANK``;
-2. joins the process group (``env://``: torchrun's store, or MASTER_ADDR/PORT);
-3. runs every (op, dtype, size) through step 4's
-   :func:`~adaptcheck.collectives.worker.run_case` — exact expectations,
-   values encoding rank and index — and, with ``--bench``, times them with
-   :func:`~adaptcheck.collectives.worker.run_bench_case`;
-4. sends its records to every rank (a gloo side group, so gathering plain Python objects
-   never depends on the device library), so all ranks reach the same verdict and exit with
-   the same code: torchrun then stops every node together instead of leaving a passing node
-   waiting minutes at its exit barrier for a failed one;
-5. rank 0 writes ``--out/collectives-multinode.json``, and only then does anyone exit.
-
-No rank waits forever: a watchdog thread ends the process with a one-line reason when the
-group has not formed within ``join_timeout_s`` (exit 6) or one collective / the gather
-takes longer than ``timeout_s`` (exit 7) — a hung peer blocks the others inside native code,
-where no Python timeout reaches. The process group's own timeout stays behind it as a
-backstop.
+"""One rank of ``adaptcheck cluster collectives``: reads its place from the launcher, drives device
+``LOCAL_RANK``, joins the process group, runs step 4's exact cases (and, with ``--bench``, times
+them) through the collectives worker code, shares its
+:class:`~adaptcheck.base.schemas.micro_evidence.RankPayload` with every rank so all reach the
+same verdict and exit code, and has rank 0 write the report; a watchdog ends any wait past
+``join_timeout_s`` (exit 6) or ``timeout_s`` (exit 7). Details: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Gathered per-rank outcomes → :class:`~.models.MultinodeCollectives` (pure, no torch.distributed).
-
-Each rank sends rank 0 one :class:`~adaptcheck.base.schemas.micro_evidence.RankPayload`: who it is (host, node, device) and its records
-from :func:`~adaptcheck.collectives.worker.run_case` /
-:func:`~adaptcheck.collectives.worker.run_bench_case`. The exactness verdict
-is step 4's own (:func:`~adaptcheck.collectives.plan.summarize`: a wrong element
-anywhere fails; what the library calls unsupported costs what ``on_unsupported`` says), so a
-multi-node run and ``framework.collectives`` on one machine never disagree on the same
-records. Bandwidths follow nccl-tests (:mod:`adaptcheck.collectives.bandwidth`), ``t`` being the
-slowest rank's median.
+"""Gathered per-rank outcomes → :class:`~.models.MultinodeCollectives` (pure, no
+torch.distributed): the payloads validated as
+:class:`~adaptcheck.base.schemas.micro_evidence.RankPayload`, the exactness verdict step 4's own
+(:func:`~adaptcheck.collectives.plan.summarize`, so one machine and many never disagree on the
+same records), bandwidths as nccl-tests define them. Details: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Collective bandwidths as nccl-tests define them, and the rows they become.
-
-nccl-tests (``doc/PERFORMANCE.md``) report two figures for a collective that took ``t``
-seconds on a tensor of ``S`` bytes:
-
-* ``algbw = S / t`` — ``S`` is the size of the *full* tensor: the buffer of an all-reduce or
-  broadcast, the gathered output of an all-gather, the input of a reduce-scatter, the whole
-  send (= receive) buffer of an all-to-all;
-* ``busbw = algbw × factor`` — the bandwidth each link must sustain, comparable across rank
-  counts and with the hardware's link speed: ``2(n−1)/n`` for all-reduce, ``(n−1)/n`` for
-  all-gather, reduce-scatter and all-to-all, ``1`` for broadcast.
-
-``t`` here is the slowest rank's median time per call (nccl-tests average the ranks; after
-a barrier the ranks finish within microseconds of each other, and a collective is done
-only when its slowest rank is). The bound class is ``network``; efficiency is busbw over
-the device interconnect per direction (``interconnect_gbps`` in ``peaks.yaml``, else the
-host link; for gloo ranks on one CPU host, the memory reference: loopback traffic is copies).
+"""Collective bandwidths as nccl-tests define them (algbw over the full tensor, busbw with the
+per-op bus factor, ``t`` the slowest rank's median) and the micro-benchmark rows they become.
+Definitions: docs/cluster.md ("How collectives are checked and timed", Timing).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The collectives launcher: one process per rank, a deadline, nobody left behind.
-
-:func:`launch` starts one process per rank (``python -m adaptcheck.collectives.worker``),
-rendezvous over ``127.0.0.1`` on a free port, waits with a deadline, and kills every rank
-when one hangs or dies (a hung collective is the classic failure); what each process left
-(its JSON-lines records, how it ended, the tail of its log) comes back as a
-:class:`LaunchResult`.
+"""The collectives launcher: one process per rank on this machine (a :class:`WorkerConfig` each),
+loopback rendezvous, a deadline, every rank killed when one hangs or dies, and what each left
+— its validated :class:`~adaptcheck.base.schemas.micro_evidence.RankRecord` lines, how it
+ended, its log's tail — as a :class:`LaunchResult`. Details: docs/cluster.md ("How collectives
+are checked and timed", The launcher).
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
-"""What a collectives run checks and what its ranks' records mean.
-
-:class:`CollectivesParams` (shared by step 4's ``framework.collectives``, step 5's
-``perf.collectives`` and ``adaptcheck cluster collectives``), :func:`make_plan` (the dtypes
-that can be checked exactly on a backend), and the verdict: :func:`merge_rows` folds every
-rank's records into one row per (op, dtype, size), :func:`summarize` turns them and how
-each process ended into an :class:`~adaptcheck.ladder.check.Outcome`.
-
-Status policy
--------------
-* ``error`` — the run could not finish: a rank crashed, hung past ``timeout_s`` or could not
-  rendezvous (the message names the rank, the op in flight and the last line of its log).
-* ``fail`` — some op returned a wrong element on some rank (named: op, dtype, size, rank,
-  first wrong index), or raised an error other than "not supported". A wrong result seen
-  before a crash still makes it ``fail``: the wrong answer is conclusive by itself.
-* An op the library reports as *not supported* (``NotImplementedError`` or a "not supported"
-  message) is recorded as ``unsupported``, never as wrong. ``on_unsupported`` decides what
-  it costs: ``fail`` by default on accelerator backends (vLLM's tensor/expert parallelism
-  calls all five ops through the device library, so a missing one blocks serving there);
-  ``report`` by default on non-accelerator backends (CPU/gloo is a CI stand-in: the gap is
-  listed in the message and details, and the check passes on the ops that did run, if any).
-* ``skip`` — nothing to run: one device on an accelerator backend (``applicable=False``),
-  more ranks asked for than devices, or no dtype left that can be checked exactly.
-* ``pass`` — every op that ran matched exactly on every rank.
+"""What a collectives run checks and what its ranks' records mean: :class:`CollectivesParams`
+(shared by ``framework.collectives``, ``perf.collectives`` and ``cluster collectives``),
+:func:`make_plan` (the dtypes checkable exactly on a backend), :func:`merge_rows` (one row per
+op × dtype × size from every rank's records) and :func:`summarize` (the verdict). Status
+policy: docs/cluster.md ("How collectives are checked and timed", Status policy).
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""Rank side of ``framework.collectives``: one process = one rank = one device.
-
-Started by :func:`adaptcheck.collectives.launch.launch` as
-``python -m adaptcheck.collectives.worker CONFIG_JSON`` with RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment. It joins the process group
-with the backend's ``dist_backend`` on ``backend.torch_device(rank)``, runs every
-(op, dtype, size) through a :class:`TorchCollectives` (or the ``impl`` override), checks the
-result exactly against :func:`~adaptcheck.collectives.exact.expected_output`, and appends one JSON line per
-event to its results file, flushed at once — so when a rank hangs or dies, the launcher
-still knows which op it was in.
-
-What lives here is what runs *one* op through ``torch.distributed`` (:class:`TorchCollectives`,
-:func:`execute`, :func:`run_case`); step 5 reuses it to time the same collectives: with
-``"mode": "bench"`` in the config, each (op, dtype, size) is timed by :func:`run_bench_case`
-instead of being checked (``perf.collectives``, :mod:`adaptcheck.steps.perf.collectives`).
+"""The rank side of a collectives run (one process = one rank = one device): joins the process
+group, runs every case through :class:`TorchCollectives` (or the ``impl`` override), checks it
+exactly (:func:`run_case`) or, in bench mode, times it (:func:`run_bench_case`), and appends
+one :class:`~adaptcheck.base.schemas.micro_evidence.RankRecord` line per event to its results
+file, flushed at once. Details: docs/cluster.md ("How collectives are checked and timed").
 """
 
 from __future__ import annotations

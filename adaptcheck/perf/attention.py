@@ -1,22 +1,7 @@
-"""Attention throughput: causal GQA prefill and single-token decode over a KV cache.
-
-Both go through ``torch.nn.functional.scaled_dot_product_attention`` (the path vLLM's
-torch-native backends and most reference code take), on ``backend.torch_device(index)``.
-
-Work and minimum traffic per call (``b`` batch, ``hq``/``hkv`` query/KV heads, ``d`` head
-dim, ``es`` bytes per element), counting the two matmuls at 2 FLOP per multiply-add and
-ignoring softmax (a few FLOP per score, negligible beside ``4·d``) — the FlashAttention
-papers' convention:
-
-* prefill, ``s`` tokens, causal: QKᵀ and P·V each ``2·b·hq·s²·d``, halved by the causal
-  mask → ``2·b·hq·s²·d`` FLOP; bytes ``(2·b·hq·s·d + 2·b·hkv·s·d)·es`` (read Q, K, V, write O).
-* decode, one query token over a cache of ``L`` tokens: ``4·b·hq·L·d`` FLOP; bytes
-  ``(2·b·hq·d + 2·b·hkv·L·d)·es`` — the KV cache read dominates, so decode is memory-bound.
-
-Grouped-query attention uses ``enable_gqa=True`` where torch has it; otherwise K/V are
-expanded to ``hq`` heads before timing (the bytes counted stay the unexpanded minimum).
-Sizing: a probe at a small length learns the rate; a length whose call would exceed
-``max_call_s`` is halved (prefill scales as s², decode as L), and the row says so.
+"""Attention throughput rows: causal GQA prefill and single-token decode over a KV cache, through
+``torch.nn.functional.scaled_dot_product_attention`` on the device, sized so one call stays
+within ``max_call_s``. FLOP and byte counts, GQA and sizing: docs/perf.md ("Work, traffic and
+sizing").
 """
 
 from __future__ import annotations

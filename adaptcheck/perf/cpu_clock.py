@@ -1,37 +1,8 @@
-"""The clock the CPU's vector units really run at, measured on every usable core at once.
-
-Responsibility: one figure, the all-core vector clock in GHz, for the derived CPU peak
-(:mod:`adaptcheck.perf.cpu_peak`). ``cpu MHz`` in ``/proc/cpuinfo`` is the base or current
-clock (in a VM often the TSC rate), not what the cores run at under vector load, and
-``cpuinfo_max_freq`` is the single-core boost, which all cores busy with AVX-512 do not
-hold. Both made efficiencies above 100 % possible (issue 14: an EPYC at 144 %).
-
-Method. A dependent chain of ``CHAIN`` 1-cycle-latency vector integer adds (``vpaddd
-zmm0, zmm0, zmm1``: each add needs the previous result, so the core does exactly one per
-cycle whatever its width), looped ``iters`` times with ``dec rdi; jnz``, takes
-``CHAIN × iters`` cycles; dividing by the thread's CPU time gives the clock. The code is
-written as bytes into an anonymous mapping (RW, then ``mprotect`` to RX: no W+X page),
-called through ctypes (which drops the GIL), in one thread per physical core, each pinned
-to its core and started together at a barrier, so the figure is the clock with every core
-busy with vectors. Per repetition the slowest thread counts (a GEMM split over the cores
-waits for the slowest); over repetitions the fastest counts, as STREAM takes its best:
-interference only ever lengthens a repetition, so the best one is the least disturbed.
-CPU time (``thread_time``), not wall time, is divided, so time the thread spent preempted
-by other processes does not count as cycles.
-
-Widths: ``zmm`` (AVX-512, the width whose clock offset matters on Intel parts) where
-``avx512f`` is present, ``ymm`` (AVX2) beside it, ``xmm`` (SSE2, every x86-64) otherwise.
-zmm's figure is taken where measured (the width AVX-512 kernels run; ymm is recorded beside
-it) — unless zmm is below 0.6 × ymm, which is a 2-cycle zmm latency (a core that splits
-512-bit adds), not a clock, and then ymm is taken.
-``vpaddd`` runs under the "light" AVX-512 licence: on Intel cores whose heavy-FMA or AMX
-licence clocks lower, the peak derived from this clock is an upper bound, so efficiencies
-err low, never above 100 %.
-
-Isolation. Executing an instruction the kernel has not enabled raises SIGILL, which would
-kill the worker, so the loop runs in a child Python process; its death, a refused
-``mprotect``, a non-x86-64 machine or a non-Linux OS is a *fallback* whose reason is
-recorded, and the caller uses cpufreq or ``cpu MHz`` as before, saying why.
+"""The clock the CPU's vector units really run at with every usable core busy, measured by a
+timed dependent loop of vector adds in machine code run in a child process (a fallback to the
+reported clock, with why, where it cannot run): the clock of the derived CPU peak
+(:mod:`adaptcheck.perf.cpu_peak`). Method, widths and fallbacks: docs/perf.md ("CPU clock:
+measured, not read").
 """
 
 from __future__ import annotations

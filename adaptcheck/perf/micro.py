@@ -1,26 +1,8 @@
-"""The micro-benchmarks of step 5, sized to the device, returning rows in the report contract.
-
-Responsibility: GEMM per dtype over LLM-shaped problems, device memory copy, host↔device
-copies and the result-row shape they share (``docs/perf.md``). Attention lives in
-:mod:`adaptcheck.perf.attention`; collectives are timed by the rank processes of
-:mod:`adaptcheck.collectives.worker`. Everything is device-generic torch on
-``backend.torch_device(index)``, timed by :func:`adaptcheck.perf.timing.time_callable`.
-
-Work and traffic per repetition (the minimum a perfect kernel needs):
-
-* GEMM ``C[m,n] = A[m,k] · B[k,n]``: ``2·m·n·k`` FLOP; bytes ``(m·k + k·n)·in + m·n·out``
-  (each operand read once, the result written once; ``out`` is 4 bytes for int8 → int32,
-  2 for fp8 → bf16).
-* Copy of ``S`` bytes: ``2·S`` bytes (read + write, STREAM's convention), no FLOPs.
-* Host↔device copy of ``S`` bytes: ``S`` bytes over the link.
-
-Sizing. Shapes are upper bounds. Before a dtype is measured, a probe times square GEMMs of
-growing size (:func:`probe_gemm_rate`) to learn the rate; a shape whose single call would
-exceed ``max_call_s`` at that rate is shrunk (``m`` first, down to 64, then ``n``/``k``,
-down to 256), and the row says so. A shape still too slow at the floor is ``not_run`` with
-the probed rate in the reason (CPU fp16 runs at ~0.4 GFLOP/s on some machines: a
-2048×4096×4096 call would take minutes). Buffers are capped so they use at most half of
-the device's free memory.
+"""The step-5 micro-benchmarks sized to the device — GEMM per dtype over LLM-shaped problems,
+device memory copy, host↔device copies — and the :class:`~adaptcheck.base.schemas.micro_evidence.MicroRow`
+they and the attention and collectives rows share; device-generic torch, timed by
+:func:`adaptcheck.perf.timing.time_callable`. Work, traffic and sizing rules: docs/perf.md
+("Work, traffic and sizing").
 """
 
 from __future__ import annotations

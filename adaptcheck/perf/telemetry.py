@@ -1,22 +1,7 @@
-"""Telemetry sampled in the background for as long as a load runs (the soak check's evidence).
-
-Responsible for taking one sample every ``interval_s`` without disturbing the load it
-watches, and for never stopping early:
-
-* *host* (a thread of its own): resident memory of the server's whole process tree
-  (:func:`~adaptcheck.base.procs.tree_rss_mib`, when the server's pid is known), the
-  host's CPU utilisation (from consecutive ``/proc/stat`` reads: the share of all CPUs busy
-  since the previous sample) and CPU frequency where readable (cpufreq, else ``cpu MHz``);
-* *device* (a second thread): the backend's :meth:`~adaptcheck.backends.base.Backend.telemetry_sample`
-  — memory used, utilisation, temperature, power, and whatever live readings the backend
-  declares (clocks, ECC counters on CUDA). It usually runs a vendor tool, which can take
-  a second or more on a large machine: it has a thread of its own so that it delays
-  neither the host samples nor the load generator (whose event loop runs in the caller's
-  thread; a subprocess wait releases the GIL).
-
-Every reading is guarded: one that raises records its error (counted per message, first
-time kept) and the sampler carries on. Each sample is stamped with its own time (seconds
-since :meth:`TelemetrySampler.start`), so a slow device reading is placed where it was taken.
+"""Telemetry sampled in the background for as long as a load runs (``perf.soak``'s evidence): host
+and device series on threads of their own, every reading guarded and time-stamped, never
+stopping early. Design: docs/perf.md ("The telemetry sampler"); recorded shape: docs/perf.md
+("Soak outcome", ``telemetry``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""View data of step 5 (performance baseline) — plain data, no HTML.
-
-Step 5 records two kinds of outcome (docs/perf.md is the contract for both shapes):
-
-* micro-benchmarks (``perf.gemm``, ``perf.memory_bandwidth``, ``perf.host_device``,
-  ``perf.attention``, ``perf.collectives``): one table per check, a row per problem with
-  its dtype, median time and spread, achieved FLOP/s or bytes/s, the peak of the resource
-  that bounds it, the efficiency against that peak, arithmetic intensity beside the ridge
-  point and the bound class. Rows that could not run here say why, never blank.
-  The peak figures the efficiencies rest on are shown once per distinct peak, with their
-  source, whether they are verified and — for a CPU, whose peak is derived from what the
-  machine reports — how they were derived: an efficiency is only as good as its peak.
-* serving scenarios (``perf.serving``): see :mod:`adaptcheck.report.perf_serving`;
-* the stability soak (``perf.soak``): see :mod:`adaptcheck.report.soak`.
-
-Every decision (units, which peak a row is measured against, what is over a bound) is made
-here where it can be tested; the template only lays it out. A check that errored or was
-skipped shows its status and message, never an empty table that could read as a pass.
+"""View data of step 5 (the performance baseline) — plain data, no HTML: one table per
+micro-benchmark check read typed (:class:`~adaptcheck.base.schemas.micro_evidence.MicroEvidence`;
+details that do not fit show as no rows, never half a table), each distinct peak once with its
+source and derivation, and the serving (:mod:`adaptcheck.report.perf_serving`) and soak
+(:mod:`adaptcheck.report.soak`) blocks; every decision (units, which peak a row is held to,
+what is over a bound) is made here, the template only lays it out. Shapes: docs/perf.md.
 """
 
 from __future__ import annotations

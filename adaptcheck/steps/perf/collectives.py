@@ -1,15 +1,7 @@
-"""``perf.collectives``: algbw / busbw of the collectives vLLM uses, timed by rank processes.
-
-Reuses step 4's launcher (:func:`adaptcheck.collectives.launch.launch`: one process
-per rank, loopback rendezvous, deadline, no rank left behind) with the worker's bench mode
-(:func:`~adaptcheck.collectives.worker.run_bench_case`). On a host CPU, 2
-gloo ranks share the machine (a stand-in that exercises the whole path); on an accelerator,
-one rank per device, and one device means not applicable.
-
-Rows follow nccl-tests (:mod:`adaptcheck.collectives.bandwidth`): ``bytes`` is the full tensor
-``S``, ``achieved.bytes_per_s`` is algbw, ``extra`` holds algbw and busbw, efficiency is
-busbw over the interconnect, bound ``network``. A rank that crashed or hung makes the check
-an ``error`` naming it; an op the library does not support is a ``not_run`` row.
+"""``perf.collectives``: algbw and busbw of the collectives vLLM uses, timed by rank processes
+through step 4's launcher in bench mode, as micro-benchmark rows (bound ``network``, efficiency
+busbw over the interconnect). Definitions and status: docs/cluster.md ("How collectives are
+checked and timed") and docs/perf.md ("Micro-benchmark outcome").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Step-5 micro-benchmark check kinds: GEMM, memory copy, host↔device, attention, collectives.
-
-Each kind measures rows with :mod:`adaptcheck.perf` (timing, sizing, FLOP/byte formulas),
-holds them to the device's peak (``matrices/peaks.yaml``, or the CPU peak derived from
-``/proc/cpuinfo``) and returns one Outcome in the shape of ``docs/perf.md``; the status
-policy is :mod:`adaptcheck.steps.perf.common`'s. ``perf.collectives`` lives in
-:mod:`adaptcheck.steps.perf.collectives` and is re-exported here (its entry point names
-this module).
-
-Defaults are sized so that the five checks take about 20-30 s together on a 2-core CPU
-(GEMM ~9-13 s, memory ~2 s, attention ~3 s, collectives ~5-10 s with rank start-up) and
-still mean something on an accelerator: shapes are upper bounds that the sizing probes
-shrink where a slow device cannot do one call in ``max_call_s`` (the row says so).
+"""Step-5 micro-benchmark check kinds: ``perf.gemm``, ``perf.memory_bandwidth``, ``perf.host_device``
+and ``perf.attention`` (``perf.collectives`` is re-exported from
+:mod:`adaptcheck.steps.perf.collectives`, as its entry point names this module): each measures
+its rows with :mod:`adaptcheck.perf`, holds them to the device's peak and returns one Outcome
+whose details are a :class:`~adaptcheck.base.schemas.micro_evidence.MicroEvidence`. Shapes,
+sizing, defaults and the status policy: docs/perf.md ("Micro-benchmark outcome").
 """
 
 from __future__ import annotations
