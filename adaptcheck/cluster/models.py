@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.base.schemas.micro_evidence import CaseStatus
+
 REPORT_NAME = "collectives-multinode.json"
 """File name rank 0 writes under ``--out``."""
 KIND: Literal["adaptcheck.cluster.rank"] = "adaptcheck.cluster.rank"
@@ -56,7 +58,6 @@ class RankEvidence(BaseModel):
     error: str | None = Field(default=None, description="The exception the collective raised, if it raised.")
 
 
-CaseStatus = Literal["ok", "mismatch", "raised", "unsupported", "incomplete"]
 
 
 class CaseResult(BaseModel):

@@ -22,6 +22,7 @@ from adaptcheck.cluster.models import (
     CaseResult,
     MultinodeCollectives,
     NodeInfo,
+    RankEvidence,
     RankInfo,
     ReportStatus,
     Settings,
@@ -153,8 +154,10 @@ def build_report(info: RunInfo, plan: Plan, settings: Settings, gathered: Sequen
     rows = merge_rows(plan, records)
     if failure is not None:  # keep what ran; the cases nobody reached are not findings
         rows = [row for row in rows if row["status"] != "incomplete" or len(row.get("missing_ranks", [])) < plan.world_size]
-    cases = [CaseResult(**{k: v for k, v in row.items() if k != "ranks"},
-                        ranks={int(r): ev for r, ev in row.get("ranks", {}).items()}) for row in rows]
+    cases = [CaseResult(op=row["op"], dtype=row["dtype"], elements=row["elements"],
+                        bytes_per_rank=row["bytes_per_rank"], status=row["status"], time_s=row["time_s"],
+                        ranks={r: RankEvidence(**facts) for r, facts in row.get("ranks", {}).items()},
+                        missing_ranks=row.get("missing_ranks", [])) for row in rows]
     bench = bench_results(bench_cases, bench_skipped, payloads, plan.world_size)
     nodes = nodes_of(ranks)
     status: ReportStatus = outcome.status.value

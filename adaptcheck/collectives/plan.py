@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adaptcheck.base.dtypes import ITEMSIZE, CollectiveDtype
-from adaptcheck.base.schemas.micro_evidence import RankRecord
+from adaptcheck.base.schemas.micro_evidence import CaseStatus, RankRecord
 from adaptcheck.collectives.exact import (
     DEFAULT_DTYPES,
     OPS,
@@ -100,8 +100,61 @@ class CollectivesParams(BaseModel):
 
 # --- verdict ------------------------------------------------------------------------------
 
-RANK_EVIDENCE = {"mismatches", "first_index", "got", "expected", "error"}
-"""The facts of a rank's record that a table row keeps for each rank that was not ok."""
+class RankFacts(TypedDict, total=False):
+    """What a rank that was not ok recorded for one table row (only the facts it had)."""
+
+    mismatches: int
+    first_index: int
+    got: int | float | str
+    expected: int | float | str
+    error: str
+
+
+class _CaseRowCore(TypedDict):
+    op: str
+    dtype: str
+    elements: int
+    bytes_per_rank: int
+    status: CaseStatus
+    time_s: float | None
+
+
+class CaseRow(_CaseRowCore, total=False):
+    """One op × dtype × size of the table (``details.table[]`` of ``framework.collectives``)."""
+
+    ranks: dict[int, RankFacts]
+    missing_ranks: list[int]
+
+
+def rank_facts(rec: RankRecord) -> RankFacts:
+    """The facts of a rank's record that a table row keeps, in the order the row shows them."""
+    facts: RankFacts = {}
+    if rec.mismatches is not None:
+        facts["mismatches"] = rec.mismatches
+    if rec.first_index is not None:
+        facts["first_index"] = rec.first_index
+    if rec.got is not None:
+        facts["got"] = rec.got
+    if rec.expected is not None:
+        facts["expected"] = rec.expected
+    if rec.error is not None:
+        facts["error"] = rec.error
+    return facts
+
+
+def case_status(statuses: list[str | None], complete: bool) -> CaseStatus:
+    """A row's status from its ranks' (see :func:`merge_rows`)."""
+    if "mismatch" in statuses:
+        return "mismatch"
+    if not complete:
+        return "incomplete"
+    if "raised" in statuses:
+        return "raised"
+    if "unsupported" in statuses:
+        return "unsupported"
+    if all(s == "ok" for s in statuses):
+        return "ok"
+    return "incomplete"  # a status this version does not know: never count it as a pass
 
 def _signal_text(code: int | None) -> str:
     if code is None:
@@ -148,7 +201,7 @@ class Plan:
     skipped_dtypes: dict[str, str] = field(default_factory=dict)
 
 
-def merge_rows(plan: Plan, records: dict[int, list[RankRecord]]) -> list[dict[str, Any]]:
+def merge_rows(plan: Plan, records: dict[int, list[RankRecord]]) -> list[CaseRow]:
     """One row per (op, dtype, elements) with each rank's result folded in.
 
     Row status: ``mismatch`` (some rank got a wrong element: conclusive whatever else
@@ -161,31 +214,19 @@ def merge_rows(plan: Plan, records: dict[int, list[RankRecord]]) -> list[dict[st
         for rec in recs:
             if rec.event == "op":
                 by_key.setdefault(rec.key, {})[rank] = rec
-    rows: list[dict[str, Any]] = []
+    rows: list[CaseRow] = []
     for op in plan.ops:
         for dtype in plan.dtypes:
             for n in plan.elements:
                 key = f"{op}/{dtype}/{n}"
                 got = by_key.get(key, {})
-                statuses = {r: rec.status for r, rec in got.items()}
-                row: dict[str, Any] = {"op": op, "dtype": dtype, "elements": n,
-                                       "bytes_per_rank": n * ITEMSIZE[dtype]}
-                if any(s == "mismatch" for s in statuses.values()):
-                    row["status"] = "mismatch"
-                elif len(got) < plan.world_size:
-                    row["status"] = "incomplete"
-                elif any(s == "raised" for s in statuses.values()):
-                    row["status"] = "raised"
-                elif any(s == "unsupported" for s in statuses.values()):
-                    row["status"] = "unsupported"
-                elif all(s == "ok" for s in statuses.values()):
-                    row["status"] = "ok"
-                else:  # a status this version does not know: never count it as a pass
-                    row["status"] = "incomplete"
                 times = [rec.time_s for rec in got.values() if rec.time_s is not None]
-                row["time_s"] = max(times) if times else None  # a collective is as slow as its slowest rank
-                bad = {r: rec.model_dump(mode="json", include=RANK_EVIDENCE, exclude_none=True)
-                       for r, rec in sorted(got.items()) if rec.status != "ok"}
+                row: CaseRow = {"op": op, "dtype": dtype, "elements": n, "bytes_per_rank": n * ITEMSIZE[dtype],
+                                "status": case_status([rec.status for rec in got.values()],
+                                                      len(got) >= plan.world_size),
+                                # a collective is as slow as its slowest rank
+                                "time_s": max(times) if times else None}
+                bad = {r: rank_facts(rec) for r, rec in sorted(got.items()) if rec.status != "ok"}
                 if bad:
                     row["ranks"] = bad
                 missing = [r for r in range(plan.world_size) if r not in got]
@@ -199,7 +240,7 @@ def summarize(plan: Plan, launched: LaunchResult) -> Outcome:
     """The verdict (see the module docstring's status policy)."""
     rows = merge_rows(plan, launched.records)
     ws = plan.world_size
-    metrics: dict[str, Any] = {"world_size": ws, "library": plan.library, "wall_s": round(launched.wall_s, 3)}
+    metrics: dict[str, float | str] = {"world_size": ws, "library": plan.library, "wall_s": round(launched.wall_s, 3)}
     for op in plan.ops:
         times = [r["time_s"] for r in rows if r["op"] == op and r["time_s"] is not None]
         if times:
@@ -230,7 +271,7 @@ def summarize(plan: Plan, launched: LaunchResult) -> Outcome:
     if launched.notes:
         details["notes"] = launched.notes
 
-    def label(r: dict[str, Any]) -> str:
+    def label(r: CaseRow) -> str:
         return f"{r['op']} ({r['dtype']}, {r['elements']} elements)"
 
     mismatched = [r for r in rows if r["status"] == "mismatch"]

@@ -10,6 +10,8 @@ the comparison model of :mod:`adaptcheck.compare.model`.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from adaptcheck.base.schemas.evidence import Evidence
@@ -143,6 +145,10 @@ class MicroEvidence(Evidence):
 
 
 # --- collectives ranks ---------------------------------------------------------------------
+
+CaseStatus = Literal["ok", "mismatch", "raised", "unsupported", "incomplete"]
+"""An exactness case over every rank: ok (all matched), mismatch (some rank got a wrong element:
+conclusive), incomplete (some rank never reported it), raised, unsupported (the library said so)."""
 
 class RankRecord(Evidence):
     """One JSON line a collectives rank writes (``event`` says which of the fields apply).
