@@ -106,6 +106,11 @@ class MicroRow(Evidence):
     reason: str = Field(default="", description="Why not_run.")
     extra: RowExtra = Field(default_factory=RowExtra, description="Benchmark-specific facts.")
 
+    @property
+    def label(self) -> str:
+        """'prefill m=2048 n=4096 k=4096 bf16': the name and dtype, how messages and comparisons key a row."""
+        return f"{self.name}{' ' + self.dtype if self.dtype else ''}"
+
 
 class PeakRecord(Evidence):
     """The peak the efficiencies are computed against (``details.peak``)."""

@@ -97,3 +97,33 @@ def test_malformed_details_read_as_none_and_the_report_still_renders() -> None:
 def test_a_row_without_a_status_never_reads_as_ok() -> None:
     view = build_perf(_results({"benchmark": "gemm", "rows": [{"name": "r"}]}), {})
     assert view.micro[0].rows[0].status.label == "unknown"
+
+
+def test_row_label_is_name_and_dtype() -> None:
+    assert MicroRow(name="copy 16 MiB").label == "copy 16 MiB"
+    assert MicroRow(name="decode", dtype="bf16").label == "decode bf16"
+
+
+def test_rank_lines_are_validated_and_torn_or_foreign_lines_dropped(tmp_path: Path) -> None:
+    from adaptcheck.collectives.launch import read_records
+
+    path = tmp_path / "rank0.jsonl"
+    path.write_text('{"event": "start", "rank": 0, "pid": 7, "device": "cpu", "t": 1.0}\n'
+                    '{"event": "op", "key": "all_reduce/fp32/8", "status": "ok", "mismatches": 0}\n'
+                    '{"no event": true}\n'
+                    '{"event": "bench", "samples": [0.1, 0.2', encoding="utf-8")
+    records = read_records(path)
+    assert [r.event for r in records] == ["start", "op"] and records[0].pid == 7
+    assert read_records(tmp_path / "missing.jsonl") == []
+
+
+def test_the_step_4_config_mapping_is_validated_as_a_worker_config() -> None:
+    from adaptcheck.collectives.launch import BenchSettings, WorkerConfig
+
+    config = WorkerConfig.model_validate({"backend": "cpu", "backend_class": "m:C", "ops": ["all_reduce"],
+                                          "dtypes": ["fp32"], "elements": [1], "impl": None, "timeout_s": 90})
+    assert config.mode is None and config.bench == BenchSettings()
+    again = WorkerConfig.model_validate_json(config.model_copy(update={"results": "r.jsonl"}).model_dump_json())
+    assert again.results == "r.jsonl" and again.ops == ["all_reduce"]
+    with pytest.raises(Exception, match="timeout_s"):
+        WorkerConfig.model_validate({"backend": "cpu"})
