@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 
 from adaptcheck.base.dtypes import ITEMSIZE, FloatDtype
 from adaptcheck.base.plugins import class_ref, import_root
-from adaptcheck.base.schemas.micro_evidence import MicroRow, RankRecord
+from adaptcheck.base.schemas.micro_evidence import MicroEvidence, MicroRow, RankRecord
 from adaptcheck.collectives.bandwidth import collective_row, elements_for_bytes
 from adaptcheck.collectives.launch import BenchSettings, LaunchResult, WorkerConfig, launch
 from adaptcheck.collectives.plan import resolve_world_size
@@ -121,7 +121,7 @@ class CollectivesBenchCheck(Check):
         ws, why = resolve_world_size(backend, ctx.device_count, params.world_size)
         if ws is None:
             return Outcome.skipped(why, applicable=params.world_size is not None,
-                                   details={"benchmark": "collectives", "device_count": ctx.device_count})
+                                   details=MicroEvidence(benchmark="collectives", device_count=ctx.device_count).dump())
         peak = resolve_peak(ctx, params.peaks_file)
         sizes = params.sizes_mib or ([1, 256] if backend.is_accelerator else [1, 32])
         rows: list[MicroRow] = []

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adaptcheck.base.dtypes import FloatDtype, GemmDtype
-from adaptcheck.base.schemas.micro_evidence import MicroRow
+from adaptcheck.base.schemas.micro_evidence import MicroEvidence, MicroRow
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.attention import bench_decode, bench_prefill
 from adaptcheck.perf.caches import residency
@@ -263,7 +263,7 @@ class HostDeviceCheck(Check):
         backend = ctx.backend
         if not backend.is_accelerator:
             return Outcome.skipped(f"{backend.display_name} is the host: there is no host↔device link to measure",
-                                   applicable=False, details={"benchmark": "host_device"})
+                                   applicable=False, details=MicroEvidence(benchmark="host_device").dump())
         peak = resolve_peak(ctx, params.peaks_file)
         rows: list[MicroRow] = []
         metrics: dict[str, float] = {}
