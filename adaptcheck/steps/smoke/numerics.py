@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from adaptcheck.base.schemas.smoke_evidence import BitDiffEvidence, ComparisonFacts, MatmulToleranceFacts
 
 if TYPE_CHECKING:
     import torch
@@ -31,8 +33,8 @@ class MatmulTolerance:
     """Min cosine similarity between result and reference."""
     note: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"normalized": self.normalized, "cosine": self.cosine, "note": self.note}
+    def evidence(self) -> MatmulToleranceFacts:
+        return MatmulToleranceFacts(normalized=self.normalized, cosine=self.cosine, note=self.note)
 
 
 _MATMUL_NOTES = {
@@ -81,12 +83,11 @@ class Comparison:
         NaN metric compares False and therefore fails."""
         return self.nonfinite == 0 and self.normalized_error <= tol.normalized and self.cosine >= tol.cosine
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "normalized_error": self.normalized_error, "max_abs_error": self.max_abs_error,
-            "max_abs_ref": self.max_abs_ref, "cosine": self.cosine, "nonfinite": self.nonfinite,
-            "worst_index": list(self.worst_index), "worst_got": self.worst_got, "worst_ref": self.worst_ref,
-        }
+    def evidence(self) -> ComparisonFacts:
+        return ComparisonFacts(
+            normalized_error=self.normalized_error, max_abs_error=self.max_abs_error, max_abs_ref=self.max_abs_ref,
+            cosine=self.cosine, nonfinite=self.nonfinite, worst_index=list(self.worst_index),
+            worst_got=self.worst_got, worst_ref=self.worst_ref)
 
 
 def compare_to_reference(got: torch.Tensor, ref: torch.Tensor) -> Comparison:
@@ -161,12 +162,12 @@ class BitDiff:
     def exact(self) -> bool:
         return not self.problem and self.mismatched == 0
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"elements": self.elements, "mismatched": self.mismatched}
+    def evidence(self) -> BitDiffEvidence:
+        out = BitDiffEvidence(elements=self.elements, mismatched=self.mismatched)
         if self.first_index is not None:
-            out.update(first_index=self.first_index, expected_bits=self.expected_bits, got_bits=self.got_bits)
+            out.first_index, out.expected_bits, out.got_bits = self.first_index, self.expected_bits, self.got_bits
         if self.problem:
-            out["problem"] = self.problem
+            out.problem = self.problem
         return out
 
 

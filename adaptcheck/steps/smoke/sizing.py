@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from adaptcheck.base.schemas.smoke_evidence import RateProbeFacts
+
 
 @dataclass(frozen=True)
 class RateProbe:
@@ -28,8 +30,8 @@ class RateProbe:
         reading gives a huge rate, never a division by zero."""
         return self.work / max(self.seconds, 1e-9)
 
-    def as_dict(self) -> dict[str, float]:
-        return {"size": self.size, "seconds": self.seconds, "rate": self.rate}
+    def evidence(self) -> RateProbeFacts:
+        return RateProbeFacts(size=self.size, seconds=self.seconds, rate=self.rate)
 
 
 def probe_rate(
