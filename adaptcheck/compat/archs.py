@@ -22,10 +22,11 @@ that do cover it.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
+from adaptcheck.base.schemas.matrix_evidence import ArchCompared
 from adaptcheck.compat.rulebase import Evaluation, RuleBase, RuleInputs, Strict
 from adaptcheck.compat.stackkeys import fits, label, stack_value, target_text, validate_constraints
 
@@ -103,7 +104,7 @@ def evaluate_arch(rule: ArchSupportedRule, inp: RuleInputs) -> Evaluation:
     """The verdict for the captured device architecture and torch arch list."""
     device = inp.env.device_arch
     archs = list(inp.env.torch_archs)
-    compared: dict[str, Any] = {"device_arch": device, "torch": inp.env.torch, "torch_archs": archs}
+    compared = ArchCompared(device_arch=device, torch=inp.env.torch, torch_archs=archs)
     if not device:
         return Evaluation("not_applicable", "no device architecture was captured (no device, or torch cannot "
                           "query it)", compared)
@@ -114,9 +115,9 @@ def evaluate_arch(rule: ArchSupportedRule, inp: RuleInputs) -> Evaluation:
             return Evaluation("warn", f"warning: the installed torch's arch list was not captured and no published "
                               f"list matches torch {inp.env.torch}: {device} support is unknown", compared)
         archs, origin = list(published.archs), f"the published arch list of {_describe(published)}"
-        compared["torch_archs_published"] = archs
+        compared.torch_archs_published = archs
     how = covers(archs, device, rule.compatibility)
-    compared["coverage"] = how
+    compared.coverage = how
     if how == "native":
         return Evaluation("ok", f"torch {inp.env.torch} ships kernels for {device} ({origin})", compared)
     advice = [f"torch {inp.env.torch} → a build with {normalise(device)}: {_describe(b)}"

@@ -18,10 +18,11 @@ never a pass).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from adaptcheck.base.schemas.matrix_evidence import TableCompared, TableRowFacts
 from adaptcheck.compat.rulebase import Evaluation, RuleBase, RuleInputs, Strict
 from adaptcheck.compat.stackkeys import change_text, fits, label, stack_value, validate_constraint, validate_key
 
@@ -68,8 +69,7 @@ def evaluate_table(rule: VersionTableRule, inp: RuleInputs) -> Evaluation:
     """The verdict of one table against the captured stack (see the module doc)."""
     subject = stack_value(inp.env, rule.subject)
     obj = stack_value(inp.env, rule.object)
-    compared: dict[str, Any] = {"subject": rule.subject, "subject_version": subject,
-                                "object": rule.object, "object_version": obj}
+    compared = TableCompared(subject=rule.subject, subject_version=subject, object=rule.object, object_version=obj)
     s_name, o_name = label(rule.subject), label(rule.object)
     if subject is None:
         return Evaluation("not_applicable", f"{s_name} not present", compared)
@@ -80,8 +80,8 @@ def evaluate_table(rule: VersionTableRule, inp: RuleInputs) -> Evaluation:
         return Evaluation(rule.on_unknown, f"{prefix}{s_name} {subject} is not in the table ({listed}): its "
                           f"{o_name} pairing is unknown", compared)
     wanted = list(dict.fromkeys(r.object for r in rows))
-    compared["wanted"] = wanted
-    compared["rows"] = [r.model_dump(exclude_none=True) for r in rows]
+    compared.wanted = wanted
+    compared.rows = [TableRowFacts.model_validate(r.model_dump(exclude_none=True)) for r in rows]
     if obj is None:
         prefix = "warning: " if rule.on_missing_object == "warn" else ""
         return Evaluation(rule.on_missing_object, f"{prefix}{s_name} {subject} needs {o_name} "
