@@ -40,7 +40,7 @@ from adaptcheck.base.redact import scrub_text
 from adaptcheck.base.schemas.certificate import UNKNOWN, CertificateSubject, certificate_subject
 from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.grade import level_at_least
-from adaptcheck.report.view import STEP_NAMES
+from adaptcheck.report.view import step_name
 
 # A failure body is for reading in a CI page, not for archiving: the full details are in results.json.
 MAX_BODY_CHARS = 20_000
@@ -208,7 +208,7 @@ def _suites(results: RunResults, require: str | None, unverified: str = "",
     for p in results.planned:
         if not _has_result(p, result_ids):
             by_step.setdefault(p.step, []).append(_not_run_case(p, results))
-    suites = [(f"adaptcheck.step{s} {STEP_NAMES.get(s, f'step {s}')}", by_step[s]) for s in sorted(by_step)]
+    suites = [(f"adaptcheck.step{s} {step_name(s)}", by_step[s]) for s in sorted(by_step)]
     suites.append((GRADE_SUITE, [_grade_case(results, require, unverified, subject)]))
     return suites
 
