@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from abc import ABC
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -380,4 +380,3 @@ class BackendInfo:
     source: str
     cls: type[Backend] | None = None
     load_error: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -23,7 +23,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
 from adaptcheck.base.schemas.environment import DeviceInfo
@@ -184,8 +184,19 @@ def _find_int(elem: ET.Element | None, path: str) -> int | None:
     return int(value) if value is not None else None
 
 
-def _mig_devices(gpu: ET.Element) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+class MigDevice(TypedDict):
+    """One MIG slice of a GPU as ``nvidia-smi -q -x`` lists it (None where it reports N/A)."""
+
+    index: int | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    multiprocessor_count: int | None
+    memory_total_mib: float | None
+    memory_used_mib: float | None
+
+
+def _mig_devices(gpu: ET.Element) -> list[MigDevice]:
+    rows: list[MigDevice] = []
     for mig in gpu.findall("mig_devices/mig_device"):
         rows.append({
             "index": _find_int(mig, "index"),
@@ -238,7 +249,7 @@ def parse_nvidia_smi_xml(text: str) -> list[DeviceInfo]:
     cuda_version = _find_text(root, "cuda_version")
     rows: list[DeviceInfo] = []
     for position, gpu in enumerate(root.findall("gpu")):
-        extra: dict[str, Any] = {
+        extra: dict[str, str | float | list[MigDevice] | None] = {
             "architecture": _find_text(gpu, "product_architecture"),
             "brand": _find_text(gpu, "product_brand"),
             "serial": _find_text(gpu, "serial"),
@@ -359,7 +370,7 @@ class CudaBackend(Backend):
         versions["cuda_driver"] = header.get("cuda_version")
         return versions
 
-    def _smi_header(self, parse: Callable[[str], Mapping[str, Any]]) -> dict[str, Any]:
+    def _smi_header(self, parse: Callable[[str], Mapping[str, str | None]]) -> dict[str, str | None]:
         """``smi_command``'s output read by PARSE; empty when the tool fails or PARSE raises.
 
         The header facts (driver, runtime release) feed ``runtime_versions()``, which is best

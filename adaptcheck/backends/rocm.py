@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -62,7 +63,7 @@ def fp8_flavour_for_arch(gfx_arch: str | None) -> str | None:
 # --------------------------------------------------------------------------------------------
 # amd-smi / rocm-smi parsing
 # --------------------------------------------------------------------------------------------
-def _amd_gpu_list(text: str) -> list[dict[str, Any]]:
+def _amd_gpu_list(text: str) -> list[dict[str, object]]:
     """The per-GPU objects of an amd-smi JSON document, in either of its two layouts."""
     data = json.loads(text)
     if isinstance(data, dict):
@@ -182,7 +183,7 @@ def merge_metric(devices: list[DeviceInfo], metric: dict[int, dict[str, float]])
     return merged
 
 
-def _first_key(card: dict[str, Any], *names: str) -> Any:
+def _first_key(card: Mapping[str, object], *names: str) -> Any:
     lowered = {k.lower(): v for k, v in card.items()}
     for name in names:
         if name.lower() in lowered:
