@@ -1,22 +1,8 @@
-"""The ``arch_supported`` rule type: does the installed torch build carry kernels for this device?
+"""The ``arch_supported`` rule type: does the installed torch build carry kernels for this
+device's architecture (CUDA ``sm_XY`` / ROCm ``gfx`` targets)?
 
-A torch wheel is compiled for a list of device architectures (``torch.cuda.get_arch_list()``:
-``sm_80``, ``sm_90``, ``compute_90`` … on CUDA; ``gfx90a``, ``gfx942`` … on ROCm). A device
-whose architecture is not covered loads torch, then fails at the first kernel ("no kernel
-image is available for execution on the device"), so step 1 should say it before step 2
-trips over it. Two compatibility models, per the vendors' documents:
-
-* ``cuda`` — a cubin for ``sm_XY`` runs on devices of the same major ``X`` with minor ≥ ``Y``
-  (binary compatibility; arch-specific targets such as ``sm_90a`` only on exactly that
-  device); PTX (``compute_XY``) is JIT-compiled for any device of capability ≥ X.Y, which
-  works but is slow at start and misses the arch-specific kernels: a warning.
-* ``exact`` — ROCm code objects are per ``gfx`` target (feature suffixes such as
-  ``:sramecc+:xnack-`` stripped): the device's target must be in the list.
-
-``builds`` lists published arch lists per torch release (and runtime), used twice: when the
-capture has no arch list (an old results file, torch not importable) the matching build's
-published list stands in, and when the device is not covered the advice names the builds
-that do cover it.
+The compatibility models and the published build lists: docs/matrix.md (Rules) and
+matrices/README.md.
 """
 
 from __future__ import annotations

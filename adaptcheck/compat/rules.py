@@ -1,37 +1,8 @@
-"""Compatibility rules as data (``matrices/rules.yaml``) and the code that evaluates them.
+"""Compatibility rules as data (``matrices/rules.yaml`` and each backend's own rules file),
+validated into one model per rule type at load time, and the evaluators that give each rule's
+verdict, compared values and advice.
 
-Each rule has an ``id``, a ``description``, a ``source`` (where the fact comes from) and a
-``type`` naming one evaluator below. An evaluator looks at a captured
-:class:`Environment` plus the Requires-Dist metadata of installed distributions and returns
-a :class:`Verdict`: ``ok``, ``warn``, ``incompatible`` or ``not_applicable`` (the rule is
-about something this machine does not have), always with the values it compared.
-
-Rule types:
-
-* ``cuda_driver_minimum`` — CUDA minor-version compatibility: the driver must be at least
-  the minimum of the runtime's major release; below the runtime's own release driver the
-  stack runs in minor-version-compatibility mode (a warning: PTX JIT is unavailable).
-* ``requirement`` — an installed distribution's declared requirement on another
-  (vLLM's torch pin, vLLM's transformers range) against the installed version.
-* ``plugin_requires_vllm`` — every vLLM plugin distribution's requirement on vLLM against
-  the installed vLLM (whichever distribution provides the ``vllm`` module). Plugins that
-  ``VLLM_PLUGINS`` excludes are reported but do not count: vLLM will not load them.
-* ``dependencies_satisfied`` — a targeted ``pip check``: every declared dependency of the
-  core stack (torch, vLLM, transformers …) is installed in a fitting version. It applies
-  on every machine with torch, so a plain CPU machine has a rule that can pass.
-* ``extension_matches_torch`` — a device extension (torch_npu, IPEX …) against torch: its
-  declared torch requirement if it has one, else its version scheme (``release``: the
-  extension's X.Y.Z is torch's X.Y.Z; ``major_minor``: X.Y must match; ``local_label``: the
-  torch release the extension names in its local label, ``1.22.2+torch2.4.0``).
-* ``version_table`` — a vendor's published pairing table: when one part of the stack (the
-  subject: vllm-ascend 0.7.3) is in a row, another part (the object: CANN) must satisfy that
-  row. It covers plugin ↔ vLLM, extension ↔ runtime, runtime ↔ driver minimums and wheel ↔
-  Python for every vendor that publishes such a table (:mod:`adaptcheck.compat.tables`).
-* ``arch_supported`` — the device's architecture (CUDA ``sm_90``, ROCm ``gfx942``) is among
-  those the installed torch build ships kernels for (:mod:`adaptcheck.compat.archs`).
-
-A rule may name the ``backends`` it is about; on another backend it is not applicable. A
-verdict that is not ``ok`` carries ``advice``: the smallest change that makes the rule hold.
+Rule types and their fields: matrices/README.md; verdicts and advice: docs/matrix.md (Rules).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""The ``version_table`` rule type: a vendor's published pairing table, row by row.
+"""The ``version_table`` rule type: a vendor's published pairing table, row by row, with advice
+both ways (move the object, or move the subject to a release whose row accepts the object).
 
-Vendors publish their compatibility as tables — vllm-ascend's release matrix (vllm-ascend ↔
-vLLM ↔ CANN ↔ torch_npu), torch_npu's (torch_npu ↔ torch ↔ CANN ↔ Python), ROCm's (ROCm ↔
-kernel driver), Intel's (IPEX ↔ oneAPI ↔ driver). One rule holds one pair of columns:
-
-    subject: package.vllm-ascend       object: runtime.cann
-    rows:
-      - {subject: "==0.7.3", object: "==8.1.RC1"}
-
-When the captured subject is in a row (several rows may hold it), the captured object must
-satisfy one of those rows; otherwise the rule gives ``on_mismatch`` and advice with both ways
-out: move the object to what the subject's rows want, or move the subject to a release whose
-row accepts the object as it is. A subject the table does not list gives ``on_unknown`` (a
-table that stops at an older release says nothing about a newer one: a warning by default,
-never a pass).
+Fields and verdicts: matrices/README.md (rules.yaml).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Capture the compatibility matrix of this machine into an :class:`Environment`.
+"""Capture the compatibility matrix of this machine into an :class:`Environment`: separate,
+guarded probes (a failure leaves ``None`` and a note), versions from distribution metadata
+without importing device extensions, secrets redacted.
 
-Every piece is a separate, guarded probe: a missing file, a hung SMI tool or a broken
-package metadata leaves ``None`` in its field and the reason in ``notes``, never an
-exception. Versions come from distribution metadata (``importlib.metadata``) so that device
-extensions and vLLM are *not imported* — importing torch_npu or vllm can initialise a
-device or spawn processes, which is not what an inventory should do.
-
-Secrets never enter the result: environment variables go through :func:`redact_env`, and
-the finished document is passed through :func:`scrub_text` once more, so a secret value
-that leaked into some other field (a path, a tool's output) is removed too.
+Why it is built this way: docs/matrix.md (Capture).
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""Step-1 check kinds: capture the compatibility matrix and judge it.
+"""Step-1 check kinds: capture the compatibility matrix (``matrix.capture``) and judge it
+(``matrix.rules``, ``matrix.telemetry``, ``matrix.known_good``), each in-process and never
+raising for a missing tool.
 
-=================  ==============  ==========================================================
-kind               class           proves
-=================  ==============  ==========================================================
-matrix.capture     CaptureCheck    what exactly is installed (the Environment, secrets redacted)
-matrix.rules       RulesCheck      no rule of ``matrices/rules.yaml`` finds the stack incompatible
-matrix.telemetry   TelemetryCheck  basic monitoring (device memory at least) is readable
-matrix.known_good  KnownGoodCheck  the stack matches a known-good entry (``matrices/`` + ``$ADAPTCHECK_KNOWN_GOOD``)
-=================  ==============  ==========================================================
-
-All four capture in-process (the runner already isolates each check in a worker) and
-never raise for a missing tool: a probe that cannot read something leaves a note instead.
-The captured environment is cached in ``ctx.scratch`` so that the checks after
-``matrix.capture`` in the same worker judge exactly what was recorded.
+What each proves: docs/matrix.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Device-level smoke checks: visibility, synchronize, streams and events.
+"""Device-level smoke checks: visibility (``smoke.device_visible``), ``smoke.synchronize`` and
+``smoke.streams_events``, all through ``ctx.backend`` / ``ctx.device``.
 
-* ``smoke.device_visible`` — the backend probes available, the selected index exists, the
-  device has a name, and tensors made for it (by factory and by copy) really live on a
-  device of the backend's declared type and index, and compute there.
-* ``smoke.synchronize`` — work is queued, ``backend.synchronize`` waits for it: a
-  non-blocking copy into (pinned where possible) host memory, issued after the work, holds
-  the finished values once synchronize returns; the queue and wait times are measured.
-* ``smoke.streams_events`` — only where the backend declares streams: work on a side stream
-  bracketed by timing events, the main stream waits on the end event, the dependent result
-  is right and ``elapsed_time`` is positive. Elsewhere a non-applicable skip.
-
-All through ``ctx.backend`` / ``ctx.device`` and the torch device module the backend names,
-so the same code runs on every vendor's device.
+What each proves: docs/smoke.md (Device checks).
 """
 
 from __future__ import annotations

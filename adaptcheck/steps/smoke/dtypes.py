@@ -1,21 +1,6 @@
-"""smoke.dtypes: which of ALL_DTYPES actually work on the device.
+"""``smoke.dtypes``: which of ALL_DTYPES actually work on the device (declared ones must).
 
-Per dtype a few tiny, exactly-checkable operations (values chosen so every result is
-exactly representable, so any difference is a defect, not rounding):
-
-* float (fp32, fp16, bf16): create (bit-exact copy in and out), add, matmul of small
-  integers, and cast round trip — device fp32→dtype rounding bit-equal to the CPU's
-  (round-to-nearest-even, NaN compared as NaN), dtype→fp32→dtype identity.
-* fp8 (e4m3 / e5m2 in the backend's flavour): all 256 bit patterns copied bit-exact, every
-  finite value survives fp32→fp8→fp32, and *clamp-then-cast* saturates to ±max (448 for
-  e4m3fn): values beyond max must be clamped first because a plain cast of e.g. 1000 turns
-  into NaN on e4m3fn — what the plain cast does is recorded as information.
-* int8: all 256 patterns copied bit-exact, add, int8→int32→int8 round trip, and an
-  int8×int8→int32 matmul exact against int64 (``torch._int_mm`` where available, else an
-  int32-accumulating matmul; the path used is recorded).
-
-FAIL when a dtype the backend declares (``backend.dtypes``) does not work; undeclared dtypes
-are tried and reported for information only. The per-dtype table is in ``details``.
+The tests per dtype and the verdict: docs/smoke.md (Dtypes).
 """
 
 from __future__ import annotations

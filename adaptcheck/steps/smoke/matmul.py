@@ -1,26 +1,7 @@
-"""smoke.matmul: device matmul per dtype against a CPU float64 reference, sized to the device.
+"""``smoke.matmul``: device matmul per dtype against a CPU float64 reference (square and
+long-K cases), sized to the device, one outcome per dtype.
 
-Per dtype, two cases, both judged by normalized error max|Δ|/max|ref| and cosine similarity
-against ``A.double() @ B.double()`` of the very same (already rounded) inputs:
-
-* **square** n×n·n×n with zero-mean normal inputs: the ordinary tiled GEMM path, at the
-  largest n whose device run plus float64 reference fit half the dtype's budget.
-* **long-K** 64×K·K×64 with non-negative inputs (uniform [0, 1)): every dot product grows
-  like K/4, so an implementation that accumulates in low precision swamps small addends
-  ("stagnation") and its error grows with K — the classic failure of new hardware, which a
-  zero-mean square case can hide. K is chosen the same way as n.
-
-Sizing (see :mod:`sizing`) times small instances of each case on the device and on the CPU
-reference, so a dtype that is slow on this device (fp16 on a CPU without fp16 units) gets a
-small n while a GPU gets big shapes; the sizes, rates and what limited them are recorded.
-
-fp32 is measured with TF32/HF32 and reduced-precision fp32 matmul turned off wherever the
-backend has such switches, and restored afterwards.
-
-One outcome per dtype (``subid`` = dtype name, ids ``smoke.matmul.fp32`` …): each dtype has
-its own verdict and an undeclared dtype is a non-applicable skip of its own, which a single
-outcome could not express next to a pass of another dtype; the report then names the broken
-dtype directly.
+The cases, the sizing and the precision switches: docs/smoke.md (Matmul).
 """
 
 from __future__ import annotations

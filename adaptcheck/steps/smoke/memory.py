@@ -1,17 +1,7 @@
-"""Memory smoke checks: allocate/free, host↔device round trip, fill/zero of a large tensor.
+"""Memory smoke checks: ``smoke.alloc_free``, ``smoke.roundtrip`` (bit-exact copies) and
+``smoke.fill_zero`` (patterns in every element, with a positive control).
 
-* ``smoke.alloc_free`` — allocation of N MiB ``repeats`` times, each touched and released;
-  where the backend reports allocator statistics, allocated memory must grow by the size
-  while held and come back to its baseline exactly after release. Without allocator stats
-  (CPU) the process RSS is the evidence: it must grow while held and fall back after release.
-* ``smoke.roundtrip`` — host → device → host must return the same *bits* for every declared
-  dtype: all 2^8 / 2^16 bit patterns of the narrow dtypes, NaN payloads, signalling NaN,
-  denormals and -0.0 of fp32, then random bytes; also from an element-offset view.
-* ``smoke.fill_zero`` — a tensor sized to free device memory is filled with two
-  complementary bit patterns, an address (row-index) pattern, then zeros; every element is
-  verified on the device by a mismatch count, a sample is read back to the host, and a
-  positive control (3 planted mismatches must be counted as exactly 3) proves the device
-  reduction can see an error at all.
+What each proves: docs/smoke.md (Memory checks).
 """
 
 from __future__ import annotations

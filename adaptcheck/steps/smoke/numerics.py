@@ -1,14 +1,7 @@
-"""Comparisons the smoke checks judge by: bit-exact equality and reduction error vs float64.
+"""Comparisons the smoke checks judge by: bit-exact equality (copies) and normalized error
+against float64 (matmuls), with the per-dtype matmul limits.
 
-Two kinds of verdict:
-
-* **bit-exact** (:func:`bit_diff`) for copies: a host → device → host round trip must return
-  the very same bytes, NaN payloads, signalling NaNs, denormals and -0.0 included, so values
-  are compared through an integer view, never with ``==`` on floats (NaN ≠ NaN, 0.0 == -0.0).
-* **normalized error** (:func:`compare_to_reference`) for matmuls: element-wise rtol breaks
-  where a dot product cancels to ~0, so the field uses ``max|Δ| / max|ref|`` plus cosine
-  similarity, with per-dtype limits (docs/ops.md, tolerance classes) kept here as data, next to the number
-  measured in every result.
+Why these two verdicts and where the limits come from: docs/smoke.md (Comparisons).
 """
 
 from __future__ import annotations
