@@ -1,18 +1,8 @@
-"""The NVIDIA CUDA backend: detection on the CUDA torch build, and ``nvidia-smi -q -x`` parsing.
+"""The NVIDIA CUDA backend: what an NVIDIA machine offers, whether the installed torch is a
+genuine NVIDIA CUDA build, ``nvidia-smi -q -x`` parsing and the runtime versions; also the
+helpers every ``torch.cuda``-based backend shares (build identification, the API probe).
 
-Responsibilities:
-
-* declare what an NVIDIA machine offers (torch ``cuda`` device, NCCL, OCP fp8 e4m3fn, …);
-* decide — without initialising a device where it can be avoided — whether the installed
-  torch is a genuine NVIDIA CUDA build. ROCm, Hygon DTK and MetaX MACA builds all answer on
-  the same ``torch.cuda`` API, so the probe looks at what the build *is*, not only whether
-  ``torch.cuda.is_available()``;
-* turn the XML that ``nvidia-smi -q -x`` prints into :class:`DeviceInfo` rows (a pure
-  function, tested against recorded output in ``tests/recordings/nvidia-smi``);
-* report runtime versions (CUDA of the torch build, cuDNN, NCCL, driver and the driver's CUDA).
-
-Helpers used by the other ``torch.cuda``-based backends (ROCm, Hygon, MetaX) live here too,
-so that the build-identification rules are written once.
+How the builds are told apart: docs/backends.md (Built-in backends).
 """
 
 from __future__ import annotations

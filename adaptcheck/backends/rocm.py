@@ -1,18 +1,7 @@
-"""The AMD ROCm backend: detection on the HIP build of torch, and amd-smi / rocm-smi parsing.
+"""The AMD ROCm backend: what an AMD machine offers, detection on the HIP build of torch,
+amd-smi (both layouts) / rocm-smi parsing, and the HIP, ROCm and RCCL versions.
 
-Responsibilities:
-
-* declare what an AMD Instinct/Radeon machine offers. ROCm torch builds expose HIP devices as
-  ``torch.cuda`` with device type ``cuda`` and map the ``nccl`` distributed backend onto RCCL;
-* decide whether the installed torch is a ROCm/HIP build (``torch.version.hip``) and a device
-  is usable. Hygon DCU builds are HIP builds too; the Hygon backend refines this one and
-  supersedes it when both are available;
-* parse ``amd-smi static --json`` (inventory) and ``amd-smi metric --json`` (live usage),
-  both the pre-26 list layout and the ``{"gpu_data": [...]}`` layout of amd-smi ≥ 26, with a
-  fallback to ``rocm-smi --showproductname --showuse --showmeminfo vram --json`` on hosts
-  that only have the older tool. All parsers are pure and tested on recordings in
-  ``tests/recordings/amd-smi`` and ``tests/recordings/rocm-smi``;
-* report HIP, ROCm and RCCL versions.
+Details: docs/backends.md (Built-in backends).
 """
 
 from __future__ import annotations
