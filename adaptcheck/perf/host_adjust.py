@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from adaptcheck.base.schemas.serving_evidence import HostAdjustedDispersion
 from adaptcheck.perf.stability import (
     DEFAULT_CONFIDENCE,
     Decision,
@@ -113,10 +114,11 @@ class HostAdjusted:
     explained: bool
     """True: the raw dispersion was significant, the host-adjusted one is not (the host's, not the server's)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(d.pop("dispersion"))
-        return d
+    def evidence(self) -> HostAdjustedDispersion:
+        """The metric's ``host_adjusted`` record."""
+        d = self.dispersion
+        return HostAdjustedDispersion(elasticity=self.elasticity, speed_cv=self.speed_cv, verdict=self.verdict,
+                                      explained=self.explained, n=d.n, cv=d.cv, lo=d.lo, hi=d.hi)
 
 
 def judge(raw: Verdict, values: Sequence[float], speeds: Sequence[float] | None, b: float | None, sign: int,

@@ -37,9 +37,9 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from adaptcheck.base.procs import descendants
+from adaptcheck.base.schemas.serving_evidence import RunHost
 
 MHZ_EVERY = 5
 """Read the clock every this many samples (/proc/cpuinfo is long on a many-core host)."""
@@ -85,17 +85,16 @@ class HostReport:
             reasons.append(f"other processes used {self.other_cores:.2f} cores (bound {limits.max_other_cores:.2f})")
         return "; ".join(reasons) or None
 
-    def to_dict(self) -> dict[str, Any]:
+    def evidence(self) -> RunHost:
+        """The figures as a run's ``host`` record (rounded; ``note`` only when there is one)."""
         def r(v: float | None, nd: int = 4) -> float | None:
             return None if v is None else round(v, nd)
 
-        out: dict[str, Any] = {
-            "wall_s": r(self.wall_s, 3), "samples": self.samples, "cpus": self.cpus,
-            "steal_fraction": r(self.steal_fraction), "other_cores": r(self.other_cores, 3),
-            "own_cores": r(self.own_cores, 3), "mhz_min": r(self.mhz_min, 1), "mhz_max": r(self.mhz_max, 1),
-        }
+        out = RunHost(wall_s=r(self.wall_s, 3), samples=self.samples, cpus=self.cpus,
+                      steal_fraction=r(self.steal_fraction), other_cores=r(self.other_cores, 3),
+                      own_cores=r(self.own_cores, 3), mhz_min=r(self.mhz_min, 1), mhz_max=r(self.mhz_max, 1))
         if self.note:
-            out["note"] = self.note
+            out.note = self.note
         return out
 
 

@@ -28,10 +28,11 @@ emulated) or the server said ``finish_reason: length``; a server that does not a
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from adaptcheck.base.schemas.serving_evidence import WorkloadAudit
 from adaptcheck.perf.loadgen import LoadGenerator
 from adaptcheck.perf.serving_metrics import RequestRecord
 
@@ -120,7 +121,7 @@ def _audit(rec: RequestRecord, fixed_length: bool, lv: _Level, notes: dict[str, 
 
 
 def audit(by_level: Sequence[tuple[float, Sequence[_Run]]], *, ignore_eos: str, api: str, prompt_lengths: str,
-          rejected_fields: Sequence[str], target_input: Any) -> dict[str, Any]:
+          rejected_fields: Sequence[str], target_input: Callable[[int], int]) -> WorkloadAudit:
     """``details["workload"]``: the served lengths of the completed measured requests, and ``problems``.
 
     ``ignore_eos``: native | emulated (…) | not accepted. ``target_input(index)``: the prompt
@@ -151,24 +152,24 @@ def audit(by_level: Sequence[tuple[float, Sequence[_Run]]], *, ignore_eos: str, 
         return sum(lv.kinds[kind].count for _, lv in levels if kind in lv.kinds)
 
     sources = {output_count(r)[1] for r in done}
-    return {
-        "api": api,
-        "ignore_eos": ignore_eos,
-        "completed": len(done),
-        "output_lengths": sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
-        "long_outputs": count(LONG),
-        "short_outputs": count(SHORT) + sum(notes.values()),
-        "usage_missing": sum(1 for r in done if r.usage_tokens is None),
-        "prompt_lengths": prompt_lengths,
-        "prompt_length_mismatches": count(PROMPT),
-        "input_length_off": sum(1 for r in done if r.input_tokens != target_input(r.index)),
-        "rejected_fields": sorted(rejected_fields),
-        "notes": [f"{n} request(s) {what}" for what, n in notes.items()],
-        "problems": problems,
-    }
+    return WorkloadAudit(
+        api=api,
+        ignore_eos=ignore_eos,
+        completed=len(done),
+        output_lengths=sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
+        long_outputs=count(LONG),
+        short_outputs=count(SHORT) + sum(notes.values()),
+        usage_missing=sum(1 for r in done if r.usage_tokens is None),
+        prompt_lengths=prompt_lengths,
+        prompt_length_mismatches=count(PROMPT),
+        input_length_off=sum(1 for r in done if r.input_tokens != target_input(r.index)),
+        rejected_fields=sorted(rejected_fields),
+        notes=[f"{n} request(s) {what}" for what, n in notes.items()],
+        problems=problems,
+    )
 
 
-def workload_facts(by_level: Sequence[tuple[float, Sequence[_Run]]], gen: LoadGenerator) -> dict[str, Any]:
+def workload_facts(by_level: Sequence[tuple[float, Sequence[_Run]]], gen: LoadGenerator) -> WorkloadAudit:
     """:func:`audit` of what ``gen`` drove (its route, field policy and prompt factory)."""
     rejected = gen.rejected_fields
     ignore_eos = ("emulated (generation_config min_new_tokens)" if "ignore_eos" in rejected

@@ -45,11 +45,14 @@ import json
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import JsonValue
+
 from adaptcheck.base.errors import exception_line
+from adaptcheck.base.schemas.serving_evidence import RunSummary
 from adaptcheck.openai_client.client import AsyncOpenAIClient
 from adaptcheck.openai_client.errors import (
     EndpointError,
@@ -161,8 +164,13 @@ class RunResult:
     def measured(self) -> list[RequestRecord]:
         return [r for r in self.records if not r.warmup]
 
-    def summary(self, slo: dict[str, float | None] | None = None) -> dict[str, Any]:
+    def run_summary(self, slo: Mapping[str, float | None] | None = None) -> RunSummary:
+        """The run's RunSummary (docs/perf.md)."""
         return summarize_run(self.records, duration_s=self.duration_s, slo=slo)
+
+    def summary(self, slo: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+        """:meth:`run_summary` as the JSON object stored in the details (what scripts print)."""
+        return self.run_summary(slo).dump()
 
 
 class LoadGenerator:
@@ -260,9 +268,9 @@ class LoadGenerator:
             self.rejected_fields |= control.rejected_fields
             self._learnt = True
 
-    def _body(self, req: PreparedRequest, cfg: RunConfig) -> dict[str, Any]:
+    def _body(self, req: PreparedRequest, cfg: RunConfig) -> dict[str, JsonValue]:
         """The request, as the general client would build it for this server (same field policy)."""
-        body: dict[str, Any] = {"max_tokens": req.output_tokens, "temperature": 0.0,
+        body: dict[str, JsonValue] = {"max_tokens": req.output_tokens, "temperature": 0.0,
                                 "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": req.prompt}]

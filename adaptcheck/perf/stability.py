@@ -35,9 +35,11 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
+
+from adaptcheck.base.schemas.serving_evidence import DriftFigures
 
 Verdict = Literal["stable", "unstable", "undecided"]
 DEFAULT_CONFIDENCE = 0.95
@@ -206,10 +208,6 @@ class Dispersion:
             return "stable"
         return "undecided"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def dispersion(values: Sequence[float], confidence: float = DEFAULT_CONFIDENCE) -> Dispersion | None:
     """The dispersion of positive run values; None with fewer than two (nothing to compare)."""
     logs = [math.log(v) for v in values if v > 0 and math.isfinite(v)]
@@ -298,10 +296,10 @@ class Drift:
     run_drifts: tuple[float, ...] = ()
     """Each such run's own drift, exp(its slope) − 1: how alike the runs were."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["run_drifts"] = list(self.run_drifts)
-        return d
+    def evidence(self, bound: float) -> DriftFigures:
+        """The drift as a level's ``drift`` record, judged against ``bound`` (significant: lo > bound)."""
+        return DriftFigures(n=self.n, drift=self.drift, lo=self.lo, hi=self.hi, rho=self.rho, runs=self.runs,
+                            run_drifts=list(self.run_drifts), bound=bound, significant=self.lo > bound)
 
 
 def _slope(points: Sequence[tuple[float, float]]) -> float | None:

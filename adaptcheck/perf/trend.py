@@ -48,8 +48,9 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
-from typing import Any, Literal
+from typing import Literal
 
+from adaptcheck.base.schemas.serving_evidence import MemoryTrend, TrendFit
 from adaptcheck.perf.stability import t_ppf
 
 OUTLIER_SIGMAS = 4.0
@@ -138,11 +139,11 @@ class Fit:
     def value_at(self, t_s: float) -> float:
         return self.intercept_mib + self.slope_mib_per_min * t_s / 60.0
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: _round(v) for k, v in asdict(self).items()}
-        out["growth_over_window_mib"] = _round(self.growth_over_window_mib)
-        out["growth_per_hour_mib"] = _round(self.growth_per_hour_mib)
-        return out
+    def evidence(self) -> TrendFit:
+        """The fit as a memory series' ``fit`` record (floats rounded to 6 places)."""
+        values = {k: _round(v) for k, v in asdict(self).items()}
+        return TrendFit.model_validate({**values, "growth_over_window_mib": _round(self.growth_over_window_mib),
+                                        "growth_per_hour_mib": _round(self.growth_per_hour_mib)})
 
 
 def _interval(rate: float, stderr: float, rho: float, df: float, confidence: float) -> tuple[float, float]:
@@ -151,7 +152,7 @@ def _interval(rate: float, stderr: float, rho: float, df: float, confidence: flo
     return rate - half, rate + half
 
 
-def _round(value: Any) -> Any:
+def _round(value: float | None) -> float | None:
     return round(value, 6) if isinstance(value, float) else value
 
 
@@ -292,11 +293,13 @@ class GrowthVerdict:
     decide_duration_s: float | None = None
     """Inconclusive: about how long (from the first sample) a soak would need to decide, if the slope and noise stay."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "state": self.state, "reason": self.reason,
-                "slope_bounds_mib_per_min": [_round(b) for b in self.bounds] if self.bounds else None,
-                "confidence": self.confidence, "decide_duration_s": _round(self.decide_duration_s),
-                "fit": self.fit.to_dict() if self.fit else None}
+    def evidence(self, *, series: str, source: str, label: str, bounded: bool) -> MemoryTrend:
+        """The verdict as the ``memory`` entry of the series it judged."""
+        return MemoryTrend(series=series, source=source, label=label, bounded=bounded, ok=self.ok, state=self.state,
+                           reason=self.reason,
+                           slope_bounds_mib_per_min=[round(b, 6) for b in self.bounds] if self.bounds else None,
+                           confidence=self.confidence, decide_duration_s=_round(self.decide_duration_s),
+                           fit=self.fit.evidence() if self.fit else None)
 
 
 def decide_duration_s(fit: Fit, bounds: tuple[float, float], bound: float) -> float | None:

@@ -314,7 +314,7 @@ def _spread_cell(k: str, lv: ServingLevel, bound: float | None) -> SpreadCell:
         m = lv.stability.metrics.get(k)
         if m is None:
             return SpreadCell(metric=label, value="—", over=False)
-        value = f"{pct(m.cv)} [{pct(m.lo)}, {_upper(m.hi)}]"
+        value = f"{pct(m.cv)} [{pct(m.lo)}, {_upper(m.hi)}]" if m.cv is not None else "—"
         if m.explained_by_host and m.host_adjusted is not None:
             # Significant as measured, not once the host's own speed is out (docs/perf.md, "Host speed").
             value += f"; host-adjusted {pct(m.host_adjusted.cv)}"
@@ -371,7 +371,7 @@ def _drift(drift: dict[str, DriftFigures | None]) -> tuple[str, bool]:
     parts, over = [], False
     for key, word in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
         d = drift.get(key)
-        if d is None:
+        if d is None or d.drift is None or d.lo is None or d.hi is None:
             continue
         parts.append(f"{word} {d.drift:+.0%} [{d.lo:+.0%}, {d.hi:+.0%}]")
         over = over or d.significant is True

@@ -94,15 +94,6 @@ class MeasuredRun(RunSummary):
     host: RunHost | None = Field(default=None, description="The host's figures for the run.")
 
 
-class Dispersion(Evidence):
-    """Run-to-run CV of one metric with its one-sided confidence bounds."""
-
-    n: int = Field(description="Runs behind the estimate.")
-    cv: float = Field(description="Coefficient of variation estimate.")
-    lo: float = Field(description="One-sided lower confidence bound of the CV.")
-    hi: float = Field(description="One-sided upper confidence bound of the CV.")
-
-
 class HostAdjustedDispersion(Evidence):
     """The dispersion once the host's own speed is taken out (adaptcheck.perf.host_adjust)."""
 
@@ -116,10 +107,14 @@ class HostAdjustedDispersion(Evidence):
     hi: float = Field(description="One-sided upper confidence bound of the CV.")
 
 
-class MetricStability(Dispersion):
-    """One headline metric's run-to-run verdict at a level."""
+class MetricStability(Evidence):
+    """One headline metric's run-to-run verdict at a level (docs/perf.md, "Run-to-run stability")."""
 
-    verdict: str = Field(description="stable | unstable | undecided.")
+    n: int | None = Field(default=None, description="Runs behind the estimate.")
+    cv: float | None = Field(default=None, description="Coefficient of variation estimate.")
+    lo: float | None = Field(default=None, description="One-sided lower confidence bound of the CV.")
+    hi: float | None = Field(default=None, description="One-sided upper confidence bound of the CV.")
+    verdict: str | None = Field(default=None, description="stable | unstable | undecided.")
     values: list[float] = Field(default_factory=list, description="The metric in each undisturbed run.")
     host_adjusted: HostAdjustedDispersion | None = Field(default=None, description="The host-adjusted dispersion.")
     explained_by_host: bool | None = Field(default=None, description="True where the host-adjusted verdict replaced "
@@ -151,11 +146,11 @@ class LevelStability(Evidence):
 class DriftFigures(Evidence):
     """Per-request latency against its place in the run, pooled over the undisturbed runs."""
 
-    n: int = Field(description="Points fitted.")
-    drift: float = Field(description="exp(slope) − 1 from the start to the end of a run.")
-    lo: float = Field(description="One-sided lower bound of the drift.")
-    hi: float = Field(description="One-sided upper bound of the drift.")
-    rho: float = Field(description="Lag-1 autocorrelation of the residuals.")
+    n: int | None = Field(default=None, description="Points fitted.")
+    drift: float | None = Field(default=None, description="exp(slope) − 1 from the start to the end of a run.")
+    lo: float | None = Field(default=None, description="One-sided lower bound of the drift.")
+    hi: float | None = Field(default=None, description="One-sided upper bound of the drift.")
+    rho: float | None = Field(default=None, description="Lag-1 autocorrelation of the residuals.")
     runs: int = Field(default=1, description="Runs with a slope of their own.")
     run_drifts: list[float] = Field(default_factory=list, description="Each such run's own drift.")
     bound: float | None = Field(default=None, description="The scenario's max_drift.")
