@@ -88,7 +88,8 @@ class RequestRecord:
     def ok(self) -> bool:
         return self.error is None and self.ttft_s is not None and self.e2el_s is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
+        """The record as one JSON line of the records file."""
         return asdict(self)
 
     @classmethod
