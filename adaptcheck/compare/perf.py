@@ -1,29 +1,7 @@
-"""Performance regressions: step-5 figures judged against the run-to-run noise both runs measured.
-
-Figures (docs/perf.md has the shapes they are read from):
-
-* micro-benchmark rows (``details.rows[]`` of perf.gemm, perf.memory_bandwidth,
-  perf.attention, perf.collectives …), matched by (row name, dtype): the median time; its
-  noise is the row's ``time_s.spread`` = (p90 − p10) / median of the repetitions;
-* serving levels (``details.levels[]`` of perf.serving), matched by level: the geometric
-  mean over the undisturbed runs (the values perf.serving's stability verdict used,
-  ``stability.metrics[*].values``; for results written before it, every run not marked
-  ``disturbed``) of the median TTFT, of the median TPOT, and of output tok/s. The noise of
-  each side is its run-to-run CV (standard deviation of ln x over the runs).
-
-A micro figure regresses when it is worse than the baseline by more than
-``noise_multiplier × max(spread_before, spread_after)``. A serving figure regresses when
-its change exceeds ``noise_multiplier`` standard errors of the change, Student-corrected
-for the few runs behind them: the log change's standard error is
-max(s_before, s_after) · √(1/n_before + 1/n_after), and the bound is exp(t_q · SE) − 1 with
-q = Φ(noise_multiplier) and n_before + n_after − 2 degrees of freedom — k standard errors
-for many runs, wider for few (docs/perf.md, "Regression noise model").
-The change is taken as a time (``after / before − 1`` for latencies and times,
-``before / after − 1`` for throughput); ``min_tolerance`` floors the bound only where the
-noise was measured as ~0. The mirror image is an improvement: the baseline took more than
-``1 + bound`` times the new time. Figures on one side only, rows that did not run, serving
-checks whose workload differs and rows timed too few times to measure their noise are
-listed as not compared, with the reason.
+"""Performance regressions: step-5 figures (micro-benchmark rows by name and dtype; serving
+levels' median TTFT, median TPOT and output tok/s over the undisturbed runs) judged against the
+run-to-run noise both runs measured; figures that cannot be compared are listed with the
+reason. Noise model: docs/perf.md, "Regression noise model"; docs/compare.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""Run-to-run dispersion with the host's own speed taken out: pure functions.
-
-Responsible for telling "the server is unstable" apart from "the host ran at different speeds"
-when neither steal time nor other processes show it (docs/perf.md, "Host speed"). Every
-serving run carries the host-speed reference measured around it (:mod:`adaptcheck.perf.hostspeed`,
-ms of a fixed workload: larger is a slower host). For one headline metric:
-
-* the **elasticity** b is how much the metric moves, in logarithms, per unit move of the
-  reference: the least-squares slope of ``sign · ln x`` on ``ln h`` pooled over a scenario's
-  levels, each level centred on its own means (levels differ in load, not in host). ``sign``
-  makes every metric "larger is slower" (TTFT, TPOT: +1; tok/s: −1). b is clamped to
-  ``[0, B_MAX]``: a slower host cannot make a server faster, and the host can explain at most
-  ``B_MAX`` times its own measured variation — so a server whose runs jump while the reference
-  stays flat keeps its whole dispersion, whatever chance correlation a few runs show;
-* the **host-adjusted** values are ``x · (h / h̄)^(−sign · b)``: each run brought to the
-  level's mean host speed. Their dispersion is judged by the same χ² rule as the raw values.
-
-The adjustment only acquits: a level is unstable when its raw *and* its host-adjusted
-dispersion are significantly above the bound (``judge``). A fitted slope always absorbs a
-little noise, so it may not condemn what the raw runs do not.
+"""Run-to-run dispersion with the host's own speed taken out: a metric's elasticity to the
+host-speed reference, the host-adjusted dispersion, and the acquit-only verdict with its Monte
+Carlo. Pure functions. Method and measurements: docs/perf.md, "Run-to-run stability" ("Host
+speed").
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
-"""Was the load measured the load asked for? The served lengths of a serving scenario, audited.
-
-Responsible for ``details["workload"]`` of ``perf.serving``: for every completed measured
-request, the output length served against ``max_tokens`` and the prompt length served
-against the length sent, from the best count there is — and the one-line ``problems``
-that fail the scenario (the verdict appends them to its own): figures measured under a
-load other than the one asked for (a server that returns 7 tokens more than
-``max_tokens`` does 11 % more decode work per request) are not the figures of the
-scenario.
-
-Counts, most trusted first (docs/perf.md "Served lengths"):
-
-- output: the server's ``usage.completion_tokens`` and the streamed token ids are exact
-  (and must agree with each other); the number of content chunks is a lower bound (a
-  chunk carries at least one token), so more chunks than ``max_tokens`` is proof of a
-  longer answer even without usage; the local tokenizer's re-encoding of the text is an
-  estimate only (a re-encode may merge or split tokens), so it is held to a tolerance;
-- prompt: ``usage.prompt_tokens`` against the length the client counted before sending
-  (local tokenizer or the server's ``/tokenize``); without such a count the prompt
-  length is approximate and only recorded.
-
-A short answer is a problem wherever the length was fixed (``ignore_eos`` native or
-emulated) or the server said ``finish_reason: length``; a server that does not accept
-``ignore_eos`` may end at EOS (``finish_reason: stop``), which is recorded in
-``short_outputs`` and ``notes``, not failed: no request could have asked otherwise.
+"""Was the load measured the load asked for? The served output and prompt lengths of a
+scenario's completed requests, from the best count there is, and the one-line problems that
+fail it (``details.workload``, a
+:class:`~adaptcheck.base.schemas.serving_evidence.WorkloadAudit`). Rules: docs/perf.md,
+"Served lengths and endpoint evidence".
 """
 
 from __future__ import annotations

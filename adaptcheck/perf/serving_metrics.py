@@ -1,28 +1,7 @@
-"""Serving metrics: per-request records → the RunSummary of ``docs/perf.md``.
-
-Pure functions, no I/O and no clock: what the load generator measured goes in as
-:class:`RequestRecord` objects (one per request, the per-request JSONL line), and the
-summaries come out as plain dicts in the exact shapes ``docs/perf.md`` fixes (the report
-reads them). The definitions are vLLM ``bench serve``'s, so the two can be compared:
-
-- TTFT = first content chunk − send; E2EL = last content chunk − send;
-- TPOT = (E2EL − TTFT) / (N − 1), only for N > 1 (N = output tokens of the request);
-- ITL = gaps between successive content chunks. A chunk may carry several tokens, so
-  there are two views: per chunk (vLLM's ``itl``) and per token (each gap divided by the
-  tokens of the chunk that ended it). Per token uses the best count there is, recorded as
-  ``itl_basis``: the token ids each chunk carried (``token_ids``, exact); else the
-  server's usage total spread evenly over the chunks (``usage_mean``: each gap × chunks /
-  tokens) — unless the local tokenizer's per-chunk counts add up to that same total, which
-  then say which chunk carried how many (``tokenizer``, also used without usage); only
-  with no count at all is a chunk taken for one token (``chunks``);
-- output tok/s = Σ N / measured wall time; req/s = completed / wall time;
-- goodput = requests meeting every SLO / wall time (vLLM counts TPOT as 0 for N ≤ 1);
-- percentiles by linear interpolation between closest ranks (``numpy.percentile``'s
-  default), so P99 of the same numbers is the same number in both tools.
-
-Client queue time (actual send − scheduled send) is summarised on its own and never
-enters TTFT: a load generator that falls behind shows up there instead of inflating the
-server's latency.
+"""Serving metrics: per-request records → RunSummary (vLLM ``bench serve`` definitions), the
+median over runs, the run-to-run spread and the latency distributions. Pure functions, no I/O
+and no clock; summaries are :mod:`adaptcheck.base.schemas.serving_evidence` records.
+Definitions and shapes: docs/perf.md, "RunSummary" and "Served lengths".
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""View data of the step-5 serving scenarios (``perf.serving``) — plain data, no HTML.
-
-One ``perf.serving`` check is one scenario (docs/perf.md, "Serving outcome"). For each the
-report shows what was offered (arrival pattern, levels, lengths, repeats, SLOs), then per
-level the median run's numbers — request and output-token throughput, TTFT/TPOT/ITL/E2EL
-median, p90 and p99, error rate, goodput, client queue time — and the run-to-run CV of
-each headline metric with its confidence interval against the scenario's bound
-(significantly-above cells marked: that is what L4's "reproducible baseline" rests on), the
-within-run drift, and the runs the host disturbed (older results: the min–max spread
-against ``max_spread``). Below: the client's own overhead with its bottleneck
-warning (a saturated load generator understates the server), server memory, a link to the
-per-request records and the charts (latency quantiles per level, throughput against level).
-
-Results are read defensively: an errored scenario has no levels, an older file may lack a
-field, and every text (error messages from the server, scenario names) is untrusted.
+"""View data of the step-5 serving scenarios (``perf.serving``) — plain data, no HTML: what was
+offered, per level the median run's figures with the run-to-run CV against the bound, the
+drift, the runs, the client's cost, server memory and the charts, read from the check's
+:class:`~adaptcheck.base.schemas.serving_evidence.ServingEvidence` (details that do not fit
+read as none; every text is untrusted). Shapes: docs/perf.md, "Serving outcome".
 """
 
 from __future__ import annotations

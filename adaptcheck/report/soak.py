@@ -1,15 +1,8 @@
-"""View data of the stability soak (``perf.soak``) — plain data, no HTML.
-
-One ``perf.soak`` check (docs/perf.md, "Soak") becomes one block of the step-5 section: the
-verdict, what was offered, how many requests were served and failed, the memory fits (slope
-with its standard error, R², noise, projected growth over the window and per hour, against
-the bound), any device error counter that rose, and a small inline SVG time series per
-telemetry field — memory series with their fitted trend drawn over them and the warm-up
-span (left out of the fit) shaded.
-
-Results are read defensively (an errored soak has no telemetry, a hand-edited file may hold
-anything) and every text is untrusted: charts are built by :mod:`adaptcheck.report.svg`,
-which escapes what it writes.
+"""View data of the stability soak (``perf.soak``) — plain data, no HTML: the verdict, what was
+offered, how long it ran and why it stopped, the requests, the memory fits against the bound,
+device error counters and a sparkline per telemetry field, read from the check's
+:class:`~adaptcheck.base.schemas.serving_evidence.SoakEvidence` (details that do not fit read
+as none; charts escape what they write). Shapes: docs/perf.md, "Soak outcome".
 """
 
 from __future__ import annotations

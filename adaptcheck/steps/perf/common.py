@@ -1,27 +1,7 @@
-"""What the step-5 micro-benchmark checks share: timing params, the peak they are held to,
-and the status policy of ``docs/perf.md``.
-
-Status policy (one Outcome per check):
-
-* ``error`` — a row raised an error that is not "unsupported" (the benchmark crashed);
-* ``fail`` — a measured row's timing is non-finite or non-positive (a broken timer/device);
-* ``skip`` — nothing could be measured (every row not_run, with the reasons), or no peak is
-  known for the device or for a measured dtype: efficiency is the point, so the message
-  says how to add one to ``matrices/peaks.yaml``; not-applicable skips are the checks' own;
-* ``pass`` — every row that could run ran and has an efficiency and a bound class. Rows
-  ``not_run`` for a stated reason (dtype unsupported here, too slow at any size) are
-  listed in the message and details, and do not fail the check.
-
-Rows held to no peak: a memory-bound row whose footprint is under ``DRAM_FACTOR`` × the
-last-level cache measures the cache: it gets ``bound: cache``, no efficiency, and
-``extra.cache`` says why (:func:`hold_to_memory`).
-
-Above 100 %: an efficiency above 1 is a defect of the ceiling (a clock or per-cycle figure
-too low, a wrong peaks entry, a cache-resident problem), never evidence for the device.
-Every such row is listed in ``details.above_peak`` and the message; when even the slow end
-of the row's median CI is above ``OVER_PEAK`` — above the peak beyond timing noise and the
-few percent a turbo clock moves between the clock measurement and the row — the check is an
-``error`` (it cannot judge the device against a ceiling that is wrong), with what to fix.
+"""What the step-5 micro-benchmark checks share: the peak they are held to (raised or
+re-measured when a row shows it too low), the memory rows held to the cache instead, and the
+status policy of one micro-benchmark outcome. Policy and shapes: docs/perf.md,
+"Micro-benchmark outcome", "Above 100 %" and "Memory rows and the last-level cache".
 """
 
 from __future__ import annotations

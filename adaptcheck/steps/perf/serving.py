@@ -1,26 +1,9 @@
-"""Check kind ``perf.serving``: one serving scenario, repeated, against the server of step 4.
-
-One ladder check per scenario (single short, single long, concurrent short, concurrent long,
-mixed lengths, stability — their sizes are ladder data). The check takes the framework
-step 4 loaded with the same load options (``vllm_serve`` by default; also
-``transformers_serve``, or ``endpoint`` for ``--endpoint``), so a launched server is reused,
-not restarted; drives it with :mod:`adaptcheck.perf.loadgen` at every level, from
-``min_runs`` to ``max_runs`` times (adaptive: :mod:`adaptcheck.perf.stability` decides after
-each run whether the run-to-run dispersion is settled); samples the host during every run
-(:mod:`adaptcheck.perf.hostnoise`: a run disturbed from outside is kept in the records,
-marked, left out of the statistics and repeated); writes every request to
-``<run_dir>/perf/serving/<scenario>.jsonl``; and returns the outcome in the shape
-``docs/perf.md`` fixes.
-
-Status (docs/perf.md, "Run-to-run stability"): ``fail`` when a run's error rate exceeds
-``max_error_rate``, a level's run-to-run CV of the median TTFT, median TPOT or output tok/s
-is significantly above ``max_cv`` (its lower confidence bound is), a per-request latency
-drifts within a run significantly beyond ``max_drift``, the served load was not the load
-asked for, or a run had to stop (server dead or hung); ``error`` when nothing could be
-measured, or when the host stayed too noisy to collect ``min_runs`` undisturbed runs at a
-level (never a pass, never the server's fail); ``pass`` otherwise — with every level's
-interval recorded, "not significant" where the runs could not settle it; ``skip`` (not
-applicable) without a server.
+"""Check kind ``perf.serving``: one serving scenario, repeated at each level until its
+run-to-run dispersion is settled, against the server step 4 loaded (reused, not restarted);
+disturbed runs are marked and repeated, every request is written to
+``perf/serving/<scenario>.jsonl``, and the outcome's details are a
+:class:`~adaptcheck.base.schemas.serving_evidence.ServingEvidence`. Method, status policy and
+shapes: docs/perf.md, "Serving outcome" and "Run-to-run stability".
 """
 
 from __future__ import annotations

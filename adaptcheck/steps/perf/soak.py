@@ -1,38 +1,8 @@
-"""Check kind ``perf.soak``: serve mixed traffic for a while, watch telemetry the whole time (L5).
-
-The check takes the server step 4 loaded (same load options; ``framework: auto`` as for
-``perf.serving``), drives it with mixed request lengths through
-:mod:`adaptcheck.perf.loadgen` (a closed loop of ``level`` requests in flight, or Poisson
-arrivals at ``level`` req/s), and meanwhile samples, every ``sample_interval_s``, the
-server's process-tree RSS, host CPU utilisation and frequency, and the backend's device
-telemetry (:mod:`adaptcheck.perf.telemetry`). Every request is written to
-``<run_dir>/perf/soak/<check id>.jsonl``.
-
-How long: like step 5's serving runs, until the evidence decides. At ``looks`` times evenly
-spaced from ``duration_s`` to ``max_duration_s`` (seconds since the soak started; one look
-when they are equal, the default) a thread beside the load fits each memory trend on the
-samples so far (:class:`adaptcheck.perf.trend.SequentialRule`) and stops the load at the
-first look where every bounded series is decided (or one is over the bound); requests in
-flight then finish. Each look's bounds are at the confidence ``1 − (1 − confidence)/looks``
-(Bonferroni), so that looking several times does not raise the rate of wrong decisions
-above ``1 − confidence`` per side. The verdict is the stopping look's: its fits cover the
-samples up to that look (the drain after it is shown, not fitted). ``details.decision``
-says when it stopped, why, and what each look found.
-
-Status (docs/perf.md, "Soak"): ``pass`` only when no request failed (``max_error_rate``,
-default 0) and the least-squares memory trend after ``warmup_s``
-(:func:`adaptcheck.perf.trend.memory_growth_verdict`) is significantly within
-``max_growth_mib_per_min`` (the upper confidence bound of the slope at most the bound) for
-every memory series sampled — server RSS, and device memory used on an accelerator (on the
-CPU backend the "device" memory is the whole host's, moved by every process: it is shown,
-not bounded) — and no uncorrectable-error counter of the device rose. ``fail`` names the
-series, its slope, interval and the bound (its lower confidence bound above the bound), or
-the errors. ``error`` when at the last look (``max_duration_s`` spent) a slope's interval
-still straddles the bound ("inconclusive: run longer", with the duration that would
-decide): the soak measured, but too briefly to say, which is neither a pass nor a fault of
-the server — and, unlike a skip, shows as an error in CI (JUnit) and blocks L5. ``skip`` when there is no server to soak, or when no memory
-series could be sampled: a soak without memory evidence is not a pass, and the skip stays
-*applicable* (L5 still lacks its soak). ``error`` also when no request completed at all.
+"""Check kind ``perf.soak`` (L5): serve mixed traffic to the step-4 server while telemetry is
+sampled, look at the memory trends at the rule's looks until they are decided or the budget is
+spent, and judge errors, memory growth and device error counters; the details are a
+:class:`~adaptcheck.base.schemas.serving_evidence.SoakEvidence`. Method, status policy and
+shapes: docs/perf.md, "Soak outcome" and "A soak that decides".
 """
 
 from __future__ import annotations
