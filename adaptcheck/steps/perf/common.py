@@ -192,8 +192,12 @@ def describe_row(row: dict[str, Any]) -> str:
     return f"{row_label(row)}: {figure}{eff}{' (' + row['bound'] + ')' if row.get('bound') else ''}"
 
 
+Metrics = dict[str, float | int | str | None]
+"""An outcome's flat metrics: numbers, and a few words (a collective's library)."""
+
+
 def verdict(ctx: CheckContext, benchmark: str, rows: list[dict[str, Any]], peak: Peak | None,
-            metrics: dict[str, Any], notes: list[str] | None = None, timer: str | None = None) -> Outcome:
+            metrics: Metrics, notes: list[str] | None = None, timer: str | None = None) -> Outcome:
     """The Outcome of a micro-benchmark check (see the module docstring)."""
     details: dict[str, Any] = {"benchmark": benchmark, "timer": timer or timer_name(ctx.backend),
                                "peak": peak.as_dict() if peak else None, "rows": rows}
@@ -252,7 +256,7 @@ def verdict(ctx: CheckContext, benchmark: str, rows: list[dict[str, Any]], peak:
     return Outcome.passed(f"{shown}{basis}{cache_note}{over_note}{skipped_note}", metrics=metrics, details=details)
 
 
-def headline(metrics: dict[str, Any], prefix: str, row: dict[str, Any]) -> None:
+def headline(metrics: Metrics, prefix: str, row: dict[str, Any]) -> None:
     """Flat metrics of one row: ``<prefix>_tflops`` / ``_gbps`` / ``_efficiency``."""
     ach = row.get("achieved") or {}
     if ach.get("flops_per_s"):
