@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from adaptcheck.backends.base import Backend
     from adaptcheck.base.schemas.ladder import ModelSpec
+    from adaptcheck.ladder.protocol import EndpointTarget, ProgressMessage
 
 PROGRESS_MIN_INTERVAL_S = 0.5
 """Progress messages of one check are at least this far apart: a check may call
@@ -83,13 +84,12 @@ class CheckContext:
     device_count: int = 1
     op_provider: str | None = None
     """Provider for every step-3 op check (``--ops``), overriding the ladder's choice."""
-    endpoint: dict[str, Any] | None = None
-    """``--endpoint``: {'url', 'model', 'reference'} — 'reference' is True when ``--model``
-    names a local copy of the served weights (so a CPU reference can be computed)."""
+    endpoint: EndpointTarget | None = None
+    """``--endpoint``: the server under test."""
     check_id: str = ""
     """Id of the check being run (set by the worker before each check)."""
     scratch: dict[str, Any] = field(default_factory=dict)
-    progress_sink: Callable[[dict[str, Any]], None] | None = None
+    progress_sink: Callable[[ProgressMessage], None] | None = None
     """Where :meth:`progress` sends its messages: set by the worker (the result pipe); None
     outside a worker (tests, the in-process report), where progress is a no-op."""
     _last_progress: float = field(default=-1e9, init=False, repr=False)
@@ -172,6 +172,15 @@ class Check(ABC):
     """What it proves, one line."""
     params_model: ClassVar[type[BaseModel]] = NoParams
     """Strict params model (extra keys forbidden)."""
+    label: ClassVar[str | None] = None
+    """Short name the report shows for it (e.g. 'alone vs batched'); recorded with every result
+    (``CheckResult.kind_label``). None: the report shows the kind name."""
+    typical_s: ClassVar[float | None] = None
+    """Typical seconds it takes (quick ladder, 2-core CPU) for the run's time estimate; None:
+    its family's typical time (:mod:`adaptcheck.ladder.estimate`)."""
+    compares: ClassVar[str | None] = None
+    """For a kind that compares two runs of one framework: what the two runs are (e.g.
+    'batched vs alone'), recorded with every result (``CheckResult.compares``). None otherwise."""
 
     @classmethod
     def identity(cls, params: Any) -> dict[str, Any]:

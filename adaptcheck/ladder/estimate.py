@@ -19,16 +19,13 @@ from adaptcheck.base.schemas.ladder import CheckSpec
 
 TYPICAL_S: dict[str, float] = {
     "matrix.capture": 3.0,
-    "framework.load": 15.0,
-    "framework.reference": 10.0,
-    "framework.collectives": 10.0,
     "perf.gemm": 20.0,
     "perf.collectives": 10.0,
     "perf.attention": 3.0,
     "perf.memory_bandwidth": 3.0,
 }
-"""Typical seconds of a check kind (quick ladder, 2-core CPU); kinds not listed take
-:data:`TYPICAL_BY_PREFIX` of their family, else :data:`TYPICAL_DEFAULT_S`."""
+"""Typical seconds of the kinds that declare none (``Check.typical_s``; quick ladder, 2-core
+CPU); kinds not listed take :data:`TYPICAL_BY_PREFIX` of their family, else :data:`TYPICAL_DEFAULT_S`."""
 TYPICAL_BY_PREFIX: dict[str, float] = {"matrix.": 0.5, "smoke.": 0.5, "ops.": 1.0, "framework.": 2.0, "perf.": 2.0}
 TYPICAL_DEFAULT_S = 5.0
 SERVING_RUN_S = 10.0
@@ -72,7 +69,22 @@ def _param(params: dict[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
+def _declared(kind: str) -> float | None:
+    """The kind class's own typical time (``Check.typical_s``); None when it declares none or
+    the kind is unknown (the ladder loader reports that, not the estimate)."""
+    from adaptcheck.base.errors import UnknownNameError
+    from adaptcheck.ladder.registry import get_check_class
+
+    try:
+        return get_check_class(kind).typical_s
+    except (UnknownNameError, ImportError, AttributeError):
+        return None
+
+
 def _typical(kind: str) -> float:
+    declared = _declared(kind)
+    if declared is not None:
+        return declared
     if kind in TYPICAL_S:
         return TYPICAL_S[kind]
     return next((s for prefix, s in TYPICAL_BY_PREFIX.items() if kind.startswith(prefix)), TYPICAL_DEFAULT_S)
