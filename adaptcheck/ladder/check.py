@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.base.schemas.evidence import Evidence
 from adaptcheck.base.schemas.results import Status
 
 if TYPE_CHECKING:
@@ -183,14 +184,14 @@ class Check(ABC):
     'batched vs alone'), recorded with every result (``CheckResult.compares``). None otherwise."""
 
     @classmethod
-    def identity(cls, params: Any) -> dict[str, Any]:
-        """Details every outcome of this check carries, known from its params alone.
+    def identity(cls, params: Any) -> Evidence | None:
+        """Evidence every outcome of this check carries, known from its params alone.
 
-        The runner writes them into the result it makes in a check's place (the worker raised,
+        The runner writes it into the result it makes in a check's place (the worker raised,
         crashed or timed out), so a reader still knows what the check was about (step 4: which
-        framework) without guessing from its id. Empty by default.
+        framework) without guessing from its id. None by default.
         """
-        return {}
+        return None
 
     @abstractmethod
     def run(self, ctx: CheckContext, params: Any) -> Outcome | list[Outcome]:

@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from adaptcheck.base.procs import child_environ, kill_group
+from adaptcheck.base.schemas.evidence import Evidence
 from adaptcheck.base.schemas.ladder import CheckSpec
 from adaptcheck.base.schemas.results import CheckResult
 from adaptcheck.ladder.check import Check, Outcome
@@ -196,18 +196,27 @@ def _kind_class(spec: CheckSpec) -> type[Check] | None:
         return None
 
 
-def _identity(spec: CheckSpec, cls: type[Check] | None) -> dict[str, Any]:
-    """``Check.identity`` of the spec's kind: the details a result written in its place carries.
+def _identity(spec: CheckSpec, cls: type[Check] | None) -> Evidence | None:
+    """``Check.identity`` of the spec's kind: the evidence a result written in its place carries.
 
     The ladder loader validated these params with this kind already; should that fail now, the
-    result goes without them rather than hiding the check's own error.
+    result goes without it rather than hiding the check's own error.
     """
     if cls is None:
-        return {}
+        return None
     try:
         return cls.identity(cls.params_model.model_validate(spec.params))
     except Exception:  # noqa: BLE001 - the error result must be written whatever this raises
-        return {}
+        return None
+
+
+def _error(spec: CheckSpec, cls: type[Check] | None, message: str, traceback: str | None = None) -> Outcome:
+    """The ``error`` outcome of a check that could not complete, with its kind's identity evidence."""
+    identity = _identity(spec, cls)
+    outcome = Outcome.errored(message, details=identity.dump() if identity is not None else {})
+    if traceback is not None:
+        outcome.details["traceback"] = traceback
+    return outcome
 
 
 def _result(spec: CheckSpec, cls: type[Check] | None, check_id: str, outcome: Outcome, duration_s: float) -> CheckResult:
@@ -222,8 +231,7 @@ def _result(spec: CheckSpec, cls: type[Check] | None, check_id: str, outcome: Ou
 def _to_results(spec: CheckSpec, reply: WorkerReply) -> list[CheckResult]:
     cls = _kind_class(spec)
     if reply.exception is not None:
-        raised = Outcome.errored(f"check raised {reply.exception}",
-                                 details={**_identity(spec, cls), "traceback": reply.traceback})
+        raised = _error(spec, cls, f"check raised {reply.exception}", reply.traceback)
         return [_result(spec, cls, spec.id, raised, reply.duration_s)]
     if not reply.outcomes:
         return error_results(spec, "the worker answered without an outcome", reply.duration_s)
@@ -234,7 +242,7 @@ def _to_results(spec: CheckSpec, reply: WorkerReply) -> list[CheckResult]:
 def error_results(spec: CheckSpec, message: str, duration_s: float = 0.0) -> list[CheckResult]:
     """The single ``error`` result of a check that could not complete."""
     cls = _kind_class(spec)
-    return [_result(spec, cls, spec.id, Outcome.errored(message, details=_identity(spec, cls)), duration_s)]
+    return [_result(spec, cls, spec.id, _error(spec, cls, message), duration_s)]
 
 
 TORN_SUFFIX = ".torn"

@@ -7,8 +7,6 @@ model it used.
 
 from __future__ import annotations
 
-from typing import Any
-
 from adaptcheck.base.schemas.framework_evidence import FrameworkCheckEvidence
 from adaptcheck.ladder.check import Check
 from adaptcheck.steps.frameworks.lifecycle import not_loaded
@@ -19,6 +17,6 @@ class FrameworkCheck(Check):
     """Base of the lifecycle kinds: every outcome names its framework, even one the runner writes."""
 
     @classmethod
-    def identity(cls, params: FrameworkParams) -> dict[str, Any]:
+    def identity(cls, params: FrameworkParams) -> FrameworkCheckEvidence:
         # A crashed or timed-out check still belongs to its framework's block in the report.
-        return FrameworkCheckEvidence(framework=not_loaded(params.framework)).dump()
+        return FrameworkCheckEvidence(framework=not_loaded(params.framework))

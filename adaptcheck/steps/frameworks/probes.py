@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from adaptcheck.base.schemas.framework_evidence import SubcheckRow
 from adaptcheck.frameworks.base import Framework, Generation, GenRequest
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
@@ -40,28 +41,27 @@ from adaptcheck.steps.frameworks.reference import (
     teacher_data,
 )
 
-Row = dict[str, Any]
-
 TOP_K = 20
 """Alternatives per position in the same-framework teacher-forced comparisons (the control is
 scored with the same K, so the two figures are comparable)."""
 
 
-def subcheck(name: str, ok: bool | None, detail: str, **extra: Any) -> Row:
-    return {"name": name, "ok": ok, "detail": detail, **extra}
+def subcheck(name: str, ok: bool | None, detail: str, **extra: bool) -> SubcheckRow:
+    """One sub-check row; ``extra`` are row facts beyond the three (e.g. ``includes_stop_string``)."""
+    return SubcheckRow.model_validate({"name": name, "ok": ok, "detail": detail, **extra})
 
 
-def verdict(rows: list[Row], what: str, **kw: Any) -> Outcome:
+def verdict(rows: list[SubcheckRow], what: str, **kw: Any) -> Outcome:
     """pass when every row held and at least one ran; fail naming the first that did not."""
-    failed = [r for r in rows if r["ok"] is False]
-    ran = [r for r in rows if r["ok"] is not None]
-    details = {"subchecks": rows, **kw.pop("details", {})}
+    failed = [r for r in rows if r.ok is False]
+    ran = [r for r in rows if r.ok is not None]
+    details = {"subchecks": [r.dump() for r in rows], **kw.pop("details", {})}
     if failed:
-        return Outcome.failed(f"{failed[0]['name']}: {failed[0]['detail']}"
+        return Outcome.failed(f"{failed[0].name}: {failed[0].detail}"
                               + (f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""), details=details, **kw)
     if not ran:
         return Outcome.skipped(f"nothing of {what} could run here", details=details, **kw)
-    not_run = [r["name"] for r in rows if r["ok"] is None]
+    not_run = [r.name for r in rows if r.ok is None]
     tail = f"; not run here: {', '.join(not_run)}" if not_run else ""
     return Outcome.passed(f"{what}: {len(ran)} sub-checks held{tail}", details=details, **kw)
 
@@ -126,7 +126,7 @@ def strip_eos(g: Generation, eos: set[int]) -> Generation:
 
 
 def usage_row(name: str, gens: list[Generation], eos: set[int], *, required: bool = False,
-               max_tokens: list[int] | None = None) -> Row:
+               max_tokens: list[int] | None = None) -> SubcheckRow:
     """usage.completion_tokens must equal the tokens actually returned (EOS counted as the framework lists it).
 
     Without token ids the count is held to what is certain: never more than ``max_tokens``,
@@ -204,14 +204,15 @@ def teacher_and_control(ctx: CheckContext, active: Active, tok: Tok, size: Teach
 
 
 def generations_distribution_row(ctx: CheckContext, active: Active, tok: Tok, size: TeacherSize, name: str,
-                                  a: list[Generation], b: list[Generation]) -> tuple[Row, dict[str, Any] | None]:
+                                  a: list[Generation], b: list[Generation]) -> tuple[SubcheckRow, dict[str, Any] | None]:
     """Two greedy runs of one framework: their top-N distributions where the tokens so far agree."""
     sa, sb = tf_rules.common_prefix_scores(a, b)
     if not any(x.token_logprobs for x in sa):
         return subcheck(name, None, "the answers carry no logprobs to compare"), None
     found = teacher_and_control(ctx, active, tok, size)
-    return tf_rules.same_framework_row(name, sa, sb, found[1] if found else None, load_numerics(),
-                                       active.options.dtype)
+    row, distribution = tf_rules.same_framework_row(name, sa, sb, found[1] if found else None, load_numerics(),
+                                                    active.options.dtype)
+    return SubcheckRow.model_validate(row), distribution
 
 
 # ----------------------------------------------------------------- on/off comparisons --

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
+from adaptcheck.base.schemas.framework_evidence import SubcheckRow
 from adaptcheck.frameworks.base import GenRequest, ScoreRequest, ScoringUnsupported
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
@@ -21,8 +22,7 @@ from adaptcheck.steps.frameworks.lifecycle import Active, run_with_framework
 from adaptcheck.steps.frameworks.params import DEFAULT_TIE_MARGIN, TeacherSize, TeacherSized
 from adaptcheck.steps.frameworks.probes import (
     TOP_K,
-    Row,
-    Tok,
+        Tok,
     local_tokenizer,
     speaks_openai,
     strip_eos,
@@ -82,7 +82,7 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
     rows = [subcheck(f"alone vs in a batch of {len(reqs)}", cmp.ok, cmp.summary())]
     rows.append(usage_row("usage counts in the batch", together, eos, required=speaks_openai(fw),
                            max_tokens=[r.max_tokens for r in reqs]))
-    metrics: dict[str, Any] = {**cmp.metrics(), "batch": len(reqs), "tie_margin": margin}
+    metrics: dict[str, float | None] = {**cmp.metrics(), "batch": len(reqs), "tie_margin": margin}
     tf_rows, distribution = _scored_alone_vs_batched(ctx, active, tok, p.teacher)
     rows.extend(tf_rows)
     if p.stream and getattr(fw, "supports_stream", False):
@@ -99,7 +99,7 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
 
 
 def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok,
-                             size: TeacherSize) -> tuple[list[Row], dict[str, Any] | None]:
+                             size: TeacherSize) -> tuple[list[SubcheckRow], dict[str, Any] | None]:
     """Teacher-forced: the reference sequences scored one per request and all in one batch,
     compared with each other (same-framework rule) and each against float64 (batched vs alone)."""
     name = "teacher-forced distributions alone vs batched"
@@ -120,4 +120,4 @@ def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok,
     # Both rules hold or the distribution evidence does not: the report shows the two together.
     distribution["vs_reference"] = vs_reference
     distribution["ok"] = bool(distribution.get("ok")) and vs_reference["ok"]
-    return [row, ref_row], distribution
+    return [SubcheckRow.model_validate(row), SubcheckRow.model_validate(ref_row)], distribution

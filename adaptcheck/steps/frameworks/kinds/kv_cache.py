@@ -7,11 +7,11 @@ Everything of the kind lives here: params, probe, check, label and typical time
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from pydantic import Field
 
 from adaptcheck.base.procs import tree_rss_mib
+from adaptcheck.base.schemas.framework_evidence import SubcheckRow
 from adaptcheck.frameworks.base import Framework, Generation, GenRequest
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
@@ -20,8 +20,7 @@ from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.lifecycle import Active, acquire, release, run_with_framework
 from adaptcheck.steps.frameworks.params import TeacherSized
 from adaptcheck.steps.frameworks.probes import (
-    Row,
-    Tok,
+        Tok,
     generations_distribution_row,
     local_tokenizer,
     strip_eos,
@@ -79,7 +78,7 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
     reqs = _kv_requests(tok, p)
     first = [g for g in fw.generate(reqs)]  # warm-up round: fills caches and pools
     base_state, base_rss, hits_before = fw.memory_state(), _rss_mib(), _prefix_hits(fw)
-    rows: list[Row] = []
+    rows: list[SubcheckRow] = []
     worst: Comparison | None = None
     for _ in range(p.rounds):
         again = [g for g in fw.generate(reqs)]
@@ -93,7 +92,8 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
                                                            "distributions: cached rounds vs the first", first, again)
     rows.append(dist_row)
     state, rss = fw.memory_state(), _rss_mib()
-    metrics: dict[str, Any] = {"rounds": p.rounds, "batch": p.batch, "rss_growth_mib": round(rss - base_rss, 1)}
+    metrics: dict[str, float | None] = {"rounds": p.rounds, "batch": p.batch,
+                                        "rss_growth_mib": round(rss - base_rss, 1)}
     kv_keys = [k for k in state if "kv_cache_usage" in k or "cache_usage" in k]
     if kv_keys:
         k = kv_keys[0]
@@ -119,7 +119,7 @@ def _prefix_hits(fw: Framework) -> float | None:
     return sum(values) if values else None
 
 
-def _prefix_hits_row(active: Active, before: float | None, after: float | None) -> Row:
+def _prefix_hits_row(active: Active, before: float | None, after: float | None) -> SubcheckRow:
     """The repeated rounds really were served from the prefix cache (else nothing was tested)."""
     fw = active.framework
     if not fw.supports_prefix_caching or active.options.enable_prefix_caching is False:
@@ -130,7 +130,7 @@ def _prefix_hits_row(active: Active, before: float | None, after: float | None) 
 
 
 def _prefix_off_row(ctx: CheckContext, active: Active, p: KvCacheParams, reqs: list[GenRequest],
-                    cached: list[Generation], eos: set[int]) -> Row:
+                    cached: list[Generation], eos: set[int]) -> SubcheckRow:
     if not active.framework.supports_prefix_caching:
         return subcheck("prefix cache on vs off", None, f"{active.framework.display_name} has no prefix-caching switch")
     params = p.model_copy(update={"prefix_caching": False})

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
+from adaptcheck.base.schemas.framework_evidence import SubcheckRow
 from adaptcheck.frameworks.base import Framework, Generation, GenRequest, ScoringUnsupported
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import teacher as tf_rules
@@ -19,8 +20,7 @@ from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir, run_with_framework
 from adaptcheck.steps.frameworks.params import FrameworkParams, TeacherSize
 from adaptcheck.steps.frameworks.probes import (
-    Row,
-    Tok,
+        Tok,
     local_tokenizer,
     reference_requests,
     strip_eos,
@@ -70,11 +70,11 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     except ReferenceUnavailable as exc:
         return Outcome.skipped(str(exc))
     ctx.progress(1, 3, "parts", note="teacher-forced scoring vs the float64 reference")
-    metrics: dict[str, Any] = {"reference_dtype": teacher.dtype, "top_n": p.top_n}
-    rows: list[Row] = []
+    metrics: dict[str, float | str | None] = {"reference_dtype": teacher.dtype, "top_n": p.top_n}
+    rows: list[SubcheckRow] = []
     try:
         row, tf, tf_metrics = tf_rules.against_reference(ctx, active, teacher, policy, p.top_k)
-        rows.append(row)
+        rows.append(SubcheckRow.model_validate(row))
         metrics.update(tf_metrics)
     except ScoringUnsupported as exc:
         # Never a silent pass: the greedy comparison below is then the whole verdict, and says so.
@@ -87,20 +87,22 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     if p.greedy:
         ctx.progress(2, 3, "parts", note="greedy answers vs the float64 reference")
         rows.extend(_greedy_rows(fw, tok, reqs, teacher.generations, p, metrics, tf))
-    details: dict[str, Any] = {"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU",
-                               "compared_as_text": tf.get("greedy", {}).get("compared_as_text")}
-    if any(r["ok"] is False for r in rows) and tf.get("method") == "teacher_forced":
+    compared_as_text = tf.get("greedy", {}).get("compared_as_text")
+    repro: dict[str, str] = {}  # the reproducer's run-folder path, or why it could not be written
+    if any(r.ok is False for r in rows) and tf.get("method") == "teacher_forced":
         try:
             rel = tf_rules.write_repro(ctx, active, teacher, tf, p.top_k, policy.reference_top_k)
         except Exception as exc:  # noqa: BLE001 - the verdict stands without its reproducer
-            rel, details["repro_error"] = None, f"{type(exc).__name__}: {exc}"
+            rel, repro["repro_error"] = None, f"{type(exc).__name__}: {exc}"
         if rel:
-            details["repro"] = rel
-    return verdict(rows, "reference agreement", metrics=metrics, details=details)
+            repro["repro"] = rel
+    return verdict(rows, "reference agreement", metrics=metrics,
+                   details={"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU",
+                            "compared_as_text": compared_as_text, **repro})
 
 
 def _greedy_rows(fw: Framework, tok: Tok, reqs: list[GenRequest], ref: list[Generation], p: ReferenceParams,
-                 metrics: dict[str, Any], tf: dict[str, Any]) -> list[Row]:
+                 metrics: dict[str, float | str | None], tf: dict[str, Any]) -> list[SubcheckRow]:
     """Greedy answers against the reference's: the user-visible symptom, and the whole
     verdict where the framework cannot score (top-N rule at the first divergence)."""
     # One request at a time: this is the single-request answer; batching is framework.concurrent's.

@@ -10,13 +10,14 @@ import itertools
 
 from pydantic import Field
 
+from adaptcheck.base.schemas.framework_evidence import SubcheckRow
 from adaptcheck.frameworks.base import FrameworkError, Generation, GenRequest
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.lifecycle import Active, run_with_framework
 from adaptcheck.steps.frameworks.params import FrameworkParams
-from adaptcheck.steps.frameworks.probes import Row, local_tokenizer, speaks_openai, subcheck, usage_row, verdict
+from adaptcheck.steps.frameworks.probes import local_tokenizer, speaks_openai, subcheck, usage_row, verdict
 
 
 class SingleRequestParams(FrameworkParams):
@@ -43,7 +44,7 @@ class SingleRequestCheck(FrameworkCheck):
 def single_requests(ctx: CheckContext, active: Active, p: SingleRequestParams) -> Outcome:
     fw, tok = active.framework, local_tokenizer(active)
     eos = tok.eos_ids()
-    rows: list[Row] = []
+    rows: list[SubcheckRow] = []
     prompt = prompts.SHORT_PROMPTS[0]
     by_len: dict[int, Generation] = {}
     for n in sorted(set(p.output_lengths)):
@@ -60,8 +61,8 @@ def single_requests(ctx: CheckContext, active: Active, p: SingleRequestParams) -
     if g.prompt_tokens is not None and tok.hf is not None:
         want = len(tok.hf(long_text)["input_ids"])
         if g.prompt_tokens != want:
-            row.update(ok=False, detail=row["detail"] + f"; usage.prompt_tokens {g.prompt_tokens} != {want} "
-                       "from the model's tokenizer")
+            row.ok = False
+            row.detail += f"; usage.prompt_tokens {g.prompt_tokens} != {want} from the model's tokenizer"
     rows.append(row)
     rows.append(usage_row("usage counts", [*by_len.values(), g], eos, required=speaks_openai(fw),
                            max_tokens=[*by_len, p.long_max_tokens]))
@@ -70,7 +71,7 @@ def single_requests(ctx: CheckContext, active: Active, p: SingleRequestParams) -
     return verdict(rows, "single requests", metrics={"requests": len(by_len) + len(tiny) + 4})
 
 
-def _length_row(name: str, g: Generation, max_tokens: int, eos: set[int]) -> Row:
+def _length_row(name: str, g: Generation, max_tokens: int, eos: set[int]) -> SubcheckRow:
     n = len(g.token_ids) if g.token_ids is not None else g.completion_tokens
     fr = g.finish_reason
     if n is None:
@@ -90,7 +91,7 @@ def _length_row(name: str, g: Generation, max_tokens: int, eos: set[int]) -> Row
     return subcheck(name, ok, why)
 
 
-def _prefix_row(by_len: dict[int, Generation]) -> Row:
+def _prefix_row(by_len: dict[int, Generation]) -> SubcheckRow:
     """Greedy decoding is causal: the answer to max_tokens=8 is the start of max_tokens=32."""
     lens = sorted(by_len)
     if len(lens) < 2:
@@ -107,7 +108,7 @@ def _prefix_row(by_len: dict[int, Generation]) -> Row:
     return subcheck("shorter answers are prefixes", not bad, "; ".join(bad) or f"lengths {lens} agree")
 
 
-def _stop_row(active: Active) -> Row:
+def _stop_row(active: Active) -> SubcheckRow:
     """A stop string cuts the answer right before it. The probe comes from the synthetic
     model's recorded output, or from this framework's own greedy answer for any model."""
     fw = active.framework
@@ -145,7 +146,7 @@ def _pick_stop(text: str) -> str | None:
     return None
 
 
-def _eos_rows(active: Active) -> list[Row]:
+def _eos_rows(active: Active) -> list[SubcheckRow]:
     fw = active.framework
     meta = active.model.synthetic if fw.serves_local_weights() else None
     if not meta or "eos_step" not in meta:
