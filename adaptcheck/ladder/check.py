@@ -4,7 +4,7 @@ A check kind has a name used in ladder YAML, a strict pydantic params model, a s
 ``run(ctx, params) -> Outcome`` (or a list of outcomes, each with a ``subid``, for checks
 that expand into several results such as one per compatibility rule). Checks run in an
 isolated worker process; they never return ``pass`` for something they could not do —
-``skip`` (with the reason) or ``error`` instead.
+``skip`` (with the reason) or ``error`` instead. How to add one: docs/adding-a-check-kind.md.
 """
 
 from __future__ import annotations
