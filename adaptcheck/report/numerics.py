@@ -296,7 +296,8 @@ def distribution_view(compares: str | None, details: dict[str, Any]) -> Distribu
     return DistributionView(text=text, verdict=_verdict(d.get("ok")) if "ok" in d else None)
 
 
-def check_numerics(check_id: str, compares: str | None, details: dict[str, Any], records_base: str = "") -> CheckNumerics | None:
+def check_numerics(check_id: str, compares: str | None, details: dict[str, Any],
+                   records_base: str = "") -> CheckNumerics | None:
     """Everything of the model-numerics contract one step-4 check recorded; None when nothing."""
     tf = teacher_forced_view(check_id, details, records_base)
     dist = distribution_view(compares, details)

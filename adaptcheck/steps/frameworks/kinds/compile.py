@@ -1,4 +1,4 @@
-"""``framework.compile``: graph capture / torch.compile on and off give the same tokens, where the framework has the switch.
+"""``framework.compile``: graph capture / torch.compile on and off give the same tokens (where switchable).
 
 Everything of the kind lives here: params, probe, check, label and typical time
 (docs/adding-a-check-kind.md); the shared lifecycle is :mod:`adaptcheck.steps.frameworks.lifecycle`.
