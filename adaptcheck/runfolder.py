@@ -66,8 +66,10 @@ class RunMeta(BaseModel):
 
 
 def planned_checks(spec: LadderSpec) -> list[PlannedCheck]:
-    return [PlannedCheck(id=c.id, step=c.step, kind=c.kind, description=c.description, tags=c.tags,
-                         timeout_s=spec.timeout_for(c)) for c in spec.checks]
+    from adaptcheck.ladder.registry import kind_label
+
+    return [PlannedCheck(id=c.id, step=c.step, kind=c.kind, kind_label=kind_label(c.kind), description=c.description,
+                         tags=c.tags, timeout_s=spec.timeout_for(c)) for c in spec.checks]
 
 
 def hf_quantization(folder: Path) -> Quantization | None:

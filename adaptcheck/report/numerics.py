@@ -53,14 +53,6 @@ FIGURES: tuple[tuple[str, str, bool], ...] = (
 )
 _FIGURE_LABELS = {k: label for k, label, _ in FIGURES}
 
-# What the two runs of a same-framework check are, by kind (details.distribution compares them).
-DISTRIBUTION_PAIRS: dict[str, str] = {
-    "framework.concurrent": "batched vs alone",
-    "framework.kv_cache": "prefix-cache hit vs recompute",
-    "framework.compile": "compile on vs off",
-}
-
-
 @dataclass
 class Chart:
     """One inline chart: the SVG is built (and its text escaped) by :mod:`adaptcheck.report.svg`."""
@@ -269,8 +261,9 @@ def teacher_forced_view(check_id: str, details: dict[str, Any], records_base: st
     )
 
 
-def distribution_view(kind: str, details: dict[str, Any]) -> DistributionView | None:
-    """``details.distribution`` of a same-framework check in words, with its verdict.
+def distribution_view(compares: str | None, details: dict[str, Any]) -> DistributionView | None:
+    """``details.distribution`` of a same-framework check in words, with its verdict; ``compares``
+    is what its two runs are (``CheckResult.compares``).
 
     A bound is read from ``bounds.<stat>`` (as the teacher-forced figures carry them) or a
     flat ``bound_<stat>``; a bound the figure exceeded says so next to it.
@@ -287,7 +280,7 @@ def distribution_view(kind: str, details: dict[str, Any]) -> DistributionView | 
         if bound is not None:
             text += f" (bound {format_float(bound)}{', exceeded' if b.get('ok') is False else ''})"
         parts.append(text)
-    pair = DISTRIBUTION_PAIRS.get(kind, "the two runs")
+    pair = compares or "the two runs"
     text = f"teacher-forced, {pair}: " + ", ".join(parts) + f"; |Δ logprob| max {_num(d.get('dlogprob_max'))}"
     if d.get("positions") is not None:
         text += f" over {format_value(d.get('positions'))} positions"
@@ -303,10 +296,11 @@ def distribution_view(kind: str, details: dict[str, Any]) -> DistributionView | 
     return DistributionView(text=text, verdict=_verdict(d.get("ok")) if "ok" in d else None)
 
 
-def check_numerics(check_id: str, kind: str, details: dict[str, Any], records_base: str = "") -> CheckNumerics | None:
+def check_numerics(check_id: str, compares: str | None, details: dict[str, Any],
+                   records_base: str = "") -> CheckNumerics | None:
     """Everything of the model-numerics contract one step-4 check recorded; None when nothing."""
     tf = teacher_forced_view(check_id, details, records_base)
-    dist = distribution_view(kind, details)
+    dist = distribution_view(compares, details)
     repro = None if tf is not None else records_link(details.get("repro"), records_base)
     if tf is None and dist is None and repro is None:
         return None

@@ -40,9 +40,9 @@ from adaptcheck.perf.workload import (
     prompt_factory,
     server_token_counter,
 )
-from adaptcheck.steps.frameworks.checks import ConcurrentCheck, SingleRequestCheck
+from adaptcheck.steps.frameworks.kinds.concurrent import ConcurrentCheck, ConcurrentParams
+from adaptcheck.steps.frameworks.kinds.single_request import SingleRequestCheck, SingleRequestParams
 from adaptcheck.steps.frameworks.lifecycle import release
-from adaptcheck.steps.frameworks.params import ConcurrentParams, SingleRequestParams
 from adaptcheck.steps.perf.serving import ServingCheck, ServingParams
 from tests.perf.misbehaving_server import misbehaving_server
 
