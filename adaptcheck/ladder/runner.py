@@ -321,6 +321,21 @@ class JournalWriter:
         return [(raw, _parse_record(raw) if raw.endswith(b"\n") else None) for raw in pieces if raw]
 
 
+def _labelled(result: CheckResult) -> CheckResult:
+    """A journalled result as a fresh one records it: a journal written before results 1.4 (a run
+    resumed across the upgrade) has no kind label, and ``results.json``'s upgrade never sees it,
+    so the label and what it compares are taken from the kind, as :func:`_result` does."""
+    if result.kind_label is not None:
+        return result
+    from adaptcheck.ladder.registry import get_check_class
+
+    try:
+        cls = get_check_class(result.kind)
+    except Exception:  # noqa: BLE001 - a plugin gone since: the record stands as written
+        return result
+    return result.model_copy(update={"kind_label": cls.label, "compares": result.compares or cls.compares})
+
+
 def _parse_record(raw: bytes) -> tuple[str, list[CheckResult]] | None:
     """A journal line's (spec id, results), or None when it is not a whole, valid record."""
     if not raw.strip():
@@ -330,7 +345,7 @@ def _parse_record(raw: bytes) -> tuple[str, list[CheckResult]] | None:
         spec_id = rec["spec_id"]
         if not isinstance(spec_id, str):
             return None
-        return spec_id, [CheckResult.model_validate(r) for r in rec["results"]]
+        return spec_id, [_labelled(CheckResult.model_validate(r)) for r in rec["results"]]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
         return None
 
