@@ -79,7 +79,7 @@ def _kind(module: Any) -> str | None:
     return None
 
 
-def static_walk(model: Any) -> dict[str, Any]:
+def static_walk(model: Any) -> dict[str, str]:
     """Per layer type: how it is set up to run (method, quantisation method, attention backend).
 
     Attention is keyed by its layer class; its kernels are not traced (vLLM calls them
@@ -154,7 +154,7 @@ def _describe_ops(seen: dict[str, int]) -> str:
     return f"torch ops ({shown})" if shown else "torch ops"
 
 
-def collect_trace(model: Any) -> dict[str, Any]:
+def collect_trace(model: Any) -> dict[str, str]:
     """Remove the wrappers of :func:`install_trace`; per layer type, what its layers ran.
 
     A layer type whose layers ran nothing while traced (not reached by the request) is left out.
@@ -177,9 +177,9 @@ def collect_trace(model: Any) -> dict[str, Any]:
     return {k: _describe_ops(v) for k, v in observed.items()}
 
 
-def merge(static: dict[str, Any], observed: dict[str, Any] | None) -> dict[str, Any]:
+def merge(static: dict[str, str], observed: dict[str, str] | None) -> dict[str, str]:
     """One line per layer type: the method it is set up with, and what it ran when observed."""
-    out: dict[str, Any] = {}
+    out: dict[str, str] = {}
     for key, desc in static.items():
         seen = (observed or {}).get(key)
         if seen:
