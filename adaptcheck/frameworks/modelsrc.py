@@ -30,7 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from pydantic import JsonValue
 
 from adaptcheck.base import safejson
 from adaptcheck.frameworks.modelfiles import ModelError, _weights_sha256
@@ -75,7 +77,7 @@ class ResolvedModel:
     resolved: str = ""
     """The concrete model ``name`` stands for: ``auto`` resolves to ``pretrained:NAME`` or
     ``embedded:tiny-llama``; a path to its absolute form; other names to themselves."""
-    origin: dict[str, Any] | None = None
+    origin: dict[str, JsonValue] | None = None
     """A converted pretrained model's provenance (its folder's adaptcheck-pretrained.json:
     upstream, license, distribution and version, the GGUF's name and sha256 …), else None."""
     converted: bool = False
@@ -91,9 +93,9 @@ class ResolvedModel:
             return "embedded"
         return "pretrained" if self.converted else "path"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ModelFacts:
         """Plain JSON-able facts for the report."""
-        facts: dict[str, Any] = {
+        facts: ModelFacts = {
             "name": self.name,
             "path": str(self.path),
             "resolved": self.resolved or self.name,
@@ -117,6 +119,28 @@ class ResolvedModel:
             facts["synthetic"] = {k: self.synthetic.get(k) for k in
                                   ("name", "seed", "generator_version", "spec_hash", "num_params", "eos_step")}
         return facts
+
+
+class ModelFacts(TypedDict, total=False):
+    """:meth:`ResolvedModel.describe`: the served model in the report (``details.model``, read
+    back as ``ModelInfo``); ``origin``, ``auto`` and ``synthetic`` only where they apply."""
+
+    name: str
+    path: str
+    resolved: str
+    source: str
+    architecture: str
+    model_type: str
+    head_dim: int | None
+    num_layers: int | None
+    vocab_size: int | None
+    torch_dtype: str | None
+    weights_sha256: str
+    weights_bytes: int
+    generated_s: float | None
+    origin: dict[str, JsonValue]
+    auto: str
+    synthetic: dict[str, JsonValue]
 
 
 def resolve_model(name: str, *, seed: int = 0) -> ResolvedModel:
@@ -223,13 +247,13 @@ def _local_path(name: str) -> Path:
     return path.absolute()
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path) -> dict[str, JsonValue]:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelError(f"{path} is not a Hugging Face model directory: config.json is missing", hint=_FIX)
     try:
         # Bounded (size, nesting, integer length): a hostile config.json is one line, not a crash.
-        config = safejson.loads(safejson.read_text(config_file, what="config.json"), str(config_file))
+        config: JsonValue = safejson.loads(safejson.read_text(config_file, what="config.json"), str(config_file))
     except safejson.JsonFormatError as exc:
         detail = exc.message.split("not a readable JSON file: ", 1)[-1]
         raise ModelError(f"{config_file} is not valid JSON: {detail}", hint="restore the file from the model's source") from None
@@ -274,7 +298,7 @@ def _check_tokenizer(path: Path) -> None:
     raise ModelError(f"{path} has no tokenizer: none of {', '.join(_TOKENIZER_FILES)} is there", hint=_FIX)
 
 
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+def _text_config(config: dict[str, JsonValue]) -> dict[str, JsonValue]:
     """The language-model part: multimodal configs nest it under ``text_config``."""
     text = config.get("text_config")
     if isinstance(text, dict) and "num_hidden_layers" not in config:
@@ -282,7 +306,7 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _as_int(value: Any) -> int | None:
+def _as_int(value: JsonValue) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -303,7 +327,7 @@ def _inspect(name: str, path: Path, *, embedded: bool, generated_s: float | None
         name=name,
         path=path,
         embedded=embedded,
-        architecture=str(architectures[0]) if architectures else "",
+        architecture=str(architectures[0]) if isinstance(architectures, (list, str)) and architectures else "",
         model_type=str(config.get("model_type", "")),
         head_dim=head_dim,
         num_layers=_as_int(text.get("num_hidden_layers")),

@@ -64,7 +64,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from adaptcheck.base.errors import UnknownNameError, did_you_mean
 
@@ -481,10 +481,32 @@ def _tokenizer_files(spec: SyntheticSpec) -> dict[str, str]:
 # --- config and weights --------------------------------------------------------------
 
 
-def _config_dict(spec: SyntheticSpec) -> dict[str, Any]:
-    """config.json as transformers' config class writes it (``to_diff_dict``)."""
+class _ReferenceKwargs(TypedDict, total=False):
+    """``from_pretrained`` keywords of the float64 reference."""
+
+    dtype: torch.dtype
+    experts_implementation: str
+
+
+class StopProbe(TypedDict):
+    """The stop-string probe stored in a synthetic model's metadata (``stop_probe``)."""
+
+    prompt: str
+    stop: str
+    max_tokens: int
+    stop_token_index: int
+    text_before_stop: str
+    greedy_text: str
+    greedy_token_ids: list[int]
+    min_logprob_gap: float
+
+
+def _config_dict(spec: SyntheticSpec) -> dict[str, object]:
+    """config.json as transformers' config class writes it (``to_diff_dict``), to be dumped as JSON."""
     import transformers
 
+    # Not typed against one transformers' signatures: rope_theta is a parameter of the 4.x config
+    # classes and a legacy keyword (folded into rope_parameters) of 5.x.
     common: dict[str, Any] = {
         "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_layers,
@@ -630,7 +652,7 @@ def load_reference(path: Path) -> Any:
     import transformers
     from transformers.utils import logging as hf_logging
 
-    kwargs: dict[str, Any] = {"dtype": torch.float64}
+    kwargs: _ReferenceKwargs = {"dtype": torch.float64}
     config = json.loads((Path(path) / "config.json").read_text())
     if any(k in config for k in ("num_local_experts", "num_experts", "n_routed_experts")):
         kwargs["experts_implementation"] = "eager"
@@ -695,7 +717,7 @@ def _swap_rows(tensors: dict[str, torch.Tensor], a: int, b: int) -> None:
         tensors[name] = w
 
 
-def _stop_probe(model: Any, tok: Any) -> dict[str, Any]:
+def _stop_probe(model: Any, tok: Any) -> StopProbe:
     """A stop string taken from the float64 greedy output of one of :data:`STOP_PROBE_PROMPTS`.
 
     It is the text of one generated token (stripped, printable, >= 2 characters) whose
@@ -704,7 +726,7 @@ def _stop_probe(model: Any, tok: Any) -> dict[str, Any]:
     then the largest smallest logprob gap up to it (bf16 runs reach it too), then the
     earliest.
     """
-    best: tuple[tuple[bool, float, int], dict[str, Any]] | None = None
+    best: tuple[tuple[bool, float, int], StopProbe] | None = None
     for prompt in STOP_PROBE_PROMPTS:
         greedy, gaps = greedy_reference(model, tok.encode(prompt).ids, STOP_PROBE_MAX_TOKENS)
         text = tok.decode(greedy, skip_special_tokens=True)

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
 Shape = tuple[int, ...]
 Row = dict[str, Any]
 
@@ -333,7 +335,7 @@ class WeightsAudit:
     path: Path
     rows: list[Row]
     seconds: float
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, JsonValue] = field(default_factory=dict)
     """Counts and sources for the report (model class, tensors expected/in the checkpoint …)."""
 
     @property
@@ -353,7 +355,7 @@ class WeightsAudit:
         tail = f"; {not_run[0]}" if not_run else ""
         return f"weights audit: {len(held)} of {len(self.rows)} sub-checks held{tail}"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, JsonValue]:
         """Plain JSON-able facts for ``details.weights_audit``."""
         return {"path": str(self.path), "refused": self.refused, "seconds": round(self.seconds, 4), **self.facts}
 
@@ -584,19 +586,21 @@ def audit_model_folder(path: Path, *, tokenizer: bool = True) -> WeightsAudit:
     start = time.perf_counter()
     path = Path(path)
     rows: list[Row] = []
-    facts: dict[str, Any] = {}
+    facts: dict[str, JsonValue] = {}
     embedding_rows: int | None = None
     embedding_source = ""
     try:
         ckpt = read_checkpoint(path)
-        facts.update(files=list(ckpt.files), checkpoint_tensors=len(ckpt.shapes))
+        facts["files"] = [f for f in ckpt.files]
+        facts["checkpoint_tensors"] = len(ckpt.shapes)
         expected = expected_model(path)
-        facts.update(model_class=expected.model_class, expected_tensors=len(expected.shapes))
+        facts["model_class"] = expected.model_class
+        facts["expected_tensors"] = len(expected.shapes)
         report = compare_keys(expected.shapes, ckpt.shapes, base_model_prefix=expected.base_model_prefix,
                               rename=expected.rename, fuse=expected.fuse, expand=expected.expand, tied=expected.tied,
                               ignore_missing=expected.ignore_missing, ignore_unexpected=expected.ignore_unexpected)
-        facts.update(missing=len(report.missing), unexpected=len(report.unexpected), mismatched=len(report.mismatched),
-                     tied=dict(report.tied))
+        facts.update(missing=len(report.missing), unexpected=len(report.unexpected), mismatched=len(report.mismatched))
+        facts["tied"] = {a: b for a, b in report.tied.items()}
         rows += key_rows(report, expected.shapes, ckpt.shapes, model_class=expected.model_class)
         emb = expected.embedding
         for name in (emb, report.tied.get(emb or "")):
