@@ -135,8 +135,10 @@ def read_text(path: Path, error: type[InvalidInputError], what: str = "file") ->
     return text
 
 
-def parse_yaml(text: str, filename: str, error: type[InvalidInputError]) -> tuple[dict[str, Any], yaml.Node]:
-    """Parse a YAML mapping; malformed text, a limit hit or duplicate keys raise ``error`` naming the line."""
+def parse_yaml(text: str, filename: str, error: type[InvalidInputError]) -> tuple[dict[str, object], yaml.Node]:
+    """Parse a YAML mapping; malformed text, a limit hit or duplicate keys raise ``error`` naming the line.
+
+    The mapping is the document as read (to be validated into a model by the caller)."""
     if len(text) > MAX_YAML_CHARS:
         raise error(f"{filename}: larger than {MAX_YAML_CHARS // (1024 * 1024)} Mi characters",
                     hint="adaptcheck data files are a few kB; check that this is the right file")
