@@ -24,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from adaptcheck.base import safejson
 
@@ -79,7 +80,7 @@ UNVERIFIED_REASONS: dict[Integrity, str] = {
 """The short reason an output marked unverified gives (HTML banner, JSON, JUnit, matrix)."""
 
 
-def canonical_bytes(content: dict[str, Any]) -> bytes:
+def canonical_bytes(content: Mapping[str, JsonValue]) -> bytes:
     """The bytes the digest is taken over: ``content`` without its digest field, canonically.
 
     ``ensure_ascii`` keeps the bytes independent of how the file encoded non-ASCII text (and
@@ -90,7 +91,7 @@ def canonical_bytes(content: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
-def compute_digest(content: dict[str, Any]) -> str:
+def compute_digest(content: Mapping[str, JsonValue]) -> str:
     """``"sha256:<hex>"`` over :func:`canonical_bytes` of ``content``."""
     return DIGEST_PREFIX + hashlib.sha256(canonical_bytes(content)).hexdigest()
 
@@ -99,10 +100,10 @@ class _DuplicateKey(ValueError):
     """Raised while parsing when an object repeats a key."""
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _no_duplicates(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
     # A repeated key is read as its *last* value here but as its first by some other
     # readers: adaptcheck never writes one, so a file that has one was edited.
-    out: dict[str, Any] = {}
+    out: dict[str, JsonValue] = {}
     for key, value in pairs:
         if key in out:
             raise _DuplicateKey(key)
@@ -110,7 +111,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"non-standard JSON constant {name}")
 
 

@@ -30,12 +30,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from pydantic import JsonValue
 
 from adaptcheck.base import safejson
 from adaptcheck.frameworks.modelfiles import ModelError, _weights_sha256
+
+if TYPE_CHECKING:
+    from adaptcheck.frameworks.synthetic import SyntheticMeta
 
 EMBEDDED_PREFIX = "embedded:"
 PRETRAINED_PREFIX = "pretrained:"
@@ -69,7 +72,7 @@ class ResolvedModel:
     """The dtype config.json declares (the stored weights' dtype, usually)."""
     generated_s: float | None
     """Seconds spent writing the embedded model now; None when it was cached or is a path."""
-    synthetic: dict[str, Any] | None
+    synthetic: SyntheticMeta | None
     """adaptcheck's metadata of a synthetic model (probes and all), else None."""
     weights_sha256: str
     """sha256 of the single weights file, or of the ``sha256sum``-style list of several."""
@@ -116,8 +119,10 @@ class ResolvedModel:
             facts["auto"] = self.auto_note
         if self.synthetic is not None:
             # The identity of the synthetic model; the probe details stay in its folder.
-            facts["synthetic"] = {k: self.synthetic.get(k) for k in
-                                  ("name", "seed", "generator_version", "spec_hash", "num_params", "eos_step")}
+            syn = self.synthetic
+            facts["synthetic"] = {"name": syn.get("name"), "seed": syn.get("seed"),
+                                  "generator_version": syn.get("generator_version"), "spec_hash": syn.get("spec_hash"),
+                                  "num_params": syn.get("num_params"), "eos_step": syn.get("eos_step")}
         return facts
 
 
@@ -311,7 +316,7 @@ def _as_int(value: JsonValue) -> int | None:
 
 
 def _inspect(name: str, path: Path, *, embedded: bool, generated_s: float | None,
-             synthetic_meta: dict[str, Any] | None) -> ResolvedModel:
+             synthetic_meta: SyntheticMeta | None) -> ResolvedModel:
     config = _read_config(path)
     weights = _weights_files(path)
     _check_tokenizer(path)

@@ -66,6 +66,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+
+# pydantic validates only typing_extensions' TypedDict before Python 3.12 (it is pydantic's own dependency).
+from typing_extensions import TypedDict as ValidatedTypedDict
+
 from adaptcheck.base.errors import UnknownNameError, did_you_mean
 
 if TYPE_CHECKING:  # torch/transformers are heavy; imported only when a model is written.
@@ -299,7 +304,37 @@ def is_complete(path: Path) -> bool:
     return (path / METADATA_FILE).is_file() and (path / "model.safetensors").is_file()
 
 
-def synthetic_info(path: Path) -> dict[str, Any] | None:
+@with_config(ConfigDict(extra="allow"))
+class SyntheticMeta(ValidatedTypedDict, total=False):
+    """A synthetic model folder's metadata (:data:`METADATA_FILE`, written by ``_write_model``)."""
+
+    created_by: str
+    generator_version: int
+    name: str
+    seed: int
+    spec_hash: str
+    description: str
+    architecture: str
+    model_type: str
+    head_dim: int
+    num_params: int
+    stored_dtype: str
+    reference: str
+    eos_token_id: int
+    eos_probe_prompt: str
+    """A prompt whose greedy answer ends in EOS after ``eos_step`` tokens."""
+    eos_step: int
+    eos_probe_token_ids: list[int]
+    eos_probe_min_logprob_gap: float
+    stop_probe: StopProbe
+
+
+@functools.cache
+def _meta_adapter() -> TypeAdapter[SyntheticMeta]:
+    return TypeAdapter(SyntheticMeta)  # built on first use: StopProbe is defined further down
+
+
+def synthetic_info(path: Path) -> SyntheticMeta | None:
     """adaptcheck's metadata of a synthetic model folder, or None for any other folder."""
     meta = Path(path) / METADATA_FILE
     if not meta.is_file():
@@ -310,7 +345,10 @@ def synthetic_info(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or data.get("created_by") != "adaptcheck":
         return None
-    return data
+    try:
+        return _meta_adapter().validate_python(data)
+    except ValidationError:
+        return None  # not the shape adaptcheck writes: not one of its synthetic models
 
 
 def ensure_model(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
@@ -488,7 +526,7 @@ class _ReferenceKwargs(TypedDict, total=False):
     experts_implementation: str
 
 
-class StopProbe(TypedDict):
+class StopProbe(ValidatedTypedDict):
     """The stop-string probe stored in a synthetic model's metadata (``stop_probe``)."""
 
     prompt: str
