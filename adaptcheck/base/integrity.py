@@ -1,22 +1,5 @@
-"""Tamper evidence for ``results.json``: a SHA-256 digest over the file's own content.
-
-:meth:`RunResults.save <adaptcheck.base.schemas.results.RunResults.save>` stores
-``digest = "sha256:<hex>"`` in the file; :func:`verify_file` (``adaptcheck verify``) says
-whether the content still matches it.
-
-The digest is computed over the *parsed JSON* of the file without its ``digest`` field,
-re-serialized canonically (keys sorted, compact separators, ASCII escapes, Python's
-shortest round-trip float text). So re-indenting the file or reordering its keys does not
-change it — the content is the same — while any change of a value (one metric, one status,
-one character of a message) does. Verification needs no pydantic model: a file written by
-a newer adaptcheck with fields this one does not know verifies all the same.
-
-What it proves, and what it does not: a mismatch shows the file was edited (by hand, by a
-script, or corrupted) after adaptcheck wrote it. A match is *not* a signature — the
-algorithm is public and anyone can recompute the digest after editing the file — so it
-guards against accidental and casual edits, not against someone set on forging a result.
-Keep the digest somewhere the file's editor cannot reach (a CI log, a ticket) to make it a
-commitment.
+"""Tamper evidence for ``results.json``: a SHA-256 digest over the file's own content, stored by
+``RunResults.save`` and checked by ``adaptcheck verify`` (docs/ci.md, "What the digest proves").
 """
 
 from __future__ import annotations

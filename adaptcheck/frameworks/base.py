@@ -1,11 +1,6 @@
-"""The framework adapter contract.
-
-An adapter loads a model on the device and answers greedy generation requests, one at a
-time or as a concurrent batch, with the token ids, the top-N logprobs at each position
-when the framework can give them, the finish reason and the usage counts. The checks of
-step 4 and the load generator of step 5 speak only this interface, so vLLM, transformers
-and any OpenAI-compatible endpoint are interchangeable; a framework that is not installed
-says why through :meth:`Framework.probe` instead of raising.
+"""The framework adapter contract: loading a model, greedy generation, teacher-forced scoring and
+the facts an adapter reports, as every step-4 check and the step-5 load generator speak them
+(docs/frameworks.md, "The adapter contract").
 """
 
 from __future__ import annotations

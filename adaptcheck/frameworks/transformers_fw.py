@@ -1,13 +1,5 @@
-"""Hugging Face transformers, in process, on the selected device: the always-available framework.
-
-Greedy decoding through ``model.generate`` with the raw logits of every step, so each
-generated position carries its top-N logprobs (for the comparison against the CPU
-reference). A list of requests is generated as one left-padded batch, which is how
-transformers batches: comparing a prompt alone with the same prompt inside that batch
-exercises padding masks and position ids, the classic source of batch-dependent answers.
-
-The CPU reference of step 4 is this same adapter at float64 on the CPU (see
-``adaptcheck.steps.frameworks.reference``): one code path, two precisions.
+"""Hugging Face transformers, in process, on the selected device: the always-available framework,
+and at float64 on the CPU the reference of step 4 (docs/frameworks.md, "transformers").
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""vLLM's offline ``LLM`` API, in process, on the platform vLLM resolves on this machine.
-
-vLLM picks its platform itself (built-in CUDA/ROCm/XPU/TPU/CPU detectors plus
-``vllm.platform_plugins`` from vendors such as vllm-ascend); :func:`platform_report` says
-which plugins were found, which answered, which won and which failed to load, because on
-a new accelerator "vLLM silently ran on the wrong platform" is the first thing to rule out.
-
-The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the user set
-it): adaptcheck's runner already isolates each check in a worker whose whole process
-group it kills on a hang, and an in-process engine leaves no spawned engine-core process
-to orphan. A list of requests goes to one ``LLM.generate`` call, which vLLM's scheduler
-batches continuously — the batch under test.
+"""vLLM's offline ``LLM`` API, in process, on the platform vLLM resolves on this machine, with
+which plugins it found and which won (docs/frameworks.md, "vLLM in process").
 """
 
 from __future__ import annotations

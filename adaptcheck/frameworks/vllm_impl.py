@@ -1,18 +1,5 @@
-"""Which implementation each layer type of a vLLM model really runs, found inside the worker.
-
-vLLM's ``CustomOp`` layers (RMSNorm, SiluAndMul, RotaryEmbedding …) pick one method at
-construction (``_forward_method``): ``forward_native`` (torch ops) when the op is disabled
-by the compilation config, else the platform's ``forward_cpu``/``forward_cuda``/
-``forward_oot`` …, which may call a custom ``_C`` kernel or fall back to torch ops (on
-x86, ``SiluAndMul.forward_cpu`` runs ``forward_native``; ``RotaryEmbedding.forward_cpu``
-runs ``_C::rotary_embedding``). The method name alone therefore does not say what ran, so
-when the model runs eagerly one short request is traced: every op the dispatcher sees
-inside each layer is recorded (``aten::…`` for torch's own kernels, ``_C::…`` and other
-namespaces for custom kernels). A compiled model is not traced (a Python dispatch mode
-inside a graph vLLM compiles lazily could change that graph): only the method is reported.
-
-The functions handed to ``LLM.apply_model`` are module-level, so they pickle to engine
-workers in other processes as well as running in this one; they return plain dicts.
+"""Which implementation each layer type of a vLLM model really runs, found inside the worker
+(docs/frameworks.md, "Which kernels vLLM ran").
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""Load a ladder from YAML and validate it strictly, with file:line in every error.
-
-Parsing, duplicate-key rejection and line mapping come from :mod:`adaptcheck.base.yamldata`;
-this module adds what only a ladder has: check kinds, their params and step, grade
-conditions that must select real checks, shared grade rules (``grade: {include: FILE}``)
-and ladders that extend another (``extends:``, merged by :mod:`adaptcheck.ladder.extends`).
-
-Every consumer gets a ladder through :func:`load_ladder`, which resolves all of that into
-one :class:`LoadedLadder`: its ``text`` is what a run folder stores as ``ladder.yaml``, a
-ladder that needs no other file, so a resume or a later comparison never reads a parent
-or an included file again (they may have changed since).
+"""Load a ladder from YAML (include, extends) and validate it strictly, with file:line in every
+error, into the one resolved form every consumer reads (docs/ladders.md, "How a ladder is loaded").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The async client of one OpenAI-compatible endpoint (httpx): listing models, readiness,
-completions and chat completions (streamed or not), scoring, ``/metrics``. Server quirks it
-handles are listed in :mod:`adaptcheck.openai_client`.
+completions and chat completions (streamed or not), scoring, ``/metrics``. The server quirks it
+handles are listed in docs/endpoints.md ("The OpenAI client").
 """
 
 from __future__ import annotations

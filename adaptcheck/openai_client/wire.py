@@ -1,11 +1,7 @@
-"""The shapes of what OpenAI-compatible servers answer, as the client reads them.
-
-One completion or chat answer, or one event of its stream, is validated into
-:class:`CompletionChunk` before it is folded into a
-:class:`~adaptcheck.openai_client.records.CompletionResult`. The models are as lenient as
-servers are varied (vLLM, SGLang, ``transformers serve``, llama.cpp): what a server leaves
-out or sends in another shape is absent here, never an error, so that an answer is read
-exactly as far as it is readable. See ``docs/endpoints.md`` for the quirks.
+"""The shapes of what OpenAI-compatible servers answer, as the client reads them: an answer or a
+stream event is validated into :class:`CompletionChunk` (as lenient as servers are varied: what a
+server leaves out or sends in another shape is absent, never an error) before it is folded into a
+``CompletionResult`` (docs/endpoints.md, "How answers are read").
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
-"""What a results file certified: the model (name, source, digest, architecture, dtype) and the
-frameworks step 4 exercised, with their versions — the *certificate subject*.
-
-One typed view, derived from ``results.json`` alone, that every output naming the subject
-reads: the report's first screen (:mod:`adaptcheck.report.view`), ``adaptcheck grade
---format json`` and the JUnit grade suite (:mod:`adaptcheck.report.junit`). Nothing here is
-stored: the facts are the ones the run already recorded —
-
-* the model as step 4 loaded it: every step-4 check records ``details.model``
-  (``ResolvedModel.describe()``: name, path, source, architecture, layers, weights sha256, and
-  for a pretrained model its ``origin``: upstream, license, the distribution it came from);
-* the served dtype and the quantization from the ladder's ``model`` (``results.model``);
-* each framework a step-4 check loaded, from ``details.framework`` (its describe(): the
-  version of transformers / vLLM); a launched server does not report its version, so the
-  package version step 1 captured for the same interpreter (``environment.packages``) is used.
-
-Older files, or runs whose step 4 did not load a model, still give a subject: ``known`` is
-False and the model reads ``model: unknown``, with the name the ladder asked for beside it.
+"""What a results file certified, derived from ``results.json`` alone: the model and the frameworks
+step 4 exercised, with their versions — the *certificate subject* (docs/ci.md, "The certificate subject").
 """
 
 from __future__ import annotations
