@@ -84,7 +84,6 @@ class PlatformReport(BaseModel):
     general_plugins: list[PlatformPlugin] = Field(description="vllm.general_plugins entry points.")
 
 
-
 def platform_report() -> PlatformReport:
     """Which platform vLLM resolves here and how: every plugin found, its answer or failure.
 

@@ -65,3 +65,20 @@ def test_an_embedded_model_names_its_synthetic_identity() -> None:
     syn = facts["synthetic"]
     assert list(syn) == ["name", "seed", "generator_version", "spec_hash", "num_params", "eos_step"]
     assert syn["name"] == "tiny-llama" and syn["seed"] == 0
+
+
+def test_synthetic_metadata_is_read_typed_with_unknown_keys_kept(tmp_path: Path) -> None:
+    import json
+
+    from adaptcheck.frameworks.synthetic import METADATA_FILE, synthetic_info
+
+    meta = {"created_by": "adaptcheck", "name": "tiny-llama", "seed": 3, "num_params": 10, "later_key": [1, 2],
+            "stop_probe": {"prompt": "p", "stop": "st", "max_tokens": 8, "stop_token_index": 2,
+                           "text_before_stop": "a", "greedy_text": "ast", "greedy_token_ids": [4, 5],
+                           "min_logprob_gap": 0.5}}
+    (tmp_path / METADATA_FILE).write_text(json.dumps(meta))
+    assert synthetic_info(tmp_path) == meta
+    (tmp_path / METADATA_FILE).write_text(json.dumps({**meta, "seed": "three"}))
+    assert synthetic_info(tmp_path) is None  # not the shape adaptcheck writes
+    (tmp_path / METADATA_FILE).write_text(json.dumps({**meta, "created_by": "someone"}))
+    assert synthetic_info(tmp_path) is None
