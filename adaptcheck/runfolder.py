@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,8 +65,10 @@ class RunMeta(BaseModel):
 
 
 def planned_checks(spec: LadderSpec) -> list[PlannedCheck]:
-    return [PlannedCheck(id=c.id, step=c.step, kind=c.kind, description=c.description, tags=c.tags,
-                         timeout_s=spec.timeout_for(c)) for c in spec.checks]
+    from adaptcheck.ladder.registry import kind_label
+
+    return [PlannedCheck(id=c.id, step=c.step, kind=c.kind, kind_label=kind_label(c.kind), description=c.description,
+                         tags=c.tags, timeout_s=spec.timeout_for(c)) for c in spec.checks]
 
 
 def hf_quantization(folder: Path) -> Quantization | None:
@@ -98,7 +99,7 @@ def hf_quantization(folder: Path) -> Quantization | None:
     return "other"
 
 
-def _w8a8_kind(group: Any) -> str | None:
+def _w8a8_kind(group: object) -> str | None:
     if not isinstance(group, dict):
         return None
     w, a = group.get("weights") or {}, group.get("input_activations") or {}
@@ -114,7 +115,7 @@ def with_run_model(spec: LadderSpec, meta: RunMeta) -> LadderSpec:
     quantization a local model folder declares."""
     if meta.model is None:
         return spec
-    update: dict[str, Any] = {"name": meta.model}
+    update: dict[str, str] = {"name": meta.model}
     # A named model (embedded:, pretrained:, auto) or a converted .gguf is unquantized (bf16).
     declared = None if is_named_model(meta.model) else hf_quantization(Path(meta.model))
     if declared is not None:

@@ -14,7 +14,6 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import get_backend, select_backend
@@ -31,6 +30,7 @@ from adaptcheck.base.schemas.results import (
     utcnow,
 )
 from adaptcheck.ladder.loader import load_ladder, parse_ladder
+from adaptcheck.ladder.protocol import ProgressReport, WorkerInit
 from adaptcheck.ladder.runner import JournalWriter, PlannedRun, execute
 from adaptcheck.runfolder import (
     BASELINE,
@@ -79,8 +79,8 @@ class Progress:
     def header(self, header: RunHeader) -> None:
         """What is about to run, on what, where it goes and how long it should take: once, first."""
 
-    def progress(self, spec: CheckSpec, report: dict[str, Any]) -> None:
-        """A running check's progress: {'done', 'total', 'unit', 'note'} (CheckContext.progress)."""
+    def progress(self, spec: CheckSpec, report: ProgressReport) -> None:
+        """A running check's progress (CheckContext.progress)."""
 
 
 @dataclass(frozen=True)
@@ -389,7 +389,7 @@ def _run_locked(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend
             progress.finished(c, done[c.id])
         else:
             todo.append(PlannedRun(c, spec.timeout_for(c)))
-    init = {"backend": backend.name, "device_index": meta.device_index, "seed": meta.seed,
+    init: WorkerInit = {"backend": backend.name, "device_index": meta.device_index, "seed": meta.seed,
             "run_dir": str(run_dir), "model": spec.model.model_dump(mode="json"),
             "device_count": meta.device.device_count, "op_provider": meta.op_provider,
             "endpoint": {"url": meta.endpoint, "model": meta.endpoint_model, "reference": meta.model is not None}

@@ -38,11 +38,11 @@ def ladder_rules() -> list[tuple[str, SequentialRule, float]]:
     """Each shipped ladder's perf.soak rule, with its sample interval."""
     out = []
     for name in ("quick", "standard"):
-        data = load_ladder(name).data  # resolved: quick extends standard
-        for check in data.get("checks", []):
-            if check.get("kind") != "perf.soak":
+        spec = load_ladder(name).spec  # resolved: quick extends standard
+        for check in spec.checks:
+            if check.kind != "perf.soak":
                 continue
-            p = check.get("params") or {}
+            p = check.params
             first = float(p.get("duration_s", 300.0))
             last = float(p.get("max_duration_s") or first)
             looks = int(p.get("looks", 4)) if last > first else 1

@@ -95,9 +95,9 @@ def ladder_rules() -> list[tuple[str, Rule]]:
     """The strictest serving rule of each shipped ladder (smallest max_cv, then fewest runs)."""
     rules: list[tuple[str, Rule]] = []
     for name in ("quick", "standard"):
-        data = load_ladder(name).data  # resolved: quick extends standard
+        spec = load_ladder(name).spec  # resolved: quick extends standard
         found = {(p["max_cv"], p.get("min_runs", 3), p.get("max_runs", 6), p.get("confidence", 0.95))
-                 for c in data["checks"] if c.get("kind") == "perf.serving" for p in [c.get("params") or {}]}
+                 for c in spec.checks if c.kind == "perf.serving" for p in [c.params]}
         for cv, lo, hi, conf in sorted(found):
             rules.append((f"{name} {cv:g} {lo}..{hi}", Rule(max_cv=cv, min_runs=lo, max_runs=hi, confidence=conf)))
     return rules

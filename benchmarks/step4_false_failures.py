@@ -80,9 +80,9 @@ def model_spec(model: str) -> tuple[str, str]:
 def ladder_sizes(name: str) -> dict[str, dict[str, Any]]:
     """The step-4 sizes a shipped ladder gives its transformers checks, by kind (``framework.reference``
     → its params without ``framework``)."""
-    spec = load_ladder(name).data  # resolved: quick extends standard
-    return {c["kind"]: {k: v for k, v in (c.get("params") or {}).items() if k != "framework"}
-            for c in spec["checks"] if c["step"] == 4 and (c.get("params") or {}).get("framework") == "transformers"}
+    spec = load_ladder(name).spec  # resolved: quick extends standard
+    return {c.kind: {k: v for k, v in c.params.items() if k != "framework"}
+            for c in spec.checks if c.step == 4 and c.params.get("framework") == "transformers"}
 
 
 def ladder(frameworks: Iterable[str], dtypes: Iterable[str], models: Iterable[str], kinds: Iterable[str],

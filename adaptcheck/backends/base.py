@@ -1,14 +1,8 @@
-"""The Backend contract, in the spirit of vLLM's ``Platform``.
+"""The Backend contract, in the spirit of vLLM's ``Platform``: declarations, probes that never
+raise, and :func:`run_tool` for vendor tools whose output pure ``parse_*`` functions turn into
+:class:`~adaptcheck.base.schemas.environment.DeviceInfo`.
 
-A backend *declares* what it is through class attributes (torch device type, torch module,
-device extension, collective library, SMI tool, dtypes, fp8 flavour, streams) and answers
-probes. Probes never raise: they return :class:`ProbeResult` with the reason a backend is
-not available. The rest of adaptcheck asks a backend what it can do, never which vendor
-it is.
-
-Vendor tools are run through :func:`run_tool`, which also never raises; their output is
-turned into :class:`~adaptcheck.base.schemas.environment.DeviceInfo` by pure ``parse_*``
-functions so that each parser is tested against recorded real output.
+The contract, member by member: docs/backends.md (generated from this module).
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import subprocess
 import sys
 import time
 from abc import ABC
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -380,4 +374,3 @@ class BackendInfo:
     source: str
     cls: type[Backend] | None = None
     load_error: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,18 +1,8 @@
-"""The NVIDIA CUDA backend: detection on the CUDA torch build, and ``nvidia-smi -q -x`` parsing.
+"""The NVIDIA CUDA backend: what an NVIDIA machine offers, whether the installed torch is a
+genuine NVIDIA CUDA build, ``nvidia-smi -q -x`` parsing and the runtime versions; also the
+helpers every ``torch.cuda``-based backend shares (build identification, the API probe).
 
-Responsibilities:
-
-* declare what an NVIDIA machine offers (torch ``cuda`` device, NCCL, OCP fp8 e4m3fn, …);
-* decide — without initialising a device where it can be avoided — whether the installed
-  torch is a genuine NVIDIA CUDA build. ROCm, Hygon DTK and MetaX MACA builds all answer on
-  the same ``torch.cuda`` API, so the probe looks at what the build *is*, not only whether
-  ``torch.cuda.is_available()``;
-* turn the XML that ``nvidia-smi -q -x`` prints into :class:`DeviceInfo` rows (a pure
-  function, tested against recorded output in ``tests/recordings/nvidia-smi``);
-* report runtime versions (CUDA of the torch build, cuDNN, NCCL, driver and the driver's CUDA).
-
-Helpers used by the other ``torch.cuda``-based backends (ROCm, Hygon, MetaX) live here too,
-so that the build-identification rules are written once.
+How the builds are told apart: docs/backends.md (Built-in backends).
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from adaptcheck.backends.base import Backend, ProbeResult, run_tool
 from adaptcheck.base.schemas.environment import DeviceInfo
@@ -184,8 +174,19 @@ def _find_int(elem: ET.Element | None, path: str) -> int | None:
     return int(value) if value is not None else None
 
 
-def _mig_devices(gpu: ET.Element) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+class MigDevice(TypedDict):
+    """One MIG slice of a GPU as ``nvidia-smi -q -x`` lists it (None where it reports N/A)."""
+
+    index: int | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    multiprocessor_count: int | None
+    memory_total_mib: float | None
+    memory_used_mib: float | None
+
+
+def _mig_devices(gpu: ET.Element) -> list[MigDevice]:
+    rows: list[MigDevice] = []
     for mig in gpu.findall("mig_devices/mig_device"):
         rows.append({
             "index": _find_int(mig, "index"),
@@ -238,7 +239,7 @@ def parse_nvidia_smi_xml(text: str) -> list[DeviceInfo]:
     cuda_version = _find_text(root, "cuda_version")
     rows: list[DeviceInfo] = []
     for position, gpu in enumerate(root.findall("gpu")):
-        extra: dict[str, Any] = {
+        extra: dict[str, str | float | list[MigDevice] | None] = {
             "architecture": _find_text(gpu, "product_architecture"),
             "brand": _find_text(gpu, "product_brand"),
             "serial": _find_text(gpu, "serial"),
@@ -359,7 +360,7 @@ class CudaBackend(Backend):
         versions["cuda_driver"] = header.get("cuda_version")
         return versions
 
-    def _smi_header(self, parse: Callable[[str], Mapping[str, Any]]) -> dict[str, Any]:
+    def _smi_header(self, parse: Callable[[str], Mapping[str, str | None]]) -> dict[str, str | None]:
         """``smi_command``'s output read by PARSE; empty when the tool fails or PARSE raises.
 
         The header facts (driver, runtime release) feed ``runtime_versions()``, which is best

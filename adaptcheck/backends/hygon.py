@@ -1,19 +1,7 @@
-"""The Hygon DCU backend: HIP torch builds from Hygon's DTK, and ``hy-smi`` parsing.
+"""The Hygon DCU backend: HIP torch builds from Hygon's DTK told apart from AMD ROCm builds
+(it supersedes the ROCm backend), ``hy-smi`` parsing, and the HIP, DTK, RCCL and driver versions.
 
-Responsibilities:
-
-* declare what a Hygon DCU machine offers. DTK is a ROCm derivative: its torch builds (the
-  "DAS" wheels, e.g. ``2.4.1+das.opt1.dtk25041``) are HIP builds that expose DCUs as
-  ``torch.cuda`` and serve the ``nccl`` backend name with RCCL;
-* tell a DTK build from an AMD ROCm build. Both set ``torch.version.hip``; only evidence of a
-  DTK install separates them (a dtk/das tag in the torch version, ``/opt/dtk*``,
-  ``/opt/hyhal``, ``ROCM_PATH`` inside a dtk tree, ``hy-smi`` on PATH, the ``vllm_hcu`` vLLM
-  plugin). This backend therefore refines the ROCm one and ``supersedes`` it;
-* parse ``hy-smi`` output: the default status table (``HCU  Temp  AvgPwr … VRAM%  HCU% …``)
-  and the rocm-smi-style ``HCU[i] : key: value`` lines of ``--showproductname``,
-  ``--showmeminfo vram`` etc. The parser is pure and tested on recordings in
-  ``tests/recordings/hy-smi``;
-* report HIP, DTK, RCCL and driver versions.
+The evidence that separates the builds: docs/backends.md (Built-in backends).
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""The MetaX backend: MACA torch builds on MetaX GPUs (曦云 C500/C550/N260 …), and ``mx-smi`` parsing.
+"""The MetaX backend: MACA torch builds on MetaX GPUs told apart from NVIDIA builds (it
+supersedes the CUDA backend), ``mx-smi`` parsing, and the MACA, MCCL and driver versions.
 
-Responsibilities:
-
-* declare what a MetaX machine offers. MACA presents the CUDA API surface: MetaX's torch
-  wheels (local version ``+metax<MACA release>``, e.g. ``2.8.0+metax3.3.0.2``) expose the
-  GPUs as ``torch.cuda`` / device type ``cuda``, report ``torch.version.cuda``, and serve the
-  ``nccl`` backend name with MCCL;
-* tell a MACA build from an NVIDIA build. Both answer on ``torch.cuda``; the ``+metax``/``maca``
-  tag of the torch version, or a MACA install (``MACA_PATH``, ``/opt/maca``) next to a CUDA-API
-  torch, is the evidence. ``mx-smi`` on PATH alone is not: MOFFETT's SOLA toolkit ships a
-  tool of the same name. This backend refines the CUDA one and ``supersedes`` it;
-* parse the default ``mx-smi`` report (header with driver/MACA/BIOS versions and a two-line
-  block per GPU) — a pure function tested on recordings in ``tests/recordings/mx-smi``;
-* report MACA, MCCL and driver versions.
+The evidence that separates the builds: docs/backends.md (Built-in backends).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from adaptcheck.backends.base import Backend, module_version
 from adaptcheck.base.schemas.environment import DeviceInfo
@@ -25,6 +26,23 @@ _MEMORY = re.compile(r"(\d+)MiB\((\d+)MiB\)")
 _TEMP = re.compile(r"^(\d+(?:\.\d+)?)C\b")
 
 
+@dataclass
+class _GmiBlock:
+    """The three table lines of one GPU, split into cells (filled line by line)."""
+
+    index: int
+    name: str
+    bus_id: str
+    usage: list[str]
+    """'%GPU used(total)MiB' split on blanks."""
+    type: list[str] = field(default_factory=list)
+    """Device type and, from gmi 2.x, the performance state."""
+    lanes: str = ""
+    temp_mpc: list[str] = field(default_factory=list)
+    """Temperature and MPC capability."""
+    ecc: str = ""
+
+
 def parse_mthreads_gmi_table(text: str) -> list[DeviceInfo]:
     """Parse the ``mthreads-gmi`` overview table into one DeviceInfo per GPU.
 
@@ -35,8 +53,8 @@ def parse_mthreads_gmi_table(text: str) -> list[DeviceInfo]:
     no power or UUID; those need ``mthreads-gmi -q``.
     """
     tool_version = driver = None
-    devices: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
+    devices: list[_GmiBlock] = []
+    current: _GmiBlock | None = None
     line_in_block = 0
     for line in text.splitlines():
         if line.strip().startswith("Processes:"):
@@ -50,26 +68,26 @@ def parse_mthreads_gmi_table(text: str) -> list[DeviceInfo]:
         cells = [c.strip() for c in line.split("|")]
         head = cells[0].split()
         if len(cells) >= 3 and head and head[0].isdigit() and len(head) > 1 and _BUS_ID.match(cells[1]):
-            current = {"index": int(head[0]), "name": " ".join(head[1:]), "bus_id": cells[1],
-                       "usage": cells[2].split()}
+            current = _GmiBlock(index=int(head[0]), name=" ".join(head[1:]), bus_id=cells[1],
+                                usage=cells[2].split())
             devices.append(current)
             line_in_block = 1
             continue
         if current is None:
             continue
         if line_in_block == 1 and len(cells) >= 3:
-            current["type"] = cells[0].split()
-            current["lanes"] = cells[1]
-            current["temp_mpc"] = cells[2].split()
+            current.type = cells[0].split()
+            current.lanes = cells[1]
+            current.temp_mpc = cells[2].split()
             line_in_block = 2
         elif line_in_block == 2 and len(cells) >= 2 and not cells[0]:
-            current["ecc"] = cells[1]
+            current.ecc = cells[1]
             line_in_block = 3
     return [_musa_device(d, driver, tool_version) for d in devices]
 
 
-def _musa_device(raw: dict[str, Any], driver: str | None, tool_version: str | None) -> DeviceInfo:
-    usage = raw.get("usage", [])
+def _musa_device(raw: _GmiBlock, driver: str | None, tool_version: str | None) -> DeviceInfo:
+    usage = raw.usage
     util = None
     if usage and usage[0].endswith("%"):
         try:
@@ -77,30 +95,30 @@ def _musa_device(raw: dict[str, Any], driver: str | None, tool_version: str | No
         except ValueError:
             util = None
     mem = _MEMORY.search(" ".join(usage))
-    extra: dict[str, Any] = {}
+    extra: dict[str, str] = {}
     if tool_version:
         extra["mthreads_gmi_version"] = tool_version
-    kind = raw.get("type") or []
+    kind = raw.type
     if kind:
         extra["device_type"] = kind[0]
     if len(kind) > 1:
         extra["perf_state"] = kind[1]
-    if raw.get("lanes"):
-        extra["pcie_lane_width"] = raw["lanes"]
-    temp_mpc = raw.get("temp_mpc") or []
+    if raw.lanes:
+        extra["pcie_lane_width"] = raw.lanes
+    temp_mpc = raw.temp_mpc
     temperature = None
     if temp_mpc:
         match = _TEMP.match(temp_mpc[0])
         temperature = float(match.group(1)) if match else None
     if len(temp_mpc) > 1:
         extra["mpc_capable"] = temp_mpc[1]
-    if raw.get("ecc"):
-        extra["ecc_mode"] = raw["ecc"]
+    if raw.ecc:
+        extra["ecc_mode"] = raw.ecc
     return DeviceInfo(
-        index=raw["index"], name=raw["name"], vendor="Moore Threads",
+        index=raw.index, name=raw.name, vendor="Moore Threads",
         memory_total_mib=float(mem.group(2)) if mem else None,
         memory_used_mib=float(mem.group(1)) if mem else None,
-        driver_version=driver, bus_id=raw["bus_id"], temperature_c=temperature,
+        driver_version=driver, bus_id=raw.bus_id, temperature_c=temperature,
         utilization_pct=util, extra=extra,
     )
 

@@ -1,24 +1,14 @@
-"""The AMD ROCm backend: detection on the HIP build of torch, and amd-smi / rocm-smi parsing.
+"""The AMD ROCm backend: what an AMD machine offers, detection on the HIP build of torch,
+amd-smi (both layouts) / rocm-smi parsing, and the HIP, ROCm and RCCL versions.
 
-Responsibilities:
-
-* declare what an AMD Instinct/Radeon machine offers. ROCm torch builds expose HIP devices as
-  ``torch.cuda`` with device type ``cuda`` and map the ``nccl`` distributed backend onto RCCL;
-* decide whether the installed torch is a ROCm/HIP build (``torch.version.hip``) and a device
-  is usable. Hygon DCU builds are HIP builds too; the Hygon backend refines this one and
-  supersedes it when both are available;
-* parse ``amd-smi static --json`` (inventory) and ``amd-smi metric --json`` (live usage),
-  both the pre-26 list layout and the ``{"gpu_data": [...]}`` layout of amd-smi ≥ 26, with a
-  fallback to ``rocm-smi --showproductname --showuse --showmeminfo vram --json`` on hosts
-  that only have the older tool. All parsers are pure and tested on recordings in
-  ``tests/recordings/amd-smi`` and ``tests/recordings/rocm-smi``;
-* report HIP, ROCm and RCCL versions.
+Details: docs/backends.md (Built-in backends).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -62,7 +52,7 @@ def fp8_flavour_for_arch(gfx_arch: str | None) -> str | None:
 # --------------------------------------------------------------------------------------------
 # amd-smi / rocm-smi parsing
 # --------------------------------------------------------------------------------------------
-def _amd_gpu_list(text: str) -> list[dict[str, Any]]:
+def _amd_gpu_list(text: str) -> list[dict[str, object]]:
     """The per-GPU objects of an amd-smi JSON document, in either of its two layouts."""
     data = json.loads(text)
     if isinstance(data, dict):
@@ -182,7 +172,7 @@ def merge_metric(devices: list[DeviceInfo], metric: dict[int, dict[str, float]])
     return merged
 
 
-def _first_key(card: dict[str, Any], *names: str) -> Any:
+def _first_key(card: Mapping[str, object], *names: str) -> Any:
     lowered = {k.lower(): v for k, v in card.items()}
     for name in names:
         if name.lower() in lowered:

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -63,7 +64,7 @@ def _mib_from_text(value: Any) -> float | None:
     return number * 1024 if match.group(2) == "GiB" else number
 
 
-def _device_from_record(record: dict[str, Any], position: int) -> DeviceInfo | None:
+def _device_from_record(record: Mapping[str, object], position: int) -> DeviceInfo | None:
     """One DeviceInfo from a discovery record (list entry or ``-d N`` detail); None for VFs."""
     if str(record.get("device_function_type", "physical")).lower() == "virtual":
         return None  # SR-IOV virtual functions duplicate the physical card's memory
@@ -78,7 +79,7 @@ def _device_from_record(record: dict[str, Any], position: int) -> DeviceInfo | N
         "pcie_generation", "pcie_max_link_width", "device_function_type") if _known(record.get(key))}
     index = record.get("device_id", position)
     return DeviceInfo(
-        index=int(index) if str(index).strip().isdigit() else position,
+        index=int(str(index).strip()) if str(index).strip().isdigit() else position,
         name=_known(record.get("device_name")) or "Intel GPU",
         vendor="Intel",
         memory_total_mib=total, memory_used_mib=used,
@@ -90,9 +91,9 @@ def _device_from_record(record: dict[str, Any], position: int) -> DeviceInfo | N
     )
 
 
-def _records_from_table(text: str) -> list[dict[str, Any]]:
+def _records_from_table(text: str) -> list[dict[str, object]]:
     """``| 0 | Device Name: … |`` tables of ``xpu-smi discovery [-d N]`` as JSON-like records."""
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, object]] = []
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped.startswith("|"):

@@ -1,22 +1,5 @@
-"""Tamper evidence for ``results.json``: a SHA-256 digest over the file's own content.
-
-:meth:`RunResults.save <adaptcheck.base.schemas.results.RunResults.save>` stores
-``digest = "sha256:<hex>"`` in the file; :func:`verify_file` (``adaptcheck verify``) says
-whether the content still matches it.
-
-The digest is computed over the *parsed JSON* of the file without its ``digest`` field,
-re-serialized canonically (keys sorted, compact separators, ASCII escapes, Python's
-shortest round-trip float text). So re-indenting the file or reordering its keys does not
-change it — the content is the same — while any change of a value (one metric, one status,
-one character of a message) does. Verification needs no pydantic model: a file written by
-a newer adaptcheck with fields this one does not know verifies all the same.
-
-What it proves, and what it does not: a mismatch shows the file was edited (by hand, by a
-script, or corrupted) after adaptcheck wrote it. A match is *not* a signature — the
-algorithm is public and anyone can recompute the digest after editing the file — so it
-guards against accidental and casual edits, not against someone set on forging a result.
-Keep the digest somewhere the file's editor cannot reach (a CI log, a ticket) to make it a
-commitment.
+"""Tamper evidence for ``results.json``: a SHA-256 digest over the file's own content, stored by
+``RunResults.save`` and checked by ``adaptcheck verify`` (docs/ci.md, "What the digest proves").
 """
 
 from __future__ import annotations
@@ -24,11 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from adaptcheck.base import safejson
 
@@ -79,7 +63,7 @@ UNVERIFIED_REASONS: dict[Integrity, str] = {
 """The short reason an output marked unverified gives (HTML banner, JSON, JUnit, matrix)."""
 
 
-def canonical_bytes(content: dict[str, Any]) -> bytes:
+def canonical_bytes(content: Mapping[str, JsonValue]) -> bytes:
     """The bytes the digest is taken over: ``content`` without its digest field, canonically.
 
     ``ensure_ascii`` keeps the bytes independent of how the file encoded non-ASCII text (and
@@ -90,7 +74,7 @@ def canonical_bytes(content: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
-def compute_digest(content: dict[str, Any]) -> str:
+def compute_digest(content: Mapping[str, JsonValue]) -> str:
     """``"sha256:<hex>"`` over :func:`canonical_bytes` of ``content``."""
     return DIGEST_PREFIX + hashlib.sha256(canonical_bytes(content)).hexdigest()
 
@@ -99,10 +83,10 @@ class _DuplicateKey(ValueError):
     """Raised while parsing when an object repeats a key."""
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _no_duplicates(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
     # A repeated key is read as its *last* value here but as its first by some other
     # readers: adaptcheck never writes one, so a file that has one was edited.
-    out: dict[str, Any] = {}
+    out: dict[str, JsonValue] = {}
     for key, value in pairs:
         if key in out:
             raise _DuplicateKey(key)
@@ -110,7 +94,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"non-standard JSON constant {name}")
 
 

@@ -1,20 +1,5 @@
-"""Strict, bounded YAML data files: safe loading plus ``file:line`` in every error.
-
-Ladders and the compatibility matrices are data that users edit by hand, so a problem must
-point at the line. The text is composed once into a node tree with a bounded ``SafeLoader``
-and constructed from it; the tree is kept to map a validation error's location to a line
-and to reject duplicate keys (which a plain load would silently resolve to the last one,
-hiding a typo).
-
-Limits, so that a hostile or broken file is a one-line error (exit 3), never a stall or a
-crash:
-
-* size: at most :data:`MAX_YAML_CHARS` (4 Mi characters; the largest shipped ladder is 42 kB);
-* nesting: at most :data:`MAX_YAML_DEPTH` (64) levels, checked while composing, before the
-  recursive composer could exhaust the stack (shipped files nest 7 levels);
-* aliases (``*name``) are refused outright: no shipped ladder or matrix uses anchors, and an
-  alias "bomb" of a few hundred bytes otherwise expands to billions of nodes;
-* integers: at most :data:`MAX_INT_DIGITS` (1,000) digits.
+"""Strict, bounded YAML data files (ladders, matrices): safe loading, duplicate keys refused and
+``file:line`` in every error (docs/ladders.md, "YAML data files").
 """
 
 from __future__ import annotations
@@ -135,8 +120,10 @@ def read_text(path: Path, error: type[InvalidInputError], what: str = "file") ->
     return text
 
 
-def parse_yaml(text: str, filename: str, error: type[InvalidInputError]) -> tuple[dict[str, Any], yaml.Node]:
-    """Parse a YAML mapping; malformed text, a limit hit or duplicate keys raise ``error`` naming the line."""
+def parse_yaml(text: str, filename: str, error: type[InvalidInputError]) -> tuple[dict[str, object], yaml.Node]:
+    """Parse a YAML mapping; malformed text, a limit hit or duplicate keys raise ``error`` naming the line.
+
+    The mapping is the document as read (to be validated into a model by the caller)."""
     if len(text) > MAX_YAML_CHARS:
         raise error(f"{filename}: larger than {MAX_YAML_CHARS // (1024 * 1024)} Mi characters",
                     hint="adaptcheck data files are a few kB; check that this is the right file")

@@ -1,11 +1,7 @@
-"""``adaptcheck cluster``: checks that span several machines (``cluster collectives``).
-
-``collectives`` is one rank of a multi-node job: run it under torchrun on every node
-(docs/cluster.md). Rank 0 prints the tables and writes ``--out/collectives-multinode.json``;
-the other ranks print only a failure's one-line reason. Exit codes: 0 every collective
-exact on every rank; 1 a wrong, raising or (accelerators) unsupported collective, or
-nothing checked; 2 usage (also: not launched by torchrun); 4 device; 6 the process group
-never formed within --join-timeout; 7 a peer was lost after it formed.
+"""``adaptcheck cluster``: checks that span several machines — ``cluster collectives``, one rank of
+a multi-node job run under torchrun on every node (rank 0 prints the tables and writes
+``--out/collectives-multinode.json``; the others print only a failure's reason). Usage and exit
+codes: docs/cluster.md ("Collectives across nodes with torchrun").
 """
 
 from __future__ import annotations
@@ -98,7 +94,7 @@ def collectives(
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table (human, stderr) or json/yaml (the report on stdout, rank 0)."),
 ) -> None:
     """Exact collectives (and optionally busbw) across nodes: one rank, launched on every node by torchrun."""
-    raw: dict[str, Any] = {
+    raw: dict[str, object] = {  # the command line, validated into the options below
         "device": device, "out": out_dir or default_reports_dir() / "cluster-collectives",
         "ops": _csv(ops, "--ops"), "dtypes": _csv(dtypes, "--dtypes"), "elements": _numbers(elements, "--elements", int),
         "on_unsupported": on_unsupported, "bench": bench, "bench_ops": _csv(bench_ops, "--bench-ops"),
@@ -106,7 +102,7 @@ def collectives(
         "bench_sizes_mib": _numbers(bench_sizes, "--bench-sizes-mib", float), "bench_budget_s": bench_budget,
         "timeout_s": timeout, "join_timeout_s": join_timeout, "impl": impl}
     try:
-        options = ClusterCollectivesOptions(**{k: v for k, v in raw.items() if v is not None})
+        options = ClusterCollectivesOptions.model_validate({k: v for k, v in raw.items() if v is not None})
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UsageError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None

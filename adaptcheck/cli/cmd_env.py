@@ -4,7 +4,7 @@ the stack incompatible)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import typer
 
@@ -30,12 +30,12 @@ def env(
     out = Output(fmt)
     backend, _ = select_backend(device)
     environment = capture_environment(backend, None)
-    data = environment.model_dump(mode="json")
     assessment = assess(environment) if check else None
     if out.machine:
-        out.data({**data, "assessment": assessment.to_dict()} if assessment else data)
+        data = environment.model_dump(mode="json")
+        out.data({**data, "assessment": assessment.report().dump()} if assessment else data)
     else:
-        _tables(out, environment, data)
+        _tables(out, environment)
     if assessment is not None:
         if not out.machine:
             _assessment(out, assessment)
@@ -43,15 +43,18 @@ def env(
             raise typer.Exit(1)
 
 
-def _tables(out: Output, environment: Environment, data: dict[str, Any]) -> None:
+def _tables(out: Output, environment: Environment) -> None:
     scalar = [[k, "not present" + (f" ({environment.notes[k]})" if k in environment.notes else "") if v is None else v]
-              for k, v in data.items() if not isinstance(v, (dict, list))]
+              for k, v in environment.model_dump(mode="json").items() if not isinstance(v, (dict, list))]
     out.table("Machine", ["field", "value"], scalar)
     out.table("Accelerators", ["#", "name", "memory MiB", "driver", "firmware", "bus"],
               [[d.index, d.name, f"{d.memory_total_mib:.0f}" if d.memory_total_mib else None, d.driver_version,
                 d.firmware_version, d.bus_id] for d in environment.accelerators])
-    for key in ("runtimes", "torch_device_extension", "packages", "tools", "env_vars", "notes"):
-        mapping = data.get(key) or {}
+    mappings: tuple[tuple[str, Mapping[str, str | None]], ...] = (
+        ("runtimes", environment.runtimes), ("torch_device_extension", environment.torch_device_extension),
+        ("packages", environment.packages), ("tools", environment.tools), ("env_vars", environment.env_vars),
+        ("notes", environment.notes))
+    for key, mapping in mappings:
         if mapping:
             out.table(key, ["name", "value"], [[k, "not present" if v is None else v] for k, v in mapping.items()])
     if environment.vllm_plugins:

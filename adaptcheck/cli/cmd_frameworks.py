@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import typer
 
@@ -10,10 +10,21 @@ from adaptcheck.cli.output import Format, Output
 from adaptcheck.frameworks.registry import framework_class, framework_names
 
 
+class _AdapterRow(TypedDict):
+    """One adapter as listed (the JSON/YAML document is a list of these)."""
+
+    name: str
+    display_name: str
+    available: bool
+    version: str | None
+    reason: str
+    capabilities: list[str]
+
+
 def frameworks(fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml.")) -> None:
     """List framework adapters (built-in and plugins), whether each is available here, and why not."""
     out = Output(fmt)
-    data: list[dict[str, Any]] = []
+    data: list[_AdapterRow] = []
     for name in framework_names():
         try:
             cls = framework_class(name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import typer
 
@@ -10,6 +10,18 @@ from adaptcheck.cli.output import Format, Output
 from adaptcheck.steps.ops.catalog import all_ops
 from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.registry import load_provider, provider_names
+
+
+class OpListing(TypedDict):
+    """One operator as ``adaptcheck ops --format json`` lists it."""
+
+    op: str
+    family: str
+    signature: str
+    dtypes: list[str]
+    outputs: list[str]
+    tolerance: list[str]
+    providers: dict[str, bool]
 
 
 def ops(fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml.")) -> None:
@@ -23,7 +35,7 @@ def ops(fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, 
             providers[name] = (provider, ok, why)
         except Exception as exc:  # noqa: BLE001 - a broken provider is listed, not fatal
             providers[name] = (None, False, f"failed to load: {exc}")
-    data: list[dict[str, Any]] = []
+    data: list[OpListing] = []
     for op in all_ops().values():
         have = {n: bool(p is not None and ok and p.get(op.name) is not None) for n, (p, ok, _) in providers.items()}
         data.append({"op": op.name, "family": op.family, "signature": op.signature, "dtypes": list(op.dtypes),

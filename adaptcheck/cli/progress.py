@@ -25,6 +25,7 @@ from rich.text import Text
 from adaptcheck.base.schemas.ladder import CheckSpec
 from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.cli.output import STATUS_STYLE, Output
+from adaptcheck.ladder.protocol import ProgressReport
 from adaptcheck.session import Progress as RunProgress
 from adaptcheck.session import RunHeader
 
@@ -67,7 +68,7 @@ class RichProgress(RunProgress):
         self.bar.update(self.task, description=_esc(f"step {spec.step}: {spec.id}"), check_started=self.started_at,
                         check_planned=seconds if stated else None, check_progress="")
 
-    def progress(self, spec: CheckSpec, report: dict[str, Any]) -> None:
+    def progress(self, spec: CheckSpec, report: ProgressReport) -> None:
         self.bar.update(self.task, check_progress=progress_text(report))
 
     def finished(self, spec: CheckSpec, results: list[CheckResult]) -> None:
@@ -152,7 +153,7 @@ def id_pattern(ids: list[str]) -> str:
     return ".".join(common) + ".*" if common else "checks"
 
 
-def progress_text(report: dict[str, Any]) -> str:
+def progress_text(report: ProgressReport) -> str:
     """A progress message as shown after the bar: '133/300 s soak', '2/6 runs · concurrency 4, run 3/3'."""
     done: Any = report.get("done")
     total: Any = report.get("total")

@@ -1,17 +1,8 @@
-"""What one rank of a multi-node run learns from its launcher, and how it exits.
-
-torchrun (``python -m torch.distributed.run``) starts ``--nproc-per-node`` processes on
-every node and tells each who it is through environment variables: ``RANK`` and
-``WORLD_SIZE`` (global), ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (on this node, which also
-picks the device), ``GROUP_RANK`` and ``GROUP_WORLD_SIZE`` (the node's rank and the node
-count), ``MASTER_ADDR``/``MASTER_PORT`` (where the process group meets). Any other
-launcher that sets the same variables works too. Parsing them is pure, so a wrong or
-missing value is a one-line usage error naming the variable, before anything waits on
-the network.
-
-The ``EXIT_*`` constants below are the exit codes of ``adaptcheck cluster collectives``
-(also in docs/cluster.md); 2, 4 and 70 mean what they mean for every adaptcheck command
-(README, "Exit codes"), 5 is taken there by the integrity check.
+"""What one rank of a multi-node run learns from its launcher (torchrun's ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``
+…), parsed purely so a wrong or missing value is a one-line usage error before anything waits
+on the network, and the ``EXIT_*`` codes of ``adaptcheck cluster collectives``. Both:
+docs/cluster.md ("Collectives across nodes with torchrun", "Exit codes").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""``collectives-multinode.json``: what a multi-node collectives run found, rank by rank.
-
-Rank 0 writes it after gathering every rank's outcome, or — when the group never formed or
-a peer was lost — with what it had by then (``missing_ranks`` names who never reported).
-Every field is described so ``adaptcheck schema``-style docs and reviewers read the same
-contract.
+"""``collectives-multinode.json``: what a multi-node collectives run found, rank by rank, written
+by rank 0 after gathering every rank's outcome (or, when the group never formed or a peer was
+lost, with what it had: ``missing_ranks`` names who never reported); every field is described.
+Usage: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -13,6 +11,8 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from adaptcheck.base.schemas.micro_evidence import CaseStatus
 
 REPORT_NAME = "collectives-multinode.json"
 """File name rank 0 writes under ``--out``."""
@@ -58,7 +58,6 @@ class RankEvidence(BaseModel):
     error: str | None = Field(default=None, description="The exception the collective raised, if it raised.")
 
 
-CaseStatus = Literal["ok", "mismatch", "raised", "unsupported", "incomplete"]
 
 
 class CaseResult(BaseModel):

@@ -1,27 +1,9 @@
-"""One rank of ``adaptcheck cluster collectives``: step 4's exact collectives across nodes.
-
-Launched on every node by torchrun (docs/cluster.md), as the ``adaptcheck`` console script
-or in torchrun's module form ``-m adaptcheck cluster collectives``; the CLI parses and calls
-:func:`run_cluster_collectives` (this library never imports the CLI). Each rank:
-
-1. reads its place from the launcher (:class:`~.env.RankEnv`) and selects the backend
-   (``--device``, default as ``adaptcheck run``), driving device ``LOCAL_RANK``;
-2. joins the process group (``env://``: torchrun's store, or MASTER_ADDR/PORT);
-3. runs every (op, dtype, size) through step 4's
-   :func:`~adaptcheck.collectives.worker.run_case` — exact expectations,
-   values encoding rank and index — and, with ``--bench``, times them with
-   :func:`~adaptcheck.collectives.worker.run_bench_case`;
-4. sends its records to every rank (a gloo side group, so gathering plain Python objects
-   never depends on the device library), so all ranks reach the same verdict and exit with
-   the same code: torchrun then stops every node together instead of leaving a passing node
-   waiting minutes at its exit barrier for a failed one;
-5. rank 0 writes ``--out/collectives-multinode.json``, and only then does anyone exit.
-
-No rank waits forever: a watchdog thread ends the process with a one-line reason when the
-group has not formed within ``join_timeout_s`` (exit 6) or one collective / the gather
-takes longer than ``timeout_s`` (exit 7) — a hung peer blocks the others inside native code,
-where no Python timeout reaches. The process group's own timeout stays behind it as a
-backstop.
+"""One rank of ``adaptcheck cluster collectives``: reads its place from the launcher, drives device
+``LOCAL_RANK``, joins the process group, runs step 4's exact cases (and, with ``--bench``, times
+them) through the collectives worker code, shares its
+:class:`~adaptcheck.base.schemas.micro_evidence.RankPayload` with every rank so all reach the
+same verdict and exit code, and has rank 0 write the report; a watchdog ends any wait past
+``join_timeout_s`` (exit 6) or ``timeout_s`` (exit 7). Details: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -41,13 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 import adaptcheck
 from adaptcheck.base.dtypes import ITEMSIZE, CollectiveDtype, FloatDtype
 from adaptcheck.base.errors import DeviceError, UsageError, exception_line
+from adaptcheck.base.schemas.micro_evidence import RankPayload
 from adaptcheck.base.schemas.results import utcnow
 from adaptcheck.base.terminal import error_line
 from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
 from adaptcheck.cluster.models import MultinodeCollectives, Settings
-from adaptcheck.cluster.verdict import Payload, RunInfo, build_report
+from adaptcheck.cluster.verdict import RunInfo, build_report
 from adaptcheck.collectives.bandwidth import elements_for_bytes
 from adaptcheck.collectives.exact import DEFAULT_DTYPES, OPS
+from adaptcheck.collectives.launch import BenchSettings
 from adaptcheck.collectives.plan import CollectivesParams, Plan, make_plan
 from adaptcheck.perf.micro import MIB
 
@@ -154,12 +138,11 @@ class _Rank:
         self.started_at, self.t0 = utcnow(), time.monotonic()
         self.watchdog: Watchdog | None = None
         self.torch_version = str(torch.__version__)
-        self.payload: Payload = {
-            "rank": env.rank, "local_rank": env.local_rank, "node_rank": env.node_rank,
-            "hostname": socket.gethostname(), "device": str(backend.torch_device(env.local_rank)),
-            "pid": os.getpid(), "init_s": None, "records": [], "bench": []}
+        self.payload = RankPayload(
+            rank=env.rank, local_rank=env.local_rank, node_rank=env.node_rank, hostname=socket.gethostname(),
+            device=str(backend.torch_device(env.local_rank)), pid=os.getpid(), init_s=None, records=[], bench=[])
 
-    def report(self, payloads: list[Payload], failure: tuple[int, str] | None = None) -> MultinodeCollectives:
+    def report(self, payloads: list[dict[str, object]], failure: tuple[int, str] | None = None) -> MultinodeCollectives:
         info = RunInfo(started_at=self.started_at, wall_s=time.monotonic() - self.t0,
                        adaptcheck_version=adaptcheck.__version__, torch_version=self.torch_version,
                        backend=self.backend.name, world_size=self.env.world_size, master=self.env.master,
@@ -173,9 +156,8 @@ class _Rank:
             # Leaving with a broken process group can block in its teardown (a library waiting
             # on the dead peer); the verdict is out, so then just go.
             self.watchdog.enter("leaving after a failure", LEAVE_S, code, report=False)
-        where = f"rank {self.env.rank} ({self.payload['hostname']})"
-        report = self.report([dict(self.payload, records=list(self.payload["records"]),
-                                   bench=list(self.payload["bench"]))], failure=(code, f"{where}: {reason}"))
+        where = f"rank {self.env.rank} ({self.payload.hostname})"
+        report = self.report([self.payload.dump()], failure=(code, f"{where}: {reason}"))
         if self.env.rank == 0:
             report.save(self.options.out)
         return report
@@ -279,25 +261,25 @@ def run_cluster_collectives(options: ClusterCollectivesOptions,
         except Exception as exc:  # noqa: BLE001 - any failure to form the group is the finding
             return me.give_up(f"the process group did not form at {env.master}: {exception_line(exc)}",
                               EXIT_RENDEZVOUS)
-        me.payload["init_s"] = round(time.perf_counter() - t0, 3)
+        me.payload.init_s = round(time.perf_counter() - t0, 3)
         try:
             for op in me.plan.ops:
                 for dtype in me.plan.dtypes:
                     for n in me.plan.elements:
                         watchdog.enter(f"{op} ({dtype}, {n} elements)", options.timeout_s, EXIT_PEER_LOST)
                         dist.barrier()
-                        me.payload["records"].append(run_case(impl, backend, env.rank, env.world_size, op, dtype, n,
-                                                              device_index=env.local_rank))
-            bench = {"warmup": 2, "min_reps": 5, "max_reps": 50, "budget_s": options.bench_budget_s}
+                        me.payload.records.append(run_case(impl, backend, env.rank, env.world_size, op, dtype, n,
+                                                           device_index=env.local_rank))
+            bench = BenchSettings(warmup=2, min_reps=5, max_reps=50, budget_s=options.bench_budget_s)
             for op, dtype, n in me.bench_cases:
                 watchdog.enter(f"timing {op} ({dtype}, {n} elements)", options.timeout_s, EXIT_PEER_LOST)
                 dist.barrier()
-                me.payload["bench"].append(run_bench_case(impl, backend, env.rank, env.world_size, op, dtype, n,
-                                                          bench, device_index=env.local_rank))
+                me.payload.bench.append(run_bench_case(impl, backend, env.rank, env.world_size, op, dtype, n, bench,
+                                                       device_index=env.local_rank))
             watchdog.enter("gathering the ranks' results", options.timeout_s, EXIT_PEER_LOST)
             gathered: list[Any] = [None] * env.world_size
-            dist.all_gather_object(gathered, me.payload, group=control)
-            report = me.report([p for p in gathered if p is not None])
+            dist.all_gather_object(gathered, me.payload.dump(), group=control)  # plain JSON data on the wire
+            report = me.report([p for p in gathered if isinstance(p, dict)])
             if env.rank == 0:
                 report.save(options.out)
             dist.barrier(group=control)  # nobody exits (and makes torchrun stop the node) before the file exists
@@ -311,11 +293,11 @@ def run_cluster_collectives(options: ClusterCollectivesOptions,
             watchdog.stop()  # else it stays on guard over the teardown (give_up set its limit)
 
 
-def _lost_peer(payload: Payload, phase: str, exc: BaseException) -> str:
+def _lost_peer(payload: RankPayload, phase: str, exc: BaseException) -> str:
     """Where the peer was lost: the collective that raised first (its own call saw the peer go,
     e.g. "connection closed"), else the phase whose barrier or gather failed."""
-    done = payload["bench"] or payload["records"]
-    last = done[-1] if done else {}
-    if last.get("status") == "raised":
-        return f"lost a peer in {last['op']} ({last['dtype']}, {last['elements']} elements): {last.get('error', '')}"
+    done = payload.bench or payload.records
+    last = done[-1] if done else None
+    if last is not None and last.status == "raised":
+        return f"lost a peer in {last.op} ({last.dtype}, {last.elements} elements): {last.error or ''}"
     return f"lost a peer during {phase}: {exception_line(exc)}"

@@ -1,23 +1,20 @@
-"""Gathered per-rank outcomes → :class:`~.models.MultinodeCollectives` (pure, no torch.distributed).
-
-Each rank sends rank 0 one :data:`Payload`: who it is (host, node, device) and its records
-from :func:`~adaptcheck.collectives.worker.run_case` /
-:func:`~adaptcheck.collectives.worker.run_bench_case`. The exactness verdict
-is step 4's own (:func:`~adaptcheck.collectives.plan.summarize`: a wrong element
-anywhere fails; what the library calls unsupported costs what ``on_unsupported`` says), so a
-multi-node run and ``framework.collectives`` on one machine never disagree on the same
-records. Bandwidths follow nccl-tests (:mod:`adaptcheck.collectives.bandwidth`), ``t`` being the
-slowest rank's median.
+"""Gathered per-rank outcomes → :class:`~.models.MultinodeCollectives` (pure, no
+torch.distributed): the payloads validated as
+:class:`~adaptcheck.base.schemas.micro_evidence.RankPayload`, the exactness verdict step 4's own
+(:func:`~adaptcheck.collectives.plan.summarize`, so one machine and many never disagree on the
+same records), bandwidths as nccl-tests define them. Details: docs/cluster.md.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from adaptcheck.base.dtypes import ITEMSIZE
+from adaptcheck.base.schemas.micro_evidence import RankPayload, RankRecord
 from adaptcheck.cluster.env import EXIT_OK, EXIT_WRONG
 from adaptcheck.cluster.models import (
     BenchResult,
@@ -25,6 +22,7 @@ from adaptcheck.cluster.models import (
     CaseResult,
     MultinodeCollectives,
     NodeInfo,
+    RankEvidence,
     RankInfo,
     ReportStatus,
     Settings,
@@ -34,10 +32,6 @@ from adaptcheck.collectives.bandwidth import busbw_factor, full_tensor_bytes
 from adaptcheck.collectives.launch import LaunchResult, RankExit
 from adaptcheck.collectives.plan import Plan, merge_rows, summarize
 from adaptcheck.perf.timing import summarize as timing_of
-
-Payload = dict[str, Any]
-"""One rank's gathered outcome: ``rank``, ``local_rank``, ``node_rank``, ``hostname``, ``device``,
-``pid``, ``init_s``, ``records`` (run_case records) and ``bench`` (run_bench_case records)."""
 
 STATUS_EXIT = {"pass": EXIT_OK, "fail": EXIT_WRONG, "skip": EXIT_WRONG}
 """Exit code of each verdict when every rank reported (skip: nothing was verified, never a 0)."""
@@ -62,9 +56,9 @@ def node_key(node_rank: int | None, hostname: str) -> str:
     return f"node {node_rank}" if node_rank is not None else hostname
 
 
-def rank_infos(payloads: list[Payload]) -> list[RankInfo]:
-    return sorted((RankInfo(rank=p["rank"], local_rank=p["local_rank"], node_rank=p.get("node_rank"),
-                            hostname=p["hostname"], device=p["device"], pid=p["pid"], init_s=p.get("init_s"))
+def rank_infos(payloads: list[RankPayload]) -> list[RankInfo]:
+    return sorted((RankInfo(rank=p.rank, local_rank=p.local_rank, node_rank=p.node_rank, hostname=p.hostname,
+                            device=p.device, pid=p.pid, init_s=p.init_s)
                    for p in payloads), key=lambda r: r.rank)
 
 
@@ -79,32 +73,32 @@ def nodes_of(ranks: list[RankInfo]) -> list[NodeInfo]:
 
 
 def bench_results(cases: list[tuple[str, str, int]], skipped: list[tuple[str, str, int, str]],
-                  payloads: list[Payload], world_size: int) -> list[BenchResult]:
+                  payloads: list[RankPayload], world_size: int) -> list[BenchResult]:
     """One row per timed case: t = the slowest rank's median, algbw = S / t, busbw = algbw × factor."""
-    by_key: dict[str, dict[int, dict[str, Any]]] = {}
+    by_key: dict[str | None, dict[int, RankRecord]] = {}
     for p in payloads:
-        for rec in p.get("bench", []):
-            by_key.setdefault(rec["key"], {})[p["rank"]] = rec
+        for rec in p.bench:
+            by_key.setdefault(rec.key, {})[p.rank] = rec
     rows: list[BenchResult] = []
     for op, dtype, n in cases:
-        base: dict[str, Any] = {"op": op, "dtype": dtype, "elements_per_rank": n, "busbw_factor": busbw_factor(op, world_size),
-                "bytes": full_tensor_bytes(op, world_size, n, ITEMSIZE[dtype])}
+        factor, size = busbw_factor(op, world_size), full_tensor_bytes(op, world_size, n, ITEMSIZE[dtype])
+        base = BenchResult(op=op, dtype=dtype, elements_per_rank=n, busbw_factor=factor, bytes=size, status="ok")
         got = by_key.get(f"{op}/{dtype}/{n}", {})
-        bad = [rec for rec in got.values() if rec.get("status") != "ok"]
+        bad = [rec for rec in got.values() if rec.status != "ok"]
         if bad:
-            status: BenchStatus = "raised" if any(rec.get("status") == "raised" for rec in bad) else "unsupported"
-            rows.append(BenchResult(**base, status=status, error=str(bad[0].get("error", "?"))))
+            status: BenchStatus = "raised" if any(rec.status == "raised" for rec in bad) else "unsupported"
+            rows.append(base.model_copy(update={"status": status, "error": bad[0].error or "?"}))
         elif len(got) < world_size:
             missing = sorted(set(range(world_size)) - set(got))
-            rows.append(BenchResult(**base, status="incomplete", error=f"ranks {missing} never reported it"))
+            rows.append(base.model_copy(update={"status": "incomplete", "error": f"ranks {missing} never reported it"}))
         else:
-            medians = {rank: timing_of(rec["samples"]).median for rank, rec in sorted(got.items())}
+            medians = {rank: timing_of(rec.samples or []).median for rank, rec in sorted(got.items())}
             slowest = max(medians, key=lambda r: medians[r])
             t = medians[slowest]
-            algbw = base["bytes"] / t if t > 0 else None
-            rows.append(BenchResult(**base, status="ok", time_s=t, slowest_rank=slowest, rank_median_s=medians,
-                                    algbw_gbps=algbw / 1e9 if algbw else None,
-                                    busbw_gbps=algbw * base["busbw_factor"] / 1e9 if algbw else None))
+            algbw = size / t if t > 0 else None
+            rows.append(base.model_copy(update={
+                "time_s": t, "slowest_rank": slowest, "rank_median_s": medians,
+                "algbw_gbps": algbw / 1e9 if algbw else None, "busbw_gbps": algbw * factor / 1e9 if algbw else None}))
     for op, dtype, n, why in skipped:
         rows.append(BenchResult(op=op, dtype=dtype, elements_per_rank=n, busbw_factor=busbw_factor(op, world_size),
                                 bytes=full_tensor_bytes(op, world_size, n, ITEMSIZE[dtype]), status="skipped",
@@ -112,7 +106,7 @@ def bench_results(cases: list[tuple[str, str, int]], skipped: list[tuple[str, st
     return rows
 
 
-def slowest_rank(bench: list[BenchResult], payloads: list[Payload], ranks: list[RankInfo]) -> SlowestRank | None:
+def slowest_rank(bench: list[BenchResult], payloads: list[RankPayload], ranks: list[RankInfo]) -> SlowestRank | None:
     """The rank with the largest total time: over the timed cases every rank completed, else
     over the exactness check's single calls. None with fewer than two ranks timed."""
     totals: dict[int, float] = {}
@@ -124,9 +118,9 @@ def slowest_rank(bench: list[BenchResult], payloads: list[Payload], ranks: list[
     if not complete:
         basis = "check"
         for p in payloads:
-            times = [r["time_s"] for r in p.get("records", []) if isinstance(r.get("time_s"), (int, float))]
+            times = [r.time_s for r in p.records if r.time_s is not None]
             if times:
-                totals[p["rank"]] = sum(times)
+                totals[p.rank] = sum(times)
     if len(totals) < 2:
         return None
     worst, best = max(totals, key=lambda r: totals[r]), min(totals.values())
@@ -141,7 +135,7 @@ def _where(ranks: list[RankInfo], rank: int) -> str:
     return f"rank {rank} ({node_key(info.node_rank, info.hostname)}, {info.hostname})" if info else f"rank {rank}"
 
 
-def build_report(info: RunInfo, plan: Plan, settings: Settings, payloads: list[Payload],
+def build_report(info: RunInfo, plan: Plan, settings: Settings, gathered: Sequence[Mapping[str, object]],
                  bench_cases: list[tuple[str, str, int]], bench_skipped: list[tuple[str, str, int, str]],
                  *, failure: tuple[int, str] | None = None) -> MultinodeCollectives:
     """The report from whatever reached rank 0.
@@ -149,17 +143,21 @@ def build_report(info: RunInfo, plan: Plan, settings: Settings, payloads: list[P
     ``failure`` (exit code, one-line reason) is set when the run could not finish (group never
     formed, peer lost): the report is then an ``error`` with that code — unless a wrong result
     was already seen, which is conclusive by itself and exits 1 (step 4's policy).
+    ``gathered``: each rank's :class:`RankPayload` as ``all_gather_object`` brought it (validated here).
     """
+    payloads = [RankPayload.parse(p, where=f"payload {i} gathered from the ranks") for i, p in enumerate(gathered)]
     ranks = rank_infos(payloads)
-    records = {p["rank"]: list(p.get("records", [])) for p in payloads}
-    reported = {p["rank"] for p in payloads}
+    records = {p.rank: list(p.records) for p in payloads}
+    reported = {p.rank for p in payloads}
     exits = [RankExit(rank=r, returncode=0) for r in sorted(reported)]
     outcome = summarize(plan, LaunchResult(records=records, exits=exits, wall_s=info.wall_s, logs_dir=""))
     rows = merge_rows(plan, records)
     if failure is not None:  # keep what ran; the cases nobody reached are not findings
         rows = [row for row in rows if row["status"] != "incomplete" or len(row.get("missing_ranks", [])) < plan.world_size]
-    cases = [CaseResult(**{k: v for k, v in row.items() if k != "ranks"},
-                        ranks={int(r): ev for r, ev in row.get("ranks", {}).items()}) for row in rows]
+    cases = [CaseResult(op=row["op"], dtype=row["dtype"], elements=row["elements"],
+                        bytes_per_rank=row["bytes_per_rank"], status=row["status"], time_s=row["time_s"],
+                        ranks={r: RankEvidence(**facts) for r, facts in row.get("ranks", {}).items()},
+                        missing_ranks=row.get("missing_ranks", [])) for row in rows]
     bench = bench_results(bench_cases, bench_skipped, payloads, plan.world_size)
     nodes = nodes_of(ranks)
     status: ReportStatus = outcome.status.value

@@ -1,26 +1,11 @@
-"""Collective bandwidths as nccl-tests define them, and the rows they become.
-
-nccl-tests (``doc/PERFORMANCE.md``) report two figures for a collective that took ``t``
-seconds on a tensor of ``S`` bytes:
-
-* ``algbw = S / t`` — ``S`` is the size of the *full* tensor: the buffer of an all-reduce or
-  broadcast, the gathered output of an all-gather, the input of a reduce-scatter, the whole
-  send (= receive) buffer of an all-to-all;
-* ``busbw = algbw × factor`` — the bandwidth each link must sustain, comparable across rank
-  counts and with the hardware's link speed: ``2(n−1)/n`` for all-reduce, ``(n−1)/n`` for
-  all-gather, reduce-scatter and all-to-all, ``1`` for broadcast.
-
-``t`` here is the slowest rank's median time per call (nccl-tests average the ranks; after
-a barrier the ranks finish within microseconds of each other, and a collective is done
-only when its slowest rank is). The bound class is ``network``; efficiency is busbw over
-the device interconnect per direction (``interconnect_gbps`` in ``peaks.yaml``, else the
-host link; for gloo ranks on one CPU host, the memory reference: loopback traffic is copies).
+"""Collective bandwidths as nccl-tests define them (algbw over the full tensor, busbw with the
+per-op bus factor, ``t`` the slowest rank's median) and the micro-benchmark rows they become.
+Definitions: docs/cluster.md ("How collectives are checked and timed", Timing).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from adaptcheck.base.schemas.micro_evidence import MicroRow
 from adaptcheck.perf.micro import make_row
 from adaptcheck.perf.peaks import Peak, efficiency
 from adaptcheck.perf.timing import Timing
@@ -57,19 +42,20 @@ def full_tensor_bytes(op: str, world_size: int, elements: int, itemsize: int) ->
 
 
 def collective_row(op: str, dtype: str, world_size: int, elements: int, itemsize: int, timing: Timing,
-                   peak: Peak | None, *, rank_medians: list[float] | None = None) -> dict[str, Any]:
+                   peak: Peak | None, *, rank_medians: list[float] | None = None) -> MicroRow:
     """One contract row: ``bytes`` = S, ``achieved.bytes_per_s`` = algbw, efficiency = busbw /
     the interconnect, bound ``network``; ``extra`` holds algbw, busbw, world size and op."""
     size = full_tensor_bytes(op, world_size, elements, itemsize)
     row = make_row(f"{op} {size / (1 << 20):g} MiB" if size >= 1 << 20 else f"{op} {size} B", dtype,
                    {"op": op, "world_size": world_size, "elements_per_rank": elements, "bytes": size},
                    None, float(size), timing, peak, bound="network")
-    algbw = row["achieved"]["bytes_per_s"]
+    algbw = row.achieved.bytes_per_s
     busbw = algbw * busbw_factor(op, world_size) if algbw is not None else None
-    row["efficiency"] = efficiency("network", peak, dtype, None, busbw)
-    row["ridge_point"] = None  # a FLOP/byte ridge means nothing for a transfer
-    row["extra"].update(algbw=algbw, busbw=busbw, world_size=world_size, op=op,
-                        busbw_factor=busbw_factor(op, world_size))
+    row.efficiency = efficiency("network", peak, dtype, None, busbw)
+    row.ridge_point = None  # a FLOP/byte ridge means nothing for a transfer
+    extra = row.extra
+    extra.algbw, extra.busbw, extra.world_size, extra.op = algbw, busbw, world_size, op
+    extra.busbw_factor = busbw_factor(op, world_size)
     if rank_medians is not None:
-        row["extra"]["rank_median_s"] = rank_medians
+        extra.rank_median_s = rank_medians
     return row

@@ -1,19 +1,14 @@
-"""Exact collectives: what rank *r* of *n* puts in, and exactly what it must get back.
-
-:func:`buffer_sizes`, :func:`build_input`, :func:`expected_output`, :func:`compare` for
-all-reduce, all-gather, reduce-scatter, all-to-all and broadcast. Inputs are integer-valued
-and positive, sized per dtype so that every partial sum is an exactly representable integer
-(float32 below 2^24, bf16 below 2^8 …); so the comparison is ``==``, whatever order the
-library reduces in, and there is no tolerance to hide a defect. Every value encodes the
-source rank and the element index, so a dropped or doubled contribution, two swapped chunks,
-a shifted chunk, the wrong broadcast source or an output the library never wrote (buffers
-start as -1) all change some element.
+"""Exact collectives: what rank *r* of *n* puts in and exactly what it must get back, for
+all-reduce, all-gather, reduce-scatter, all-to-all and broadcast — integer values sized per
+dtype so every sum is exact and encoding source rank and index, compared with ``==``. Why this
+catches every dropped, doubled, swapped or unwritten element: docs/cluster.md ("How
+collectives are checked and timed", Exact values).
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from adaptcheck.base.dtypes import CollectiveDtype, torch_dtype
 
@@ -136,7 +131,16 @@ def output_buffer(op: str, world_size: int, elements: int, dtype: str, device: A
     return torch.full((numel,), SENTINEL, dtype=torch_dtype(dtype), device=device)
 
 
-def compare(got: torch.Tensor, expected: torch.Tensor) -> dict[str, Any]:
+class Mismatch(TypedDict):
+    """What :func:`compare` found: how many elements differ, the first of them and its values."""
+
+    mismatches: int
+    first_index: int | None
+    got: int | float | str | None
+    expected: int | float | str | None
+
+
+def compare(got: torch.Tensor, expected: torch.Tensor) -> Mismatch:
     """Exact comparison: mismatch count, first wrong index and the values there.
 
     NaN never equals anything, so a NaN counts as wrong. A size or dtype difference is a

@@ -1,15 +1,12 @@
-"""The collectives launcher: one process per rank, a deadline, nobody left behind.
-
-:func:`launch` starts one process per rank (``python -m adaptcheck.collectives.worker``),
-rendezvous over ``127.0.0.1`` on a free port, waits with a deadline, and kills every rank
-when one hangs or dies (a hung collective is the classic failure); what each process left
-(its JSON-lines records, how it ended, the tail of its log) comes back as a
-:class:`LaunchResult`.
+"""The collectives launcher: one process per rank on this machine (a :class:`WorkerConfig` each),
+loopback rendezvous, a deadline, every rank killed when one hangs or dies, and what each left
+— its validated :class:`~adaptcheck.base.schemas.micro_evidence.RankRecord` lines, how it
+ended, its log's tail — as a :class:`LaunchResult`. Details: docs/cluster.md ("How collectives
+are checked and timed", The launcher).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -17,15 +14,50 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adaptcheck.base.procs import child_environ, free_port, kill_group
+from adaptcheck.base.schemas.micro_evidence import RankRecord
 
 # --- launcher -----------------------------------------------------------------------------
 
 WORKER_MODULE = "adaptcheck.collectives.worker"
+
+
+class BenchSettings(BaseModel):
+    """How bench mode times each case (:func:`~adaptcheck.collectives.worker.run_bench_case`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    warmup: int = Field(default=2, ge=1, description="Warm-up calls (the fastest is the per-call estimate).")
+    min_reps: int = Field(default=5, ge=1, description="Fewest timed repetitions.")
+    max_reps: int = Field(default=50, ge=1, description="Most timed repetitions.")
+    budget_s: float = Field(default=0.5, ge=0, description="Timed wall time aimed at once min_reps are done.")
+    min_sample_s: float = Field(default=1e-3, gt=0, description="Shortest repetition: calls are batched to last this.")
+
+
+class WorkerConfig(BaseModel):
+    """What every rank is told (its one command-line argument, as JSON); the rank adds RANK from
+    the environment and the launcher the rank's own ``results`` file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field(description="adaptcheck backend name (used when backend_class cannot be imported).")
+    backend_class: str | None = Field(default=None, description="'module:Class' of the very backend the check used.")
+    mode: str | None = Field(default=None, description="'bench': time the cases (step 5); else check exactly (step 4).")
+    ops: list[str] = Field(default_factory=list, description="Collectives checked exactly, in order.")
+    dtypes: list[str] = Field(default_factory=list, description="Dtypes checked exactly.")
+    elements: list[int] = Field(default_factory=list, description="Per-rank chunk sizes checked exactly.")
+    cases: list[tuple[str, str, int]] = Field(default_factory=list, description="Bench mode: (op, dtype, elements) "
+                                              "timed, in order.")
+    impl: str | None = Field(default=None, description="'module:object' replacing the torch.distributed ops.")
+    timeout_s: float = Field(gt=0, description="The launcher's deadline (the process group's own is 60 s later).")
+    bench: BenchSettings = Field(default_factory=BenchSettings, description="Bench mode's timing settings.")
+    results: str | None = Field(default=None, description="JSON-lines file this rank appends its records to.")
 
 
 @dataclass
@@ -51,7 +83,7 @@ class RankExit:
 class LaunchResult:
     """Everything the ranks left behind."""
 
-    records: dict[int, list[dict[str, Any]]]
+    records: dict[int, list[RankRecord]]
     exits: list[RankExit]
     wall_s: float
     logs_dir: str
@@ -109,17 +141,18 @@ def stuck_frame(lines: list[str]) -> str:
     return ""
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """A rank's JSON-lines records; a torn last line (rank killed mid-write) is dropped."""
-    out: list[dict[str, Any]] = []
+def read_records(path: Path) -> list[RankRecord]:
+    """A rank's JSON-lines records, validated; a torn last line (rank killed mid-write) is dropped,
+    and so is a line that is not a record (nothing a rank writes: it cannot be read as evidence)."""
+    out: list[RankRecord] = []
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return out
     for line in text.splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            out.append(RankRecord.model_validate_json(line))
+        except ValidationError:
             continue
     return out
 
@@ -140,12 +173,12 @@ def _dump_stacks(procs: list[subprocess.Popen[bytes]], wait_s: float = 0.5) -> N
         time.sleep(wait_s)
 
 
-def launch(config: dict[str, Any], world_size: int, *, timeout_s: float, crash_grace_s: float,
+def launch(config: WorkerConfig | Mapping[str, object], world_size: int, *, timeout_s: float, crash_grace_s: float,
            logs_dir: Path, extra_pythonpath: list[str] | None = None, attempts: int = 2) -> LaunchResult:
     """Run ``world_size`` ranks of the collectives worker and collect their records.
 
     ``config`` is passed to every rank as JSON (the rank adds its RANK from the
-    environment). Ranks rendezvous through ``env://`` on 127.0.0.1 and a free port. The
+    environment); a mapping is validated as a :class:`WorkerConfig` first. Ranks rendezvous through ``env://`` on 127.0.0.1 and a free port. The
     launcher never leaves a rank running: on the deadline, after a peer's death plus
     ``crash_grace_s``, or if the launcher itself is interrupted, every rank's process group
     is SIGKILLed; ranks also ask the kernel to kill them if the launcher dies
@@ -153,6 +186,8 @@ def launch(config: dict[str, Any], world_size: int, *, timeout_s: float, crash_g
     PR_SET_PDEATHSIG follows the *thread* that started the rank: call this from a thread that
     outlives the run (the worker's main thread does).
     """
+    if not isinstance(config, WorkerConfig):
+        config = WorkerConfig.model_validate(dict(config))
     start = time.monotonic()
     notes: list[str] = []
     result: LaunchResult | None = None
@@ -166,7 +201,7 @@ def launch(config: dict[str, Any], world_size: int, *, timeout_s: float, crash_g
         # A port taken between free_port() and rank 0's bind is the one failure worth
         # retrying: nothing about the machine was learnt.
         lost_port = any("address already in use" in " ".join(_log_lines(e.log)).lower() for e in result.exits)
-        if not lost_port or any(r.get("event") == "op" for rs in result.records.values() for r in rs):
+        if not lost_port or any(r.event == "op" for rs in result.records.values() for r in rs):
             break
         notes.append(f"attempt {attempt}: rendezvous port was taken by another process, retried")
     assert result is not None
@@ -174,7 +209,7 @@ def launch(config: dict[str, Any], world_size: int, *, timeout_s: float, crash_g
     return result
 
 
-def _launch_once(config: dict[str, Any], world_size: int, *, timeout_s: float, crash_grace_s: float,
+def _launch_once(config: WorkerConfig, world_size: int, *, timeout_s: float, crash_grace_s: float,
                  logs_dir: Path, extra_pythonpath: list[str]) -> LaunchResult:
     port = free_port()
     env = child_environ()  # not what an in-process engine (step 4's vLLM) set for itself
@@ -197,10 +232,10 @@ def _launch_once(config: dict[str, Any], world_size: int, *, timeout_s: float, c
         for rank in range(world_size):
             log_path = logs_dir / f"rank{rank}.log"
             logs.append(log_path)
-            rank_config = dict(config, results=str(logs_dir / f"rank{rank}.jsonl"))
+            rank_config = config.model_copy(update={"results": str(logs_dir / f"rank{rank}.jsonl")})
             with open(log_path, "wb") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", WORKER_MODULE, json.dumps(rank_config)],
+                    [sys.executable, "-m", WORKER_MODULE, rank_config.model_dump_json()],
                     env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own group: killpg reaches whatever it forked

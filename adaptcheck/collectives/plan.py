@@ -1,38 +1,20 @@
-"""What a collectives run checks and what its ranks' records mean.
-
-:class:`CollectivesParams` (shared by step 4's ``framework.collectives``, step 5's
-``perf.collectives`` and ``adaptcheck cluster collectives``), :func:`make_plan` (the dtypes
-that can be checked exactly on a backend), and the verdict: :func:`merge_rows` folds every
-rank's records into one row per (op, dtype, size), :func:`summarize` turns them and how
-each process ended into an :class:`~adaptcheck.ladder.check.Outcome`.
-
-Status policy
--------------
-* ``error`` — the run could not finish: a rank crashed, hung past ``timeout_s`` or could not
-  rendezvous (the message names the rank, the op in flight and the last line of its log).
-* ``fail`` — some op returned a wrong element on some rank (named: op, dtype, size, rank,
-  first wrong index), or raised an error other than "not supported". A wrong result seen
-  before a crash still makes it ``fail``: the wrong answer is conclusive by itself.
-* An op the library reports as *not supported* (``NotImplementedError`` or a "not supported"
-  message) is recorded as ``unsupported``, never as wrong. ``on_unsupported`` decides what
-  it costs: ``fail`` by default on accelerator backends (vLLM's tensor/expert parallelism
-  calls all five ops through the device library, so a missing one blocks serving there);
-  ``report`` by default on non-accelerator backends (CPU/gloo is a CI stand-in: the gap is
-  listed in the message and details, and the check passes on the ops that did run, if any).
-* ``skip`` — nothing to run: one device on an accelerator backend (``applicable=False``),
-  more ranks asked for than devices, or no dtype left that can be checked exactly.
-* ``pass`` — every op that ran matched exactly on every rank.
+"""What a collectives run checks and what its ranks' records mean: :class:`CollectivesParams`
+(shared by ``framework.collectives``, ``perf.collectives`` and ``cluster collectives``),
+:func:`make_plan` (the dtypes checkable exactly on a backend), :func:`merge_rows` (one row per
+op × dtype × size from every rank's records) and :func:`summarize` (the verdict). Status
+policy: docs/cluster.md ("How collectives are checked and timed", Status policy).
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adaptcheck.base.dtypes import ITEMSIZE, CollectiveDtype
+from adaptcheck.base.schemas.micro_evidence import CaseStatus, RankRecord
 from adaptcheck.collectives.exact import (
     DEFAULT_DTYPES,
     OPS,
@@ -118,6 +100,62 @@ class CollectivesParams(BaseModel):
 
 # --- verdict ------------------------------------------------------------------------------
 
+class RankFacts(TypedDict, total=False):
+    """What a rank that was not ok recorded for one table row (only the facts it had)."""
+
+    mismatches: int
+    first_index: int
+    got: int | float | str
+    expected: int | float | str
+    error: str
+
+
+class _CaseRowCore(TypedDict):
+    op: str
+    dtype: str
+    elements: int
+    bytes_per_rank: int
+    status: CaseStatus
+    time_s: float | None
+
+
+class CaseRow(_CaseRowCore, total=False):
+    """One op × dtype × size of the table (``details.table[]`` of ``framework.collectives``)."""
+
+    ranks: dict[int, RankFacts]
+    missing_ranks: list[int]
+
+
+def rank_facts(rec: RankRecord) -> RankFacts:
+    """The facts of a rank's record that a table row keeps, in the order the row shows them."""
+    facts: RankFacts = {}
+    if rec.mismatches is not None:
+        facts["mismatches"] = rec.mismatches
+    if rec.first_index is not None:
+        facts["first_index"] = rec.first_index
+    if rec.got is not None:
+        facts["got"] = rec.got
+    if rec.expected is not None:
+        facts["expected"] = rec.expected
+    if rec.error is not None:
+        facts["error"] = rec.error
+    return facts
+
+
+def case_status(statuses: list[str | None], complete: bool) -> CaseStatus:
+    """A row's status from its ranks' (see :func:`merge_rows`)."""
+    if "mismatch" in statuses:
+        return "mismatch"
+    if not complete:
+        return "incomplete"
+    if "raised" in statuses:
+        return "raised"
+    if "unsupported" in statuses:
+        return "unsupported"
+    if all(s == "ok" for s in statuses):
+        return "ok"
+    return "incomplete"  # a status this version does not know: never count it as a pass
+
 def _signal_text(code: int | None) -> str:
     if code is None:
         return "did not start"
@@ -129,17 +167,17 @@ def _signal_text(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _where(records: list[dict[str, Any]]) -> str:
+def _where(records: list[RankRecord]) -> str:
     """What a rank was doing when it stopped: the op begun but not finished, or its phase."""
     begun = None
     for rec in records:
-        if rec.get("event") == "begin":
+        if rec.event == "begin":
             begun = rec
-        elif rec.get("event") == "op" and begun is not None and rec.get("key") == begun.get("key"):
+        elif rec.event == "op" and begun is not None and rec.key == begun.key:
             begun = None
     if begun is not None:
-        return f"in {begun['op']} ({begun['dtype']}, {begun['elements']} elements)"
-    events = [r.get("event") for r in records]
+        return f"in {begun.op} ({begun.dtype}, {begun.elements} elements)"
+    events = [r.event for r in records]
     if "done" in events:
         return "after finishing"
     if "ready" in events:
@@ -163,7 +201,7 @@ class Plan:
     skipped_dtypes: dict[str, str] = field(default_factory=dict)
 
 
-def merge_rows(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def merge_rows(plan: Plan, records: dict[int, list[RankRecord]]) -> list[CaseRow]:
     """One row per (op, dtype, elements) with each rank's result folded in.
 
     Row status: ``mismatch`` (some rank got a wrong element: conclusive whatever else
@@ -171,37 +209,24 @@ def merge_rows(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[dic
     its peers raised, e.g. "connection closed by peer", is a consequence, kept as evidence) >
     ``raised`` > ``unsupported`` > ``ok`` (every rank matched).
     """
-    by_key: dict[str, dict[int, dict[str, Any]]] = {}
+    by_key: dict[str | None, dict[int, RankRecord]] = {}
     for rank, recs in records.items():
         for rec in recs:
-            if rec.get("event") == "op":
-                by_key.setdefault(rec["key"], {})[rank] = rec
-    rows: list[dict[str, Any]] = []
+            if rec.event == "op":
+                by_key.setdefault(rec.key, {})[rank] = rec
+    rows: list[CaseRow] = []
     for op in plan.ops:
         for dtype in plan.dtypes:
             for n in plan.elements:
                 key = f"{op}/{dtype}/{n}"
                 got = by_key.get(key, {})
-                statuses = {r: rec.get("status") for r, rec in got.items()}
-                row: dict[str, Any] = {"op": op, "dtype": dtype, "elements": n,
-                                       "bytes_per_rank": n * ITEMSIZE[dtype]}
-                if any(s == "mismatch" for s in statuses.values()):
-                    row["status"] = "mismatch"
-                elif len(got) < plan.world_size:
-                    row["status"] = "incomplete"
-                elif any(s == "raised" for s in statuses.values()):
-                    row["status"] = "raised"
-                elif any(s == "unsupported" for s in statuses.values()):
-                    row["status"] = "unsupported"
-                elif all(s == "ok" for s in statuses.values()):
-                    row["status"] = "ok"
-                else:  # a status this version does not know: never count it as a pass
-                    row["status"] = "incomplete"
-                times = [rec["time_s"] for rec in got.values() if isinstance(rec.get("time_s"), (int, float))]
-                row["time_s"] = max(times) if times else None  # a collective is as slow as its slowest rank
-                bad = {r: {k: rec.get(k) for k in ("mismatches", "first_index", "got", "expected", "error")
-                           if rec.get(k) is not None}
-                       for r, rec in sorted(got.items()) if rec.get("status") != "ok"}
+                times = [rec.time_s for rec in got.values() if rec.time_s is not None]
+                row: CaseRow = {"op": op, "dtype": dtype, "elements": n, "bytes_per_rank": n * ITEMSIZE[dtype],
+                                "status": case_status([rec.status for rec in got.values()],
+                                                      len(got) >= plan.world_size),
+                                # a collective is as slow as its slowest rank
+                                "time_s": max(times) if times else None}
+                bad = {r: rank_facts(rec) for r, rec in sorted(got.items()) if rec.status != "ok"}
                 if bad:
                     row["ranks"] = bad
                 missing = [r for r in range(plan.world_size) if r not in got]
@@ -215,7 +240,7 @@ def summarize(plan: Plan, launched: LaunchResult) -> Outcome:
     """The verdict (see the module docstring's status policy)."""
     rows = merge_rows(plan, launched.records)
     ws = plan.world_size
-    metrics: dict[str, Any] = {"world_size": ws, "library": plan.library, "wall_s": round(launched.wall_s, 3)}
+    metrics: dict[str, float | str] = {"world_size": ws, "library": plan.library, "wall_s": round(launched.wall_s, 3)}
     for op in plan.ops:
         times = [r["time_s"] for r in rows if r["op"] == op and r["time_s"] is not None]
         if times:
@@ -223,17 +248,17 @@ def summarize(plan: Plan, launched: LaunchResult) -> Outcome:
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "mismatch", "raised", "unsupported",
                                                                       "incomplete")}
     metrics.update({f"rows_{k}": v for k, v in counts.items()})
-    inits = [r.get("init_s") for rs in launched.records.values() for r in rs if r.get("event") == "ready"]
+    inits = [r.init_s for rs in launched.records.values() for r in rs if r.event == "ready" and r.init_s is not None]
     if inits:
-        metrics["rendezvous_s"] = round(max(i for i in inits if isinstance(i, (int, float))), 3)
+        metrics["rendezvous_s"] = round(max(inits), 3)
     ranks = []
     for e in launched.exits:
         recs = launched.records.get(e.rank, [])
-        start = next((r for r in recs if r.get("event") == "start"), {})
-        ranks.append({"rank": e.rank, "device": start.get("device"), "pid": start.get("pid"),
+        start = next((r for r in recs if r.event == "start"), RankRecord(event="start"))
+        ranks.append({"rank": e.rank, "device": start.device, "pid": start.pid,
                       "exit": _signal_text(e.returncode), "killed": e.killed, "last_line": e.last_line,
                       "stuck_at": e.stuck_at or None, "ended_s": e.ended_s, "log": e.log})
-    apis = next((r.get("apis") for rs in launched.records.values() for r in rs if r.get("event") == "ready"), None)
+    apis = next((r.apis for rs in launched.records.values() for r in rs if r.event == "ready"), None)
     details: dict[str, Any] = {
         "table": rows, "ranks": ranks, "dist_backend": plan.dist_backend, "library": plan.library,
         "on_unsupported": plan.on_unsupported, "broadcast_src": broadcast_source(ws),
@@ -246,7 +271,7 @@ def summarize(plan: Plan, launched: LaunchResult) -> Outcome:
     if launched.notes:
         details["notes"] = launched.notes
 
-    def label(r: dict[str, Any]) -> str:
+    def label(r: CaseRow) -> str:
         return f"{r['op']} ({r['dtype']}, {r['elements']} elements)"
 
     mismatched = [r for r in rows if r["status"] == "mismatch"]

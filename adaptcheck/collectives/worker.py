@@ -1,18 +1,8 @@
-"""Rank side of ``framework.collectives``: one process = one rank = one device.
-
-Started by :func:`adaptcheck.collectives.launch.launch` as
-``python -m adaptcheck.collectives.worker CONFIG_JSON`` with RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment. It joins the process group
-with the backend's ``dist_backend`` on ``backend.torch_device(rank)``, runs every
-(op, dtype, size) through a :class:`TorchCollectives` (or the ``impl`` override), checks the
-result exactly against :func:`~adaptcheck.collectives.exact.expected_output`, and appends one JSON line per
-event to its results file, flushed at once — so when a rank hangs or dies, the launcher
-still knows which op it was in.
-
-What lives here is what runs *one* op through ``torch.distributed`` (:class:`TorchCollectives`,
-:func:`execute`, :func:`run_case`); step 5 reuses it to time the same collectives: with
-``"mode": "bench"`` in the config, each (op, dtype, size) is timed by :func:`run_bench_case`
-instead of being checked (``perf.collectives``, :mod:`adaptcheck.steps.perf.collectives`).
+"""The rank side of a collectives run (one process = one rank = one device): joins the process
+group, runs every case through :class:`TorchCollectives` (or the ``impl`` override), checks it
+exactly (:func:`run_case`) or, in bench mode, times it (:func:`run_bench_case`), and appends
+one :class:`~adaptcheck.base.schemas.micro_evidence.RankRecord` line per event to its results
+file, flushed at once. Details: docs/cluster.md ("How collectives are checked and timed").
 """
 
 from __future__ import annotations
@@ -25,11 +15,12 @@ import signal
 import sys
 import time
 from datetime import timedelta
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from adaptcheck.base.dtypes import torch_dtype
 from adaptcheck.base.plugins import load_ref
 from adaptcheck.base.procs import set_parent_death_signal
+from adaptcheck.base.schemas.micro_evidence import RankRecord
 from adaptcheck.collectives.exact import (
     broadcast_source,
     buffer_sizes,
@@ -39,6 +30,7 @@ from adaptcheck.collectives.exact import (
     expected_output,
     output_buffer,
 )
+from adaptcheck.collectives.launch import BenchSettings, WorkerConfig
 
 if TYPE_CHECKING:
     import torch
@@ -114,7 +106,7 @@ def execute(impl: TorchCollectives, op: str, inp: torch.Tensor, out: torch.Tenso
 
 
 def run_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: int, op: str, dtype: str,
-             elements: int, *, device_index: int | None = None) -> dict[str, Any]:
+             elements: int, *, device_index: int | None = None) -> RankRecord:
     """Run one (op, dtype, size) on this rank and check it exactly; one JSON-able record.
 
     ``status`` is ``ok``, ``mismatch`` (with count, first index and values), ``unsupported``
@@ -125,8 +117,7 @@ def run_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: in
     """
     index = rank if device_index is None else device_index
     device = backend.torch_device(index)
-    rec: dict[str, Any] = {"event": "op", "key": f"{op}/{dtype}/{elements}", "op": op, "dtype": dtype,
-                           "elements": elements}
+    rec = RankRecord(event="op", key=f"{op}/{dtype}/{elements}", op=op, dtype=dtype, elements=elements)
     inp = build_input(op, world_size, rank, elements, dtype).to(device)
     out = output_buffer(op, world_size, elements, dtype, device=device)
     backend.synchronize(index)
@@ -135,18 +126,20 @@ def run_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: in
         result = execute(impl, op, inp, out, world_size)
         backend.synchronize(index)  # the op is done only when the device says so
     except Exception as exc:  # noqa: BLE001 - a failing collective is the finding, not a crash
-        rec.update(status=classify_exception(exc), error=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+        rec.status, rec.error = classify_exception(exc), f"{type(exc).__name__}: {str(exc).strip()[:300]}"
         return rec
-    rec["time_s"] = time.perf_counter() - start
+    rec.time_s = time.perf_counter() - start
     cmp = compare(result, expected_output(op, world_size, rank, elements, dtype))
-    rec.update(cmp, status="ok" if cmp["mismatches"] == 0 else "mismatch")
+    rec.mismatches, rec.first_index, rec.got, rec.expected = (cmp["mismatches"], cmp["first_index"], cmp["got"],
+                                                              cmp["expected"])
+    rec.status = "ok" if rec.mismatches == 0 else "mismatch"
     return rec
 
 
 # --- step 5: timing (bench mode) ----------------------------------------------------------
 
 def run_bench_case(impl: TorchCollectives, backend: Backend, rank: int, world_size: int, op: str, dtype: str,
-                   elements: int, bench: dict[str, Any], *, device_index: int | None = None) -> dict[str, Any]:
+                   elements: int, bench: BenchSettings, *, device_index: int | None = None) -> RankRecord:
     """Time one (op, dtype, size) on this rank; one JSON-able record with per-call samples.
 
     As nccl-tests do: warm-up calls, then repetitions of ``inner`` back-to-back calls timed
@@ -165,30 +158,26 @@ def run_bench_case(impl: TorchCollectives, backend: Backend, rank: int, world_si
     dist = impl.dist
     index = rank if device_index is None else device_index
     device = backend.torch_device(index)
-    rec: dict[str, Any] = {"event": "bench", "key": f"{op}/{dtype}/{elements}", "op": op, "dtype": dtype,
-                           "elements": elements}
+    rec = RankRecord(event="bench", key=f"{op}/{dtype}/{elements}", op=op, dtype=dtype, elements=elements)
     numel_in, numel_out = buffer_sizes(op, world_size, elements)
     inp = torch.zeros(numel_in, dtype=torch_dtype(dtype), device=device)
     out = torch.zeros(numel_out, dtype=torch_dtype(dtype), device=device)
     warm: list[float] = []
     try:
-        for _ in range(max(1, int(bench.get("warmup", 2)))):
+        for _ in range(max(1, bench.warmup)):
             backend.synchronize(index)
             t0 = time.perf_counter()
             execute(impl, op, inp, out, world_size)
             backend.synchronize(index)
             warm.append(time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - an unsupported op/dtype is a finding, not a crash
-        rec.update(status=classify_exception(exc), error=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+        rec.status, rec.error = classify_exception(exc), f"{type(exc).__name__}: {str(exc).strip()[:300]}"
         return rec
     agreed = torch.tensor([min(warm)], dtype=torch.float64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     estimate = max(float(agreed.item()), 1e-9)
-    min_sample = float(bench.get("min_sample_s", 1e-3))
-    inner = max(1, min(1 << 12, math.ceil(min_sample / estimate)))
-    reps = int(bench.get("min_reps", 5))
-    reps = max(reps, min(int(bench.get("max_reps", 50)), math.ceil(float(bench.get("budget_s", 0.5)) /
-                                                                    (estimate * inner))))
+    inner = max(1, min(1 << 12, math.ceil(bench.min_sample_s / estimate)))
+    reps = max(bench.min_reps, min(bench.max_reps, math.ceil(bench.budget_s / (estimate * inner))))
     samples: list[float] = []
     for _ in range(reps):
         dist.barrier()
@@ -198,20 +187,20 @@ def run_bench_case(impl: TorchCollectives, backend: Backend, rank: int, world_si
             execute(impl, op, inp, out, world_size)
         backend.synchronize(index)
         samples.append((time.perf_counter() - t0) / inner)
-    rec.update(status="ok", samples=samples, inner=inner, warmup=len(warm), estimate_s=estimate)
+    rec.status, rec.samples, rec.inner, rec.warmup, rec.estimate_s = "ok", samples, inner, len(warm), estimate
     return rec
 
 
-def _bench_loop(fh: IO[str], config: dict[str, Any], impl: TorchCollectives, backend: Backend, rank: int,
+def _bench_loop(fh: IO[str], config: WorkerConfig, impl: TorchCollectives, backend: Backend, rank: int,
                 world_size: int) -> None:
     """Bench mode: every case ``[op, dtype, elements]`` of ``config["cases"]`` timed, one
     ``bench`` record each (the launcher chose ``elements`` per op and dtype for a byte size)."""
     import torch.distributed as dist
 
-    for op, dtype, n in config["cases"]:
+    for op, dtype, n in config.cases:
         dist.barrier()
-        _emit(fh, {"event": "begin", "key": f"{op}/{dtype}/{n}", "op": op, "dtype": dtype, "elements": n})
-        _emit(fh, run_bench_case(impl, backend, rank, world_size, op, dtype, n, config.get("bench", {})))
+        _emit(fh, RankRecord(event="begin", key=f"{op}/{dtype}/{n}", op=op, dtype=dtype, elements=n))
+        _emit(fh, run_bench_case(impl, backend, rank, world_size, op, dtype, n, config.bench))
 
 
 # --- process plumbing ---------------------------------------------------------------------
@@ -245,15 +234,16 @@ def bind_device(backend: Backend, index: int, ranks_on_host: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ranks_on_host)))
 
 
-def _emit(fh: IO[str], rec: dict[str, Any]) -> None:
-    rec.setdefault("t", time.time())  # wall clock: lines up the ranks' logs and shows where time went
-    fh.write(json.dumps(rec, default=str) + "\n")
+def _emit(fh: IO[str], rec: RankRecord) -> None:
+    if rec.t is None:
+        rec.t = time.time()  # wall clock: lines up the ranks' logs and shows where time went
+    fh.write(json.dumps(rec.dump(), default=str) + "\n")
     fh.flush()
 
 
-def _load_backend(config: dict[str, Any]) -> Backend:
+def _load_backend(config: WorkerConfig) -> Backend:
     """The very backend class the check used (tests use unregistered ones), else by name."""
-    ref = config.get("backend_class")
+    ref = config.backend_class
     if ref:
         try:
             return load_ref(ref)()
@@ -261,47 +251,47 @@ def _load_backend(config: dict[str, Any]) -> Backend:
             pass
     from adaptcheck.backends.registry import get_backend
 
-    return get_backend(config["backend"])
+    return get_backend(config.backend)
 
 
 def main(argv: list[str]) -> int:
     _die_with_parent()
     faulthandler.enable()  # a segfault in a collective library leaves a Python stack in the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher's "where are you stuck?"
-    config = json.loads(argv[0])
+    config = WorkerConfig.model_validate_json(argv[0])
+    if config.results is None:
+        raise SystemExit("the launcher gave this rank no results file")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    with open(config["results"], "a", encoding="utf-8") as fh:
+    with open(config.results, "a", encoding="utf-8") as fh:
         backend = _load_backend(config)
         device = backend.torch_device(rank)
-        _emit(fh, {"event": "start", "rank": rank, "pid": os.getpid(), "device": str(device)})
+        _emit(fh, RankRecord(event="start", rank=rank, pid=os.getpid(), device=str(device)))
         import torch
         import torch.distributed as dist
 
         bind_device(backend, rank, world_size)  # every rank of this launcher is on this host
-        impl = load_impl(config.get("impl"))
+        impl = load_impl(config.impl)
         t0 = time.perf_counter()
         # The launcher's deadline must be what ends a hang (it reports which rank and op, and
         # kills every rank); the process group's own timeout is only a backstop behind it, so
         # a peer does not turn the hang into a "raised" timeout error first.
         dist.init_process_group(backend.dist_backend, init_method="env://", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=float(config["timeout_s"]) + 60))
+                                timeout=timedelta(seconds=config.timeout_s + 60))
         dist.barrier()  # every rank is connected before anything is timed
         apis = impl.apis() if hasattr(impl, "apis") else {}
-        _emit(fh, {"event": "ready", "init_s": time.perf_counter() - t0, "apis": apis,
-                   "torch": torch.__version__})
-        if config.get("mode") == "bench":  # step 5's timing; the exactness path below is step 4's
+        _emit(fh, RankRecord(event="ready", init_s=time.perf_counter() - t0, apis=apis, torch=str(torch.__version__)))
+        if config.mode == "bench":  # step 5's timing; the exactness path below is step 4's
             _bench_loop(fh, config, impl, backend, rank, world_size)
         else:
-            for op in config["ops"]:
-                for dtype in config["dtypes"]:
-                    for n in config["elements"]:
+            for op in config.ops:
+                for dtype in config.dtypes:
+                    for n in config.elements:
                         dist.barrier()  # start together, so time_s is the op, not a peer's lag
-                        _emit(fh, {"event": "begin", "key": f"{op}/{dtype}/{n}", "op": op, "dtype": dtype,
-                                   "elements": n})
+                        _emit(fh, RankRecord(event="begin", key=f"{op}/{dtype}/{n}", op=op, dtype=dtype, elements=n))
                         _emit(fh, run_case(impl, backend, rank, world_size, op, dtype, n))
         dist.barrier()
         dist.destroy_process_group()
-        _emit(fh, {"event": "done"})
+        _emit(fh, RankRecord(event="done"))
     return 0
 
 

@@ -1,10 +1,5 @@
-"""Environment changes: which package, driver, runtime, device or ladder differs between two runs.
-
-Both runs are flattened into ``what → value`` (``None``: absent or not installed) and the
-keys compared. Readings that change by themselves between two captures of the same machine
-(memory in use, temperature, power, utilisation, clock) and tool paths are left out: they
-are not part of the stack, and listing them would bury the change that matters — the
-package someone upgraded.
+"""Environment changes: which package, driver, runtime, device or ladder differs between two runs;
+live readings and tool paths are left out (docs/compare.md, "Environment changes").
 """
 
 from __future__ import annotations

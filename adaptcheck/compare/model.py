@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from adaptcheck.base import safejson
 from adaptcheck.base.atomic import write_text_atomic
@@ -279,10 +279,10 @@ class Comparison(BaseModel):
         return [f"{name} ({ref.unverified_reason or 'unverified'})"
                 for name, ref in (("baseline", self.baseline), ("new", self.new)) if not ref.verified]
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> dict[str, JsonValue]:
         """Plain JSON data (for check details and ``--format json``): inf/NaN as strings, which
         :meth:`from_data` reads back as floats."""
-        data: dict[str, Any] = json.loads(self.model_dump_json())
+        data: dict[str, JsonValue] = json.loads(self.model_dump_json())
         return data
 
     def save(self, path: Path) -> None:

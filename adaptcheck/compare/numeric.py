@@ -1,23 +1,5 @@
-"""Numerical regressions: correctness metrics of matched checks that got worse beyond a rule.
-
-Only metrics whose meaning does not depend on the data's units are judged, each with a
-direction and a rule (docs/compare.md):
-
-* ``ratio_to_tolerance`` (step 3: the worst error divided by the op's tolerance, 1.0 = at
-  the tolerance) — regression when the new value is more than ``error_growth`` × the
-  baseline's **and** more than ``min_error_delta`` tolerances above it. A same-seed rerun
-  gives the same value (never trips), and an error moving from 1e-4 to 5e-4 of the
-  tolerance is a large factor but a negligible amount (does not trip either).
-* ``max_logprob_abs_diff`` (step 4, nats) — the same two-part rule, the floor being
-  ``min_logprob_delta`` nats.
-* ``cases_failed`` / ``sequences_failed`` (counts) — any increase: a deterministic rerun
-  repeats its failures exactly.
-* ``token_agreement`` (step 4, fraction, higher is better) — a drop of more than
-  ``max_agreement_drop``.
-
-Raw ``max_abs_error`` / ``max_rel_error`` are not judged: they are in the data's own units
-(a bf16 GEMM's max_abs_error of 64 can be within tolerance), and ratio_to_tolerance is the
-same error expressed against the tolerance that gives it meaning.
+"""Numerical regressions: the correctness metrics of matched checks that got worse beyond their
+rule (which metrics, and why each rule: docs/compare.md, "Numerical regressions").
 """
 
 from __future__ import annotations

@@ -1,29 +1,7 @@
-"""Performance regressions: step-5 figures judged against the run-to-run noise both runs measured.
-
-Figures (docs/perf.md has the shapes they are read from):
-
-* micro-benchmark rows (``details.rows[]`` of perf.gemm, perf.memory_bandwidth,
-  perf.attention, perf.collectives …), matched by (row name, dtype): the median time; its
-  noise is the row's ``time_s.spread`` = (p90 − p10) / median of the repetitions;
-* serving levels (``details.levels[]`` of perf.serving), matched by level: the geometric
-  mean over the undisturbed runs (the values perf.serving's stability verdict used,
-  ``stability.metrics[*].values``; for results written before it, every run not marked
-  ``disturbed``) of the median TTFT, of the median TPOT, and of output tok/s. The noise of
-  each side is its run-to-run CV (standard deviation of ln x over the runs).
-
-A micro figure regresses when it is worse than the baseline by more than
-``noise_multiplier × max(spread_before, spread_after)``. A serving figure regresses when
-its change exceeds ``noise_multiplier`` standard errors of the change, Student-corrected
-for the few runs behind them: the log change's standard error is
-max(s_before, s_after) · √(1/n_before + 1/n_after), and the bound is exp(t_q · SE) − 1 with
-q = Φ(noise_multiplier) and n_before + n_after − 2 degrees of freedom — k standard errors
-for many runs, wider for few (docs/perf.md, "Regression noise model").
-The change is taken as a time (``after / before − 1`` for latencies and times,
-``before / after − 1`` for throughput); ``min_tolerance`` floors the bound only where the
-noise was measured as ~0. The mirror image is an improvement: the baseline took more than
-``1 + bound`` times the new time. Figures on one side only, rows that did not run, serving
-checks whose workload differs and rows timed too few times to measure their noise are
-listed as not compared, with the reason.
+"""Performance regressions: step-5 figures (micro-benchmark rows by name and dtype; serving
+levels' median TTFT, median TPOT and output tok/s over the undisturbed runs) judged against the
+run-to-run noise both runs measured; figures that cannot be compared are listed with the
+reason. Noise model: docs/perf.md, "Regression noise model"; docs/compare.md.
 """
 
 from __future__ import annotations
@@ -32,9 +10,12 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
+
+from pydantic import JsonValue
 
 from adaptcheck.base.schemas.results import CheckResult
+from adaptcheck.base.schemas.serving_evidence import LatencyStats, MeasuredRun, ServingEvidence, ServingLevel
 from adaptcheck.compare.model import (
     Better,
     ComparePolicy,
@@ -94,34 +75,44 @@ def _row_figure(row: dict[str, Any]) -> Figure | str:
     return median, float(spread), n
 
 
-def _workload(check: CheckResult) -> dict[str, Any]:
-    scenario, server = _dict(check.details.get("scenario")), _dict(check.details.get("server"))
-    out = {k: scenario.get(k) for k in WORKLOAD_KEYS}
+def _serving(check: CheckResult) -> ServingEvidence:
+    """The check's serving evidence; details that do not fit read as none (nothing to compare)."""
+    return check.evidence(ServingEvidence) or ServingEvidence()
+
+
+def _workload(check: CheckResult) -> dict[str, JsonValue]:
+    """The scenario fields that define the work (:data:`WORKLOAD_KEYS`, as stored) and the server."""
+    ev = _serving(check)
+    scenario = ev.scenario.dump() if ev.scenario is not None else {}
+    out: dict[str, JsonValue] = {k: scenario.get(k) for k in WORKLOAD_KEYS}
+    server = ev.server or {}  # the adapter's free-form facts
     out["server"] = server.get("framework") or server.get("name")
     return out
 
 
-SERVING_FIGURES: tuple[tuple[str, str, str, Better, Callable[[dict[str, Any]], Any]], ...] = (
+def _median_of(stats: LatencyStats | None) -> float | None:
+    return stats.median if stats is not None else None
+
+
+SERVING_FIGURES: tuple[tuple[str, str, str, Better, Callable[[MeasuredRun], float | None]], ...] = (
     # (figure, unit, perf.serving's stability metric key, better, the value in a run summary)
-    ("TTFT median", "ms", "ttft_ms_median", "lower", lambda r: (r.get("ttft_ms") or {}).get("median")),
-    ("TPOT median", "ms", "tpot_ms_median", "lower", lambda r: (r.get("tpot_ms") or {}).get("median")),
-    ("output throughput", "tok/s", "output_tok_per_s", "higher", lambda r: r.get("output_throughput")),
+    ("TTFT median", "ms", "ttft_ms_median", "lower", lambda r: _median_of(r.ttft_ms)),
+    ("TPOT median", "ms", "tpot_ms_median", "lower", lambda r: _median_of(r.tpot_ms)),
+    ("output throughput", "tok/s", "output_tok_per_s", "higher", lambda r: r.output_throughput),
 )
 
 
-def _levels(check: CheckResult) -> dict[str, dict[str, Any]]:
-    return {f"level {lv['level']:g}": lv for lv in check.details.get("levels") or []
-            if isinstance(lv, dict) and isinstance(lv.get("level"), (int, float))}
+def _levels(check: CheckResult) -> dict[str, ServingLevel]:
+    return {f"level {lv.level:g}": lv for lv in _serving(check).levels or [] if lv.level is not None}
 
 
-def _run_values(level: dict[str, Any], key: str, get: Callable[[dict[str, Any]], Any]) -> list[float]:
+def _run_values(level: ServingLevel, key: str, get: Callable[[MeasuredRun], float | None]) -> list[float]:
     """The figure's value in each undisturbed run: the stability verdict's own values where recorded."""
-    metric = _dict(_dict(_dict(level.get("stability")).get("metrics")).get(key))
-    if isinstance(metric.get("values"), list):
-        return [v for x in metric["values"] if (v := _pos(x)) is not None]
+    metric = level.stability.metrics.get(key) if level.stability is not None else None
+    if metric is not None and "values" in metric.model_fields_set:
+        return [v for x in metric.values if (v := _pos(x)) is not None]
     # Results written before the stability verdict (or by a hand): every run not marked disturbed.
-    return [v for r in level.get("runs") or []
-            if isinstance(r, dict) and not r.get("disturbed") and (v := _pos(get(r))) is not None]
+    return [v for r in level.runs if not r.disturbed and (v := _pos(get(r))) is not None]
 
 
 @dataclass(frozen=True)
@@ -134,7 +125,7 @@ class RunsFigure:
     n: int
 
 
-def _level_figure(level: dict[str, Any], key: str, get: Callable[[dict[str, Any]], Any]) -> RunsFigure | str:
+def _level_figure(level: ServingLevel, key: str, get: Callable[[MeasuredRun], float | None]) -> RunsFigure | str:
     """The figure over the undisturbed runs, or why there is none."""
     values = _run_values(level, key, get)
     if len(values) < MIN_RUNS:
@@ -164,6 +155,14 @@ def runs_bound(a: RunsFigure, b: RunsFigure, noise_multiplier: float) -> float:
     return math.expm1(exponent) if exponent < 700 else math.inf
 
 
+class _RunsNoise(TypedDict, total=False):
+    """The PerfFigure fields only a serving figure sets (a micro figure leaves them unset)."""
+
+    noise_kind: Literal["run_cv"]
+    runs_before: int
+    runs_after: int
+
+
 class PerfComparer:
     """Collects the figures, the not-compared entries and the verdicts of matched perf checks."""
 
@@ -181,7 +180,7 @@ class PerfComparer:
             why = [f"baseline: {old}" if isinstance(old, str) else "", f"new: {new}" if isinstance(new, str) else ""]
             self.skip(check_id, figure, "; ".join(w for w in why if w))
             return
-        extra: dict[str, Any] = {}
+        extra: _RunsNoise = {}
         if isinstance(old, RunsFigure) and isinstance(new, RunsFigure):
             before, s_before, after, s_after = old.value, old.sd_log, new.value, new.sd_log
             noise = runs_bound(old, new, self.policy.noise_multiplier)

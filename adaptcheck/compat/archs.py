@@ -1,31 +1,18 @@
-"""The ``arch_supported`` rule type: does the installed torch build carry kernels for this device?
+"""The ``arch_supported`` rule type: does the installed torch build carry kernels for this
+device's architecture (CUDA ``sm_XY`` / ROCm ``gfx`` targets)?
 
-A torch wheel is compiled for a list of device architectures (``torch.cuda.get_arch_list()``:
-``sm_80``, ``sm_90``, ``compute_90`` … on CUDA; ``gfx90a``, ``gfx942`` … on ROCm). A device
-whose architecture is not covered loads torch, then fails at the first kernel ("no kernel
-image is available for execution on the device"), so step 1 should say it before step 2
-trips over it. Two compatibility models, per the vendors' documents:
-
-* ``cuda`` — a cubin for ``sm_XY`` runs on devices of the same major ``X`` with minor ≥ ``Y``
-  (binary compatibility; arch-specific targets such as ``sm_90a`` only on exactly that
-  device); PTX (``compute_XY``) is JIT-compiled for any device of capability ≥ X.Y, which
-  works but is slow at start and misses the arch-specific kernels: a warning.
-* ``exact`` — ROCm code objects are per ``gfx`` target (feature suffixes such as
-  ``:sramecc+:xnack-`` stripped): the device's target must be in the list.
-
-``builds`` lists published arch lists per torch release (and runtime), used twice: when the
-capture has no arch list (an old results file, torch not importable) the matching build's
-published list stands in, and when the device is not covered the advice names the builds
-that do cover it.
+The compatibility models and the published build lists: docs/matrix.md (Rules) and
+matrices/README.md.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
+from adaptcheck.base.schemas.matrix_evidence import ArchCompared
 from adaptcheck.compat.rulebase import Evaluation, RuleBase, RuleInputs, Strict
 from adaptcheck.compat.stackkeys import fits, label, stack_value, target_text, validate_constraints
 
@@ -103,7 +90,7 @@ def evaluate_arch(rule: ArchSupportedRule, inp: RuleInputs) -> Evaluation:
     """The verdict for the captured device architecture and torch arch list."""
     device = inp.env.device_arch
     archs = list(inp.env.torch_archs)
-    compared: dict[str, Any] = {"device_arch": device, "torch": inp.env.torch, "torch_archs": archs}
+    compared = ArchCompared(device_arch=device, torch=inp.env.torch, torch_archs=archs)
     if not device:
         return Evaluation("not_applicable", "no device architecture was captured (no device, or torch cannot "
                           "query it)", compared)
@@ -114,9 +101,9 @@ def evaluate_arch(rule: ArchSupportedRule, inp: RuleInputs) -> Evaluation:
             return Evaluation("warn", f"warning: the installed torch's arch list was not captured and no published "
                               f"list matches torch {inp.env.torch}: {device} support is unknown", compared)
         archs, origin = list(published.archs), f"the published arch list of {_describe(published)}"
-        compared["torch_archs_published"] = archs
+        compared.torch_archs_published = archs
     how = covers(archs, device, rule.compatibility)
-    compared["coverage"] = how
+    compared.coverage = how
     if how == "native":
         return Evaluation("ok", f"torch {inp.env.torch} ships kernels for {device} ({origin})", compared)
     advice = [f"torch {inp.env.torch} → a build with {normalise(device)}: {_describe(b)}"

@@ -1,14 +1,7 @@
-"""Known-good stacks (``matrices/known_good.yaml``) and matching a captured environment to them.
+"""Known-good stacks (``matrices/known_good.yaml`` plus ``$ADAPTCHECK_KNOWN_GOOD`` files) and
+matching a captured environment to them, or to the nearest one with the changes that reach it.
 
-An entry names a backend, optionally an architecture and a device-name regex, and version
-constraints on named parts of the stack (keys and constraint syntax:
-:mod:`adaptcheck.compat.stackkeys`). An entry matches when the backend, architecture and every
-device name match and every constraint holds; otherwise the nearest entry is reported with
-the smallest set of changes that reaches it (:class:`MatchResult`).
-
-A site adds its own entries without editing the shipped file: ``$ADAPTCHECK_KNOWN_GOOD``
-lists further files (``path[:path…]``, ``os.pathsep``-separated) that are read in addition
-(:func:`load_known_good_sources`); ``adaptcheck matrix export-known-good`` writes them.
+Matching and site files: docs/matrix.md (Known-good stacks) and matrices/README.md.
 """
 
 from __future__ import annotations

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adaptcheck.base.schemas.environment import Environment
+from adaptcheck.base.schemas.matrix_evidence import RuleCompared
 from adaptcheck.compat import versions as V
 from adaptcheck.compat.stackkeys import validate_backend
 
@@ -50,7 +51,7 @@ class Evaluation:
 
     verdict: VerdictName
     message: str
-    compared: dict[str, Any] = field(default_factory=dict)
+    compared: RuleCompared = field(default_factory=RuleCompared)
     advice: list[str] = field(default_factory=list)
 
 

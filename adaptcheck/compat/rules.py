@@ -1,49 +1,29 @@
-"""Compatibility rules as data (``matrices/rules.yaml``) and the code that evaluates them.
+"""Compatibility rules as data (``matrices/rules.yaml`` and each backend's own rules file),
+validated into one model per rule type at load time, and the evaluators that give each rule's
+verdict, compared values and advice.
 
-Each rule has an ``id``, a ``description``, a ``source`` (where the fact comes from) and a
-``type`` naming one evaluator below. An evaluator looks at a captured
-:class:`Environment` plus the Requires-Dist metadata of installed distributions and returns
-a :class:`Verdict`: ``ok``, ``warn``, ``incompatible`` or ``not_applicable`` (the rule is
-about something this machine does not have), always with the values it compared.
-
-Rule types:
-
-* ``cuda_driver_minimum`` — CUDA minor-version compatibility: the driver must be at least
-  the minimum of the runtime's major release; below the runtime's own release driver the
-  stack runs in minor-version-compatibility mode (a warning: PTX JIT is unavailable).
-* ``requirement`` — an installed distribution's declared requirement on another
-  (vLLM's torch pin, vLLM's transformers range) against the installed version.
-* ``plugin_requires_vllm`` — every vLLM plugin distribution's requirement on vLLM against
-  the installed vLLM (whichever distribution provides the ``vllm`` module). Plugins that
-  ``VLLM_PLUGINS`` excludes are reported but do not count: vLLM will not load them.
-* ``dependencies_satisfied`` — a targeted ``pip check``: every declared dependency of the
-  core stack (torch, vLLM, transformers …) is installed in a fitting version. It applies
-  on every machine with torch, so a plain CPU machine has a rule that can pass.
-* ``extension_matches_torch`` — a device extension (torch_npu, IPEX …) against torch: its
-  declared torch requirement if it has one, else its version scheme (``release``: the
-  extension's X.Y.Z is torch's X.Y.Z; ``major_minor``: X.Y must match; ``local_label``: the
-  torch release the extension names in its local label, ``1.22.2+torch2.4.0``).
-* ``version_table`` — a vendor's published pairing table: when one part of the stack (the
-  subject: vllm-ascend 0.7.3) is in a row, another part (the object: CANN) must satisfy that
-  row. It covers plugin ↔ vLLM, extension ↔ runtime, runtime ↔ driver minimums and wheel ↔
-  Python for every vendor that publishes such a table (:mod:`adaptcheck.compat.tables`).
-* ``arch_supported`` — the device's architecture (CUDA ``sm_90``, ROCm ``gfx942``) is among
-  those the installed torch build ships kernels for (:mod:`adaptcheck.compat.archs`).
-
-A rule may name the ``backends`` it is about; on another backend it is not applicable. A
-verdict that is not ``ok`` carries ``advice``: the smallest change that makes the rule hold.
+Rule types and their fields: matrices/README.md; verdicts and advice: docs/matrix.md (Rules).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from adaptcheck.base.schemas.matrix_evidence import (
+    BackendsCompared,
+    CudaCompared,
+    DependenciesCompared,
+    ExtensionCompared,
+    PluginDistribution,
+    PluginsCompared,
+    RequirementCompared,
+    RuleCompared,
+)
 from adaptcheck.base.yamldata import MatrixError, load_model, matrices_file
 from adaptcheck.compat import versions as V
 from adaptcheck.compat.archs import ArchSupportedRule, evaluate_arch
@@ -109,8 +89,9 @@ class DependenciesRule(RuleBase):
                     "setup (distribution → names): their absence is a warning, not an incompatibility.")
 
 
-Rule = Annotated[CudaDriverRule | RequirementRule | PluginRule | ExtensionRule | DependenciesRule
-                 | VersionTableRule | ArchSupportedRule, Field(discriminator="type")]
+RuleModel = (CudaDriverRule | RequirementRule | PluginRule | ExtensionRule | DependenciesRule | VersionTableRule
+           | ArchSupportedRule)
+Rule = Annotated[RuleModel, Field(discriminator="type")]
 
 
 class RulesFile(Strict):
@@ -156,7 +137,7 @@ class Verdict:
     verdict: VerdictName
     message: str
     source: str
-    compared: dict[str, Any] = field(default_factory=dict)
+    compared: RuleCompared = field(default_factory=RuleCompared)
     error: str | None = None
     """Set when the rule could not be evaluated (an evaluator bug or unreadable metadata)."""
     advice: list[str] = field(default_factory=list)
@@ -170,11 +151,11 @@ def _driver_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.strip().split("."))
 
 
-def _cuda(rule: CudaDriverRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
+def _cuda(rule: CudaDriverRule, inp: RuleInputs) -> tuple[VerdictName, str, CudaCompared]:
     runtime = inp.env.runtimes.get(rule.runtime)
     driver = inp.env.driver_version or (inp.env.runtimes.get(rule.driver_runtime_key)
                                         if rule.driver_runtime_key else None)
-    compared: dict[str, Any] = {"runtime": runtime, "driver": driver}
+    compared = CudaCompared(runtime=runtime, driver=driver)
     if not runtime:
         return "not_applicable", f"no {rule.runtime} runtime on this machine", compared
     rt = V.parse(runtime)
@@ -184,7 +165,7 @@ def _cuda(rule: CudaDriverRule, inp: RuleInputs) -> tuple[VerdictName, str, dict
     if row is None:
         known = ", ".join(str(m.major) for m in rule.majors)
         return "warn", f"warning: no driver table for CUDA {rt.major}.x (table covers {known})", compared
-    compared["required_driver"] = f">={row.min_driver}"
+    compared.required_driver = f">={row.min_driver}"
     if not driver:
         return "warn", f"warning: CUDA {runtime} needs driver >= {row.min_driver}, but the driver version is unknown", compared
     try:
@@ -197,7 +178,7 @@ def _cuda(rule: CudaDriverRule, inp: RuleInputs) -> tuple[VerdictName, str, dict
         return "incompatible", message, compared
     release = next((r for r in rule.releases if r.cuda == f"{rt.major}.{rt.minor}"), None)
     if release is not None and have < _driver_tuple(release.driver):
-        compared["release_driver"] = release.driver
+        compared.release_driver = release.driver
         message = (f"warning: CUDA {runtime} runs on driver {driver} through minor-version compatibility "
                    f"(its release driver is {release.driver}); PTX JIT and newer driver features are unavailable")
         return "warn", message, compared
@@ -221,54 +202,55 @@ def _requirement_verdict(who: str, spec: V.AppliedRequirement, target: str, vers
     return on_mismatch, f"{prefix}{who} requires {target} {wanted}, but {version} is installed"
 
 
-def _requirement(rule: RequirementRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
+def _requirement(rule: RequirementRule, inp: RuleInputs) -> tuple[VerdictName, str, RequirementCompared]:
     found = inp.first_installed(rule.requirer)
-    compared: dict[str, Any] = {"requirer": None, "target": rule.target, "installed": inp.version_of(rule.target)}
+    compared = RequirementCompared(requirer=None, target=rule.target, installed=inp.version_of(rule.target))
     if found is None:
         return "not_applicable", f"{' / '.join(rule.requirer)} not installed", compared
     dist, version = found
-    compared["requirer"] = f"{dist} {version}"
+    compared.requirer = f"{dist} {version}"
     requires = inp.requires(dist)
     if requires is None:
         return "warn", f"warning: no metadata for {dist} (cannot read its requirements)", compared
     spec = V.requirement_on(requires, rule.target)
     if spec is None:
         return "not_applicable", f"{dist} {version} declares no requirement on {rule.target}", compared
-    compared["requirement"] = list(spec.lines)
-    verdict, message = _requirement_verdict(f"{dist} {version}", spec, rule.target, compared["installed"],
+    compared.requirement = list(spec.lines)
+    verdict, message = _requirement_verdict(f"{dist} {version}", spec, rule.target, compared.installed,
                                             rule.on_mismatch)
     return verdict, message, compared
 
 
-def _plugins(rule: PluginRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
-    dists: dict[str, Any] = {}
+def _plugins(rule: PluginRule, inp: RuleInputs) -> tuple[VerdictName, str, PluginsCompared]:
+    dists: dict[str, PluginDistribution] = {}
     for p in inp.env.vllm_plugins:
         if p.distribution:
-            entry = dists.setdefault(p.distribution, {"version": p.distribution_version, "requires": p.requires,
-                                                      "plugins": [], "allowed": False})
-            entry["plugins"].append(f"{p.group}:{p.name}")
-            entry["allowed"] = entry["allowed"] or p.allowed
+            entry = dists.setdefault(p.distribution, PluginDistribution(
+                distribution=p.distribution, version=p.distribution_version, requires=p.requires, plugins=[],
+                allowed=False))
+            entry.plugins.append(f"{p.group}:{p.name}")
+            entry.allowed = entry.allowed or p.allowed
     vllm = inp.first_installed(rule.vllm_distributions)
-    compared: dict[str, Any] = {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None, "plugins": []}
+    compared = PluginsCompared(vllm=f"{vllm[0]} {vllm[1]}" if vllm else None, plugins=[])
     if not dists:
         return "not_applicable", "no vLLM plugin distribution installed", compared
     if vllm is None:
-        compared["plugins"] = [{"distribution": d, **e} for d, e in sorted(dists.items())]
+        compared.plugins = [e for _, e in sorted(dists.items())]
         return "not_applicable", f"vLLM is not installed, so its plugins ({', '.join(sorted(dists))}) are not used", compared
     worst: VerdictName = "ok"
     lines: list[str] = []
     for name, e in sorted(dists.items()):
-        spec = V.requirement_on(e["requires"], "vllm")
-        who = f"{name} {e['version']}"
+        spec = V.requirement_on(e.requires, "vllm")
+        who = f"{name} {e.version}"
         verdict: VerdictName
         if spec is None:
             verdict, message = "warn", f"warning: {who} declares no requirement on vllm"
         else:
             verdict, message = _requirement_verdict(who, spec, "vllm", vllm[1], "incompatible")
-        if not e["allowed"]:
+        if not e.allowed:
             verdict, message = "ok", f"{who} is excluded by VLLM_PLUGINS (not loaded): {message}"
-        compared["plugins"].append({"distribution": name, **e, "requirement": list(spec.lines) if spec else [],
-                                    "verdict": verdict})
+        compared.plugins.append(e.model_copy(update={"requirement": list(spec.lines) if spec else [],
+                                                     "verdict": verdict}))
         if _SEVERITY[verdict] > _SEVERITY[worst]:
             worst = verdict
         lines.append(message.removeprefix("warning: "))
@@ -278,16 +260,16 @@ def _plugins(rule: PluginRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[
     return worst, prefix + "; ".join(lines), compared
 
 
-def _extension(rule: ExtensionRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]] | Evaluation:
+def _extension(rule: ExtensionRule, inp: RuleInputs) -> tuple[VerdictName, str, ExtensionCompared] | Evaluation:
     ext = inp.version_of(rule.extension)
     torch = inp.env.torch
-    compared: dict[str, Any] = {"extension": rule.extension, "extension_version": ext, "torch": torch}
+    compared = ExtensionCompared(extension=rule.extension, extension_version=ext, torch=torch)
     if ext is None:
         return "not_applicable", f"{rule.extension} not installed", compared
     requires = inp.requires(rule.extension) or []
     spec = V.requirement_on(requires, "torch")
     if spec is not None:
-        compared["requirement"] = list(spec.lines)
+        compared.requirement = list(spec.lines)
         verdict, message = _requirement_verdict(f"{rule.extension} {ext}", spec, "torch", torch, "incompatible")
         return verdict, message, compared
     if torch is None:
@@ -302,7 +284,7 @@ def _extension(rule: ExtensionRule, inp: RuleInputs) -> tuple[VerdictName, str, 
         return "warn", f"warning: cannot compare {rule.extension} {ext} with torch {torch}", compared
     width = 2 if rule.match == "major_minor" else 3
     want, have = ev.release[:width], tv.release[:width]
-    compared["match"] = rule.match
+    compared.match = rule.match
     shown = ".".join(map(str, want))
     if want == have:
         return "ok", f"{rule.extension} {ext} is built for torch {shown}; torch {torch} is installed", compared
@@ -311,8 +293,8 @@ def _extension(rule: ExtensionRule, inp: RuleInputs) -> tuple[VerdictName, str, 
                                               f"or {rule.extension} {ext} → the build for torch {tv.base_version}"])
 
 
-def _dependencies(rule: DependenciesRule, inp: RuleInputs) -> tuple[VerdictName, str, dict[str, Any]]:
-    checked: dict[str, Any] = {}
+def _dependencies(rule: DependenciesRule, inp: RuleInputs) -> tuple[VerdictName, str, DependenciesCompared]:
+    checked: dict[str, str] = {}
     problems: list[str] = []
     labels: list[str] = []
     for dist in rule.distributions:
@@ -334,7 +316,7 @@ def _dependencies(rule: DependenciesRule, inp: RuleInputs) -> tuple[VerdictName,
                 problems.append(message)
             elif verdict == "warn":
                 labels.append(message.removeprefix("warning: "))
-    compared: dict[str, Any] = {"distributions": checked, "unmet": problems, "build_label_differences": labels}
+    compared = DependenciesCompared(distributions=checked, unmet=problems, build_label_differences=labels)
     if not checked:
         return "not_applicable", f"none of {', '.join(rule.distributions)} is installed", compared
     if problems:
@@ -345,25 +327,35 @@ def _dependencies(rule: DependenciesRule, inp: RuleInputs) -> tuple[VerdictName,
     return "ok", f"every declared dependency of {names} is installed in a fitting version", compared
 
 
-_Evaluator = Callable[[Any, RuleInputs], "tuple[VerdictName, str, dict[str, Any]] | Evaluation"]
-_EVALUATORS: dict[str, _Evaluator] = {
-    "cuda_driver_minimum": _cuda, "requirement": _requirement, "plugin_requires_vllm": _plugins,
-    "extension_matches_torch": _extension, "dependencies_satisfied": _dependencies,
-    "version_table": evaluate_table, "arch_supported": evaluate_arch,
-}
+def _dispatch(rule: RuleModel, inputs: RuleInputs) -> tuple[VerdictName, str, RuleCompared] | Evaluation:
+    """The evaluator of the rule's type (the union is closed: the loader accepts no other)."""
+    if isinstance(rule, CudaDriverRule):
+        return _cuda(rule, inputs)
+    if isinstance(rule, RequirementRule):
+        return _requirement(rule, inputs)
+    if isinstance(rule, PluginRule):
+        return _plugins(rule, inputs)
+    if isinstance(rule, ExtensionRule):
+        return _extension(rule, inputs)
+    if isinstance(rule, DependenciesRule):
+        return _dependencies(rule, inputs)
+    if isinstance(rule, VersionTableRule):
+        return evaluate_table(rule, inputs)
+    return evaluate_arch(rule, inputs)
 
 
-def evaluate(rule: Any, inputs: RuleInputs) -> Verdict:
+def evaluate(rule: RuleModel, inputs: RuleInputs) -> Verdict:
     """Evaluate one rule. A rule that cannot be evaluated says so in ``error`` (never an ``ok``),
     without stopping the other rules."""
     if rule.backends and inputs.env.backend not in rule.backends:
         return Verdict(rule.id, "not_applicable", f"a rule for {', '.join(rule.backends)}; this machine's backend is "
-                       f"{inputs.env.backend}", rule.source, {"backends": rule.backends})
+                       f"{inputs.env.backend}", rule.source, BackendsCompared(backends=rule.backends))
     try:
-        found = _EVALUATORS[rule.type](rule, inputs)
+        found = _dispatch(rule, inputs)
     except Exception as exc:  # noqa: BLE001 - one odd metadata entry must not hide the other rules
         why = f"{type(exc).__name__}: {exc}"
-        return Verdict(rule.id, "not_applicable", f"rule could not be evaluated: {why}", rule.source, {}, error=why)
+        return Verdict(rule.id, "not_applicable", f"rule could not be evaluated: {why}", rule.source, RuleCompared(),
+                       error=why)
     ev = found if isinstance(found, Evaluation) else Evaluation(*found)
     return Verdict(rule.id, ev.verdict, ev.message, rule.source, ev.compared,
                    advice=ev.advice if ev.verdict != "ok" else [])

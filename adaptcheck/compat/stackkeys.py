@@ -1,17 +1,7 @@
-"""Named parts of a captured stack, and version constraints on them.
+"""Named parts of a captured stack (``torch``, ``runtime.<name>``, ``package.<dist>`` …) and
+version constraints on them, shared by ``version_table`` rules and known-good entries.
 
-Rules (``version_table``) and known-good entries name the parts of a stack they constrain with
-the same keys:
-
-* ``torch``, ``python``, ``driver``, ``firmware``
-* ``runtime.<name>`` — a key of ``Environment.runtimes`` (``runtime.cuda``, ``runtime.cann``)
-* ``package.<dist>`` / ``extension.<dist>`` — an installed distribution (``package.vllm``,
-  ``extension.torch-npu``)
-
-A constraint is a PEP 440 specifier (``==2.13.*``, ``>=525.60.13``; vendor strings such as
-CANN's ``8.0.RC3`` or Ascend's ``24.1.rc2`` normalise to PEP 440 pre-releases and compare as
-such) or ``re:<regex>`` matched against the whole captured string. Advice turns a constraint
-back into the version to install (:func:`target_text`).
+Keys and constraint syntax: matrices/README.md (known_good.yaml).
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
-"""The ``version_table`` rule type: a vendor's published pairing table, row by row.
+"""The ``version_table`` rule type: a vendor's published pairing table, row by row, with advice
+both ways (move the object, or move the subject to a release whose row accepts the object).
 
-Vendors publish their compatibility as tables — vllm-ascend's release matrix (vllm-ascend ↔
-vLLM ↔ CANN ↔ torch_npu), torch_npu's (torch_npu ↔ torch ↔ CANN ↔ Python), ROCm's (ROCm ↔
-kernel driver), Intel's (IPEX ↔ oneAPI ↔ driver). One rule holds one pair of columns:
-
-    subject: package.vllm-ascend       object: runtime.cann
-    rows:
-      - {subject: "==0.7.3", object: "==8.1.RC1"}
-
-When the captured subject is in a row (several rows may hold it), the captured object must
-satisfy one of those rows; otherwise the rule gives ``on_mismatch`` and advice with both ways
-out: move the object to what the subject's rows want, or move the subject to a release whose
-row accepts the object as it is. A subject the table does not list gives ``on_unknown`` (a
-table that stops at an older release says nothing about a newer one: a warning by default,
-never a pass).
+Fields and verdicts: matrices/README.md (rules.yaml).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from adaptcheck.base.schemas.matrix_evidence import TableCompared, TableRowFacts
 from adaptcheck.compat.rulebase import Evaluation, RuleBase, RuleInputs, Strict
 from adaptcheck.compat.stackkeys import change_text, fits, label, stack_value, validate_constraint, validate_key
 
@@ -68,8 +57,7 @@ def evaluate_table(rule: VersionTableRule, inp: RuleInputs) -> Evaluation:
     """The verdict of one table against the captured stack (see the module doc)."""
     subject = stack_value(inp.env, rule.subject)
     obj = stack_value(inp.env, rule.object)
-    compared: dict[str, Any] = {"subject": rule.subject, "subject_version": subject,
-                                "object": rule.object, "object_version": obj}
+    compared = TableCompared(subject=rule.subject, subject_version=subject, object=rule.object, object_version=obj)
     s_name, o_name = label(rule.subject), label(rule.object)
     if subject is None:
         return Evaluation("not_applicable", f"{s_name} not present", compared)
@@ -80,8 +68,8 @@ def evaluate_table(rule: VersionTableRule, inp: RuleInputs) -> Evaluation:
         return Evaluation(rule.on_unknown, f"{prefix}{s_name} {subject} is not in the table ({listed}): its "
                           f"{o_name} pairing is unknown", compared)
     wanted = list(dict.fromkeys(r.object for r in rows))
-    compared["wanted"] = wanted
-    compared["rows"] = [r.model_dump(exclude_none=True) for r in rows]
+    compared.wanted = wanted
+    compared.rows = [TableRowFacts.model_validate(r.model_dump(exclude_none=True)) for r in rows]
     if obj is None:
         prefix = "warning: " if rule.on_missing_object == "warn" else ""
         return Evaluation(rule.on_missing_object, f"{prefix}{s_name} {subject} needs {o_name} "

@@ -1,13 +1,8 @@
-"""Version arithmetic shared by the rules and the known-good matcher.
+"""Version arithmetic shared by the rules and the known-good matcher (``packaging``, PEP 440 /
+PEP 508).
 
-Everything goes through ``packaging`` (PEP 440 / PEP 508), with two deliberate choices:
-
-* pre-releases and dev builds count (a vendor torch is often ``2.5.1.dev…`` and must still
-  be compared, not silently excluded);
-* a *local* version label (``+cpu``, ``+cu129``) is a build flavour. PEP 440 already lets
-  ``2.13.0+cpu`` satisfy ``==2.13.0``; the reverse (spec ``==2.13.0+cpu``, installed
-  ``2.13.0+cu129``) fails, and :func:`check` reports it as ``build_label`` — same release,
-  different build — which rules turn into a warning rather than an incompatibility.
+The two deliberate choices (pre-releases count, local labels are build flavours):
+docs/matrix.md (Version arithmetic).
 """
 
 from __future__ import annotations

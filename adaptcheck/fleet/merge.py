@@ -1,14 +1,8 @@
-"""Merge many ``results.json`` files into the fleet matrix.
+"""Merge many ``results.json`` files into the fleet matrix: the usable runs merged, every
+unusable one (unreadable, edited, unfinished, without environment, a duplicate) skipped and
+named with its reason.
 
-Someone merging 200 node reports wants the good ones merged and the bad ones named, not
-the whole merge lost to one truncated file: every input that cannot be used is skipped
-with a one-line reason, and the caller decides what an empty result means (the CLI exits
-non-zero only when nothing could be merged). A run is usable when it loads, its digest
-matches its content (:func:`adaptcheck.base.trusted.load_verified`; an edited or undigested file
-is skipped with the reason unless ``allow_unverified``, and then marked unverified), it
-finished (an interrupted run's grade says nothing about the stack), and it captured its
-environment (without step 1 there is no combination to file it under). When one run id
-comes from several files, the intact copy is merged and the others are named as skipped.
+Which runs count and why: docs/fleet.md.
 """
 
 from __future__ import annotations

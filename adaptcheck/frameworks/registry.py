@@ -1,8 +1,5 @@
-"""Find framework adapters: the ``adaptcheck.frameworks`` entry points, or ``module:Class``.
-
-Built-ins (transformers, vllm, vllm_serve, transformers_serve, endpoint) use the same
-group a third party would use for, say, an SGLang adapter. A ``module:Class`` spec names
-an adapter that is not installed as a plugin (tests use it for deliberately wrong ones).
+"""Find framework adapters: the ``adaptcheck.frameworks`` entry points, or ``module:Class``
+(docs/frameworks.md, "Adapter registry").
 """
 
 from __future__ import annotations

@@ -1,41 +1,5 @@
-"""Launch ``vllm serve`` / ``transformers serve`` on 127.0.0.1, wait until ready, stop without orphans.
-
-Responsible for the life of one OpenAI-compatible server process tree: the command line
-and environment for each framework, a free port, the log file, readiness (the model answers
-while the process is still alive), a one-line :class:`ServerStartError` when it does not
-come up, and a shutdown that leaves nothing behind — also when the adaptcheck process that
-started it is killed with SIGKILL.
-
-Process tree (Linux)::
-
-    adaptcheck (caller) ── reaper ── server (api_server / transformers serve)
-                                        └── vLLM EngineCore ── Worker (and a resource tracker)
-
-Why a reaper: vLLM's engine-core and worker processes do *not* die when the API server is
-SIGKILLed (measured: they stay, re-parented to init). A death signal on the API server alone
-therefore cannot guarantee "no orphans". The reaper is a tiny Python process (stdlib only,
-:func:`_reaper_main`) that
-
-- gets ``PR_SET_PDEATHSIG = SIGTERM``: when its parent dies, however it dies, it is told;
-- is a ``PR_SET_CHILD_SUBREAPER``: processes orphaned inside the tree are re-parented to it,
-  not to init, so it can still find and kill them;
-- on SIGTERM/SIGINT/SIGHUP, or when the server exits on its own, terminates every
-  descendant (SIGTERM, a grace period, then SIGKILL) and exits with the server's code.
-
-Neither the reaper nor the server is started in a new session or process group (no
-``start_new_session``, ``setsid`` or ``setpgrp``; unlike the isolated worker and the
-collectives ranks, see :mod:`adaptcheck.base.procs`): adaptcheck's runner kills a hung check's
-whole process group — the isolated worker's — with SIGKILL, and the server tree must die with it.
-
-``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not the process.
-A server started from a short-lived thread (a thread pool running a check with a timeout)
-would be killed as soon as that thread finished; so children are forked from the main
-thread, or else from one long-lived daemon thread (:func:`_popen`).
-
-Measured on the 2-core development machine (tiny Llama, fp32): ``vllm serve`` ready in
-~55-65 s with or without ``--enforce-eager`` (the time goes to importing vLLM in three
-processes, not to torch.compile for this model); ``transformers serve`` in ~5 s; a vLLM
-server stops on SIGTERM in ~2 s.
+"""Launch ``vllm serve`` / ``transformers serve`` on 127.0.0.1, wait until ready, and stop the whole
+process tree without orphans, also when adaptcheck is killed (docs/endpoints.md, "Managed servers").
 """
 
 from __future__ import annotations

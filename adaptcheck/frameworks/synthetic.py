@@ -1,55 +1,6 @@
-"""Small Hugging Face models that adaptcheck writes itself, so step 4 needs no download.
-
-This module is responsible for turning an embedded variant name (``tiny-llama``,
-``tiny-qwen2-d80``, ``tiny-moe``) and a seed into a model folder in the standard Hugging
-Face layout that any framework loads as it would a real checkpoint:
-
-- ``config.json`` and ``generation_config.json`` (written from transformers' own config
-  classes, so they are exactly what ``save_pretrained`` would write);
-- ``model.safetensors`` in the *checkpoint* naming real models use (per-expert tensors for
-  MoE, which transformers fuses on load and vLLM reads directly);
-- ``tokenizer.json`` (a byte-level BPE trained with ``tokenizers`` on a text embedded
-  below), ``tokenizer_config.json`` with bos/eos/pad and a ChatML chat template, and
-  ``special_tokens_map.json``;
-- ``adaptcheck_synthetic.json``: what adaptcheck knows about the model (probes below).
-
-Everything is a pure function of (variant, seed, :data:`GENERATOR_VERSION`): the same seed
-gives byte-identical files, so a report can name the weights by their hash.
-
-Three properties make a random model usable for end-to-end checks:
-
-*Confidence.* With the usual init (std 0.02 everywhere) the next-token distribution is
-nearly flat (median top-1/top-2 logprob gap ~0.06) and greedy output falls into loops of
-2-12 distinct tokens; bf16 still often "agrees" with float64, but only because a loop, once
-entered, repeats, and where it parts it is at a true near-tie (gap ~0.003). Scaling the
-embedding and the LM head up (``embed_std``, ``lm_head_std``; untied) makes the gaps large
-in logprob terms and the output varied, but does *not* make bf16 follow float64 better:
-scaling the logits scales their rounding errors alike, and for Gaussian logits the top-2
-spacing is a fixed small fraction of their spread. What helps is a logit distribution with
-a spike: the LM head also gets a permuted copy of the embedding (``successor_weight``), so
-the token whose row matches the current residual stream (a "successor" of the current
-token, moved by attention and MLP) stands out. Measured with transformers, bf16 vs float64,
-24 prompts x 32 greedy tokens, tokens before the first divergence (usual init / scale only
-/ scale + successor): tiny-llama 681 / 565 / 720 of 768, tiny-qwen2-d80 489 / 601 / 695,
-tiny-moe 523 / 507 / 696; median gap 0.05 / 1.8 / 4.6 (llama); with the successor term the
-output still has 26-32 distinct tokens per 32 for most prompts, and zeroing the attention
-output changes 83-97% of the tokens (the output depends on context, so attention bugs show).
-
-*Readable output.* The LM head rows of the special tokens and of single-byte tokens that
-are not printable ASCII are zero (logit exactly 0, always below the winner): generated
-text is valid ASCII, so text comparisons across frameworks and detokenizers are exact.
-
-*A reachable EOS.* A random model never chooses EOS by itself. After the weights are
-drawn, the float64 greedy continuations of the probe prompts (:data:`EOS_PROBE_PROMPTS`)
-are computed, and the token ``t`` one of them emits at a small step ``k`` has its rows
-swapped with the EOS id in both the input embedding and the LM head. That is an exact
-relabelling of two token ids, so the network is unchanged except that it now ends that
-prompt with EOS at step ``k``; the written folder is reloaded and this is verified before
-it is published. A stop-string probe is recorded the same way (``stop_probe``).
-
-Folders are cached under ``cache_dir("models")`` and published atomically (written into a
-temporary sibling, then renamed), so concurrent callers and interrupted writes never leave
-a half model where a complete one is expected.
+"""Small Hugging Face models that adaptcheck writes itself (embedded name + seed → a standard model
+folder with probes for EOS and stop strings), so step 4 needs no download (docs/frameworks.md,
+"Synthetic models").
 """
 
 from __future__ import annotations
@@ -64,7 +15,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+
+# pydantic validates only typing_extensions' TypedDict before Python 3.12 (it is pydantic's own dependency).
+from typing_extensions import TypedDict as ValidatedTypedDict
 
 from adaptcheck.base.errors import UnknownNameError, did_you_mean
 
@@ -299,7 +255,37 @@ def is_complete(path: Path) -> bool:
     return (path / METADATA_FILE).is_file() and (path / "model.safetensors").is_file()
 
 
-def synthetic_info(path: Path) -> dict[str, Any] | None:
+@with_config(ConfigDict(extra="allow"))
+class SyntheticMeta(ValidatedTypedDict, total=False):
+    """A synthetic model folder's metadata (:data:`METADATA_FILE`, written by ``_write_model``)."""
+
+    created_by: str
+    generator_version: int
+    name: str
+    seed: int
+    spec_hash: str
+    description: str
+    architecture: str
+    model_type: str
+    head_dim: int
+    num_params: int
+    stored_dtype: str
+    reference: str
+    eos_token_id: int
+    eos_probe_prompt: str
+    """A prompt whose greedy answer ends in EOS after ``eos_step`` tokens."""
+    eos_step: int
+    eos_probe_token_ids: list[int]
+    eos_probe_min_logprob_gap: float
+    stop_probe: StopProbe
+
+
+@functools.cache
+def _meta_adapter() -> TypeAdapter[SyntheticMeta]:
+    return TypeAdapter(SyntheticMeta)  # built on first use: StopProbe is defined further down
+
+
+def synthetic_info(path: Path) -> SyntheticMeta | None:
     """adaptcheck's metadata of a synthetic model folder, or None for any other folder."""
     meta = Path(path) / METADATA_FILE
     if not meta.is_file():
@@ -310,7 +296,10 @@ def synthetic_info(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or data.get("created_by") != "adaptcheck":
         return None
-    return data
+    try:
+        return _meta_adapter().validate_python(data)
+    except ValidationError:
+        return None  # not the shape adaptcheck writes: not one of its synthetic models
 
 
 def ensure_model(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
@@ -481,10 +470,32 @@ def _tokenizer_files(spec: SyntheticSpec) -> dict[str, str]:
 # --- config and weights --------------------------------------------------------------
 
 
-def _config_dict(spec: SyntheticSpec) -> dict[str, Any]:
-    """config.json as transformers' config class writes it (``to_diff_dict``)."""
+class _ReferenceKwargs(TypedDict, total=False):
+    """``from_pretrained`` keywords of the float64 reference."""
+
+    dtype: torch.dtype
+    experts_implementation: str
+
+
+class StopProbe(ValidatedTypedDict):
+    """The stop-string probe stored in a synthetic model's metadata (``stop_probe``)."""
+
+    prompt: str
+    stop: str
+    max_tokens: int
+    stop_token_index: int
+    text_before_stop: str
+    greedy_text: str
+    greedy_token_ids: list[int]
+    min_logprob_gap: float
+
+
+def _config_dict(spec: SyntheticSpec) -> dict[str, object]:
+    """config.json as transformers' config class writes it (``to_diff_dict``), to be dumped as JSON."""
     import transformers
 
+    # Not typed against one transformers' signatures: rope_theta is a parameter of the 4.x config
+    # classes and a legacy keyword (folded into rope_parameters) of 5.x.
     common: dict[str, Any] = {
         "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_layers,
@@ -630,7 +641,7 @@ def load_reference(path: Path) -> Any:
     import transformers
     from transformers.utils import logging as hf_logging
 
-    kwargs: dict[str, Any] = {"dtype": torch.float64}
+    kwargs: _ReferenceKwargs = {"dtype": torch.float64}
     config = json.loads((Path(path) / "config.json").read_text())
     if any(k in config for k in ("num_local_experts", "num_experts", "n_routed_experts")):
         kwargs["experts_implementation"] = "eager"
@@ -695,7 +706,7 @@ def _swap_rows(tensors: dict[str, torch.Tensor], a: int, b: int) -> None:
         tensors[name] = w
 
 
-def _stop_probe(model: Any, tok: Any) -> dict[str, Any]:
+def _stop_probe(model: Any, tok: Any) -> StopProbe:
     """A stop string taken from the float64 greedy output of one of :data:`STOP_PROBE_PROMPTS`.
 
     It is the text of one generated token (stripped, printable, >= 2 characters) whose
@@ -704,7 +715,7 @@ def _stop_probe(model: Any, tok: Any) -> dict[str, Any]:
     then the largest smallest logprob gap up to it (bf16 runs reach it too), then the
     earliest.
     """
-    best: tuple[tuple[bool, float, int], dict[str, Any]] | None = None
+    best: tuple[tuple[bool, float, int], StopProbe] | None = None
     for prompt in STOP_PROBE_PROMPTS:
         greedy, gaps = greedy_reference(model, tok.encode(prompt).ids, STOP_PROBE_MAX_TOKENS)
         text = tok.decode(greedy, skip_special_tokens=True)

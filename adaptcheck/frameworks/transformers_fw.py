@@ -1,13 +1,5 @@
-"""Hugging Face transformers, in process, on the selected device: the always-available framework.
-
-Greedy decoding through ``model.generate`` with the raw logits of every step, so each
-generated position carries its top-N logprobs (for the comparison against the CPU
-reference). A list of requests is generated as one left-padded batch, which is how
-transformers batches: comparing a prompt alone with the same prompt inside that batch
-exercises padding masks and position ids, the classic source of batch-dependent answers.
-
-The CPU reference of step 4 is this same adapter at float64 on the CPU (see
-``adaptcheck.steps.frameworks.reference``): one code path, two precisions.
+"""Hugging Face transformers, in process, on the selected device: the always-available framework,
+and at float64 on the CPU the reference of step 4 (docs/frameworks.md, "transformers").
 """
 
 from __future__ import annotations
@@ -16,7 +8,7 @@ import importlib.util
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from adaptcheck.base.dtypes import framework_dtype
 from adaptcheck.frameworks.base import (
@@ -24,6 +16,7 @@ from adaptcheck.frameworks.base import (
     Framework,
     FrameworkConfig,
     FrameworkError,
+    FrameworkFacts,
     FrameworkUnavailable,
     Generation,
     GenRequest,
@@ -53,7 +46,15 @@ def _dtype_kwarg() -> str:
     return "dtype" if Version(_version("transformers") or "0") >= Version("4.56") else "torch_dtype"
 
 
-def _moe_kwargs(path: Path) -> dict[str, Any]:
+class _GenerateKwargs(TypedDict, total=False):
+    """``generate`` keywords that depend on the batch (stop strings, EOS handling)."""
+
+    stop_strings: list[str]
+    tokenizer: object
+    eos_token_id: list[int] | None
+
+
+def _moe_kwargs(path: Path) -> dict[str, str]:
     """transformers 5 runs MoE experts as a grouped matmul that has no float64 kernel (the CPU
     reference); the per-expert loop works for every dtype and device, like eager attention."""
     from packaging.version import Version
@@ -100,8 +101,9 @@ class TransformersFramework(Framework):
         start = time.perf_counter()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(opts.model_path))
-            kwargs: dict[str, Any] = {_dtype_kwarg(): getattr(torch, framework_dtype(opts.dtype)),
-                                      **_moe_kwargs(opts.model_path)}
+            # The dtype keyword's name depends on the version (_dtype_kwarg), hence no TypedDict.
+            kwargs: dict[str, torch.dtype | str] = {_dtype_kwarg(): getattr(torch, framework_dtype(opts.dtype)),
+                                                    **_moe_kwargs(opts.model_path)}
             # transformers' default attention (SDPA where torch has it) unless the ladder asks
             # otherwise: it is what `transformers serve` and most users run, so the device's
             # fused attention kernel is what step 4 exercises (eager never calls it).
@@ -146,10 +148,11 @@ class TransformersFramework(Framework):
         max_new = max(r.max_tokens for r in requests)
         top_n = max(r.logprobs for r in requests)
         stops = sorted({s for r in requests for s in r.stop})
-        kwargs: dict[str, Any] = {}
+        kwargs: _GenerateKwargs = {}
         if stops:
             # transformers' own stop-string criterion (what is under test), not a post-hoc cut.
-            kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
+            kwargs["stop_strings"] = stops
+            kwargs["tokenizer"] = self.tokenizer
         if any(r.ignore_eos for r in requests):
             kwargs["eos_token_id"] = None if all(r.ignore_eos for r in requests) else self._eos_ids()
         with torch.inference_mode():
@@ -235,11 +238,11 @@ class TransformersFramework(Framework):
     def torch_model(self) -> Any:
         return self.model
 
-    def implementations(self) -> dict[str, Any]:
+    def implementations(self) -> dict[str, str | None]:
         """Attention implementation, MoE experts path, and the module class of each layer type."""
         if self.model is None:
             return {}
-        facts: dict[str, Any] = {"attention": self.attn_implementation()}
+        facts: dict[str, str | None] = {"attention": self.attn_implementation()}
         experts = getattr(self.model.config, "_experts_implementation", None)
         if experts:
             facts["moe_experts"] = experts
@@ -252,7 +255,7 @@ class TransformersFramework(Framework):
                 facts["activation"] = f"{kind} (torch op)"
         return facts
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> FrameworkFacts:
         return {"framework": self.name, "transformers": _version("transformers"), "device": self.device,
                 "dtype": self.dtype, "attention": self.attn_implementation()}
 

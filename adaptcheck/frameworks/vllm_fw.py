@@ -1,15 +1,5 @@
-"""vLLM's offline ``LLM`` API, in process, on the platform vLLM resolves on this machine.
-
-vLLM picks its platform itself (built-in CUDA/ROCm/XPU/TPU/CPU detectors plus
-``vllm.platform_plugins`` from vendors such as vllm-ascend); :func:`platform_report` says
-which plugins were found, which answered, which won and which failed to load, because on
-a new accelerator "vLLM silently ran on the wrong platform" is the first thing to rule out.
-
-The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the user set
-it): adaptcheck's runner already isolates each check in a worker whose whole process
-group it kills on a hang, and an in-process engine leaves no spawned engine-core process
-to orphan. A list of requests goes to one ``LLM.generate`` call, which vLLM's scheduler
-batches continuously — the batch under test.
+"""vLLM's offline ``LLM`` API, in process, on the platform vLLM resolves on this machine, with
+which plugins it found and which won (docs/frameworks.md, "vLLM in process").
 """
 
 from __future__ import annotations
@@ -17,8 +7,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
+
+from pydantic import BaseModel, Field, JsonValue
 
 from adaptcheck.base.dtypes import framework_dtype
 from adaptcheck.base.paths import cache_dir
@@ -28,6 +21,7 @@ from adaptcheck.frameworks.base import (
     Framework,
     FrameworkConfig,
     FrameworkError,
+    FrameworkFacts,
     FrameworkUnavailable,
     Generation,
     GenRequest,
@@ -69,7 +63,28 @@ def vllm_env_defaults() -> dict[str, str]:
     }
 
 
-def platform_report() -> dict[str, Any]:
+class PlatformPlugin(BaseModel):
+    """One vLLM plugin entry point and what became of it (only the keys that apply are set)."""
+
+    name: str = Field(description="Entry-point name ('cpu', 'ascend' …).")
+    source: str = Field(description="'built-in' or the entry point's 'module:function'.")
+    skipped: str | None = Field(default=None, description="Why it was not asked (VLLM_PLUGINS).")
+    load_error: str | None = Field(default=None, description="Why the entry point failed to import.")
+    answer: str | None = Field(default=None, description="What its detector answered (a platform qualname or None).")
+    detect_error: str | None = Field(default=None, description="Why its detector raised.")
+
+
+class PlatformReport(BaseModel):
+    """Which platform vLLM resolved and every plugin found (part of the adapter's facts)."""
+
+    platform: str = Field(description="Qualified class name of vLLM's current platform.")
+    device_type: str | None = Field(description="That platform's device type.")
+    vllm_target_device: str | None = Field(description="VLLM_TARGET_DEVICE, when set.")
+    platform_plugins: list[PlatformPlugin] = Field(description="Built-in detectors and vllm.platform_plugins.")
+    general_plugins: list[PlatformPlugin] = Field(description="vllm.general_plugins entry points.")
+
+
+def platform_report() -> PlatformReport:
     """Which platform vLLM resolves here and how: every plugin found, its answer or failure.
 
     Mirrors ``vllm.platforms.resolve_current_platform_cls_qualname`` without changing its
@@ -77,40 +92,40 @@ def platform_report() -> dict[str, Any]:
     """
     from vllm import platforms
 
-    found: list[dict[str, Any]] = []
-    detectors: dict[str, Any] = dict(getattr(platforms, "builtin_platform_plugins", {}))
+    found: list[PlatformPlugin] = []
+    detectors: dict[str, Callable[[], str | None]] = dict(getattr(platforms, "builtin_platform_plugins", {}))
     for name in detectors:
-        found.append({"name": name, "source": "built-in"})
+        found.append(PlatformPlugin(name=name, source="built-in"))
     allowed = os.environ.get("VLLM_PLUGINS")
     allow = None if allowed is None else {p.strip() for p in allowed.split(",") if p.strip()}
     for ep in metadata.entry_points(group=PLATFORM_GROUP):
-        row: dict[str, Any] = {"name": ep.name, "source": ep.value}
+        row = PlatformPlugin(name=ep.name, source=ep.value)
         if allow is not None and ep.name not in allow:
-            row["skipped"] = "not in VLLM_PLUGINS"
+            row.skipped = "not in VLLM_PLUGINS"
             found.append(row)
             continue
         try:
             detectors[ep.name] = ep.load()
         except Exception as exc:  # noqa: BLE001 - a broken plugin is evidence, not a crash
-            row["load_error"] = f"{type(exc).__name__}: {exc}"
+            row.load_error = f"{type(exc).__name__}: {exc}"
         found.append(row)
     for row in found:
-        func = detectors.get(row["name"])
-        if func is None or "load_error" in row or "skipped" in row:
+        func = detectors.get(row.name)
+        if func is None or row.load_error is not None or row.skipped is not None:
             continue
         try:
-            row["answer"] = func()
+            row.answer = func()
         except Exception as exc:  # noqa: BLE001
-            row["detect_error"] = f"{type(exc).__name__}: {exc}"
-    general = [{"name": ep.name, "source": ep.value} for ep in metadata.entry_points(group=GENERAL_GROUP)]
+            row.detect_error = f"{type(exc).__name__}: {exc}"
+    general = [PlatformPlugin(name=ep.name, source=ep.value) for ep in metadata.entry_points(group=GENERAL_GROUP)]
     current = platforms.current_platform
-    return {
-        "platform": f"{type(current).__module__}.{type(current).__qualname__}",
-        "device_type": getattr(current, "device_type", None),
-        "vllm_target_device": os.environ.get("VLLM_TARGET_DEVICE"),
-        "platform_plugins": found,
-        "general_plugins": general,
-    }
+    return PlatformReport(
+        platform=f"{type(current).__module__}.{type(current).__qualname__}",
+        device_type=getattr(current, "device_type", None),
+        vllm_target_device=os.environ.get("VLLM_TARGET_DEVICE"),
+        platform_plugins=found,
+        general_plugins=general,
+    )
 
 
 class VllmFramework(Framework):
@@ -126,8 +141,8 @@ class VllmFramework(Framework):
         super().__init__(config)
         self.llm: Any = None
         self.opts: LoadOptions | None = None
-        self.platform: dict[str, Any] = {}
-        self.impls: dict[str, Any] = {}
+        self.platform: PlatformReport | None = None
+        self.impls: dict[str, str] = {}
 
     @classmethod
     def availability(cls) -> Availability:
@@ -149,6 +164,8 @@ class VllmFramework(Framework):
                 from vllm import LLM
 
                 self.platform = platform_report()
+                # vLLM's own keywords (EngineArgs), the user's LoadOptions.extra among them:
+                # vLLM validates them, the mapping only carries them there.
                 kwargs: dict[str, Any] = {
                     "model": str(opts.model_path),
                     "dtype": framework_dtype(opts.dtype),
@@ -243,7 +260,7 @@ class VllmFramework(Framework):
                                  f"{': ' + first[0][:300] if first else ''}") from exc
         scored: list[Scored] = []
         for req, param, out in zip(requests, params, outs, strict=True):
-            extra: dict[str, Any] = {"api": "LLM.generate(SamplingParams(prompt_logprobs=K))",
+            extra: dict[str, JsonValue] = {"api": "LLM.generate(SamplingParams(prompt_logprobs=K))",
                                      "top_k": param.prompt_logprobs,
                                      "cached_tokens": getattr(out, "num_cached_tokens", None)}
             if param.prompt_logprobs < req.top_k:
@@ -260,11 +277,11 @@ class VllmFramework(Framework):
             return SCORE_MAX_LOGPROBS
         return None if value < 0 else value
 
-    def implementations(self) -> dict[str, Any]:
+    def implementations(self) -> dict[str, str | None]:
         """Per layer type, which method/kernel ran (found at load); {"error": …} if that failed."""
         return dict(self.impls)
 
-    def _find_implementations(self) -> dict[str, Any]:
+    def _find_implementations(self) -> dict[str, str]:
         """Walk the model in the worker; trace one short request when it runs eagerly. Never raises."""
         from adaptcheck.frameworks import vllm_impl
 
@@ -303,13 +320,22 @@ class VllmFramework(Framework):
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache()) if self.llm is not None else False
 
-    def describe(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"framework": self.name, "vllm": vllm_version(), **self.platform}
+    def describe(self) -> FrameworkFacts:
+        facts: FrameworkFacts = {"framework": self.name, "vllm": vllm_version()}
+        if self.platform is not None:
+            pf = self.platform
+            facts["platform"] = pf.platform
+            facts["device_type"] = pf.device_type
+            facts["vllm_target_device"] = pf.vllm_target_device
+            # A plugin's keys only where they apply (skipped, load_error, answer or detect_error).
+            facts["platform_plugins"] = [p.model_dump(exclude_unset=True) for p in pf.platform_plugins]
+            facts["general_plugins"] = [p.model_dump(exclude_unset=True) for p in pf.general_plugins]
         if self.opts is not None:
-            facts.update(dtype=self.opts.dtype, enforce_eager=None if self.opts.compile is None else not self.opts.compile,
-                         enable_prefix_caching=self.opts.enable_prefix_caching,
-                         tensor_parallel_size=self.opts.tensor_parallel_size,
-                         max_logprobs=self._max_logprobs() if self.llm is not None else None)
+            facts["dtype"] = self.opts.dtype
+            facts["enforce_eager"] = None if self.opts.compile is None else not self.opts.compile
+            facts["enable_prefix_caching"] = self.opts.enable_prefix_caching
+            facts["tensor_parallel_size"] = self.opts.tensor_parallel_size
+            facts["max_logprobs"] = self._max_logprobs() if self.llm is not None else None
         if self.impls:
             facts["implementations"] = dict(self.impls)
         return facts
@@ -349,7 +375,7 @@ def _check_request(req: ScoreRequest) -> None:
         raise FrameworkError(f"top_k must be at least 1, not {req.top_k}")
 
 
-def _scored_from(req: ScoreRequest, prompt_logprobs: Any, extra: dict[str, Any]) -> Scored:
+def _scored_from(req: ScoreRequest, prompt_logprobs: Any, extra: dict[str, JsonValue]) -> Scored:
     """Map vLLM's per-prompt-token ``{id: Logprob}`` dicts to :class:`Scored` for start..len-1."""
     ids = [int(t) for t in req.token_ids]
     if prompt_logprobs is None or len(prompt_logprobs) != len(ids):

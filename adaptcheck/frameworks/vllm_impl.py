@@ -1,18 +1,5 @@
-"""Which implementation each layer type of a vLLM model really runs, found inside the worker.
-
-vLLM's ``CustomOp`` layers (RMSNorm, SiluAndMul, RotaryEmbedding …) pick one method at
-construction (``_forward_method``): ``forward_native`` (torch ops) when the op is disabled
-by the compilation config, else the platform's ``forward_cpu``/``forward_cuda``/
-``forward_oot`` …, which may call a custom ``_C`` kernel or fall back to torch ops (on
-x86, ``SiluAndMul.forward_cpu`` runs ``forward_native``; ``RotaryEmbedding.forward_cpu``
-runs ``_C::rotary_embedding``). The method name alone therefore does not say what ran, so
-when the model runs eagerly one short request is traced: every op the dispatcher sees
-inside each layer is recorded (``aten::…`` for torch's own kernels, ``_C::…`` and other
-namespaces for custom kernels). A compiled model is not traced (a Python dispatch mode
-inside a graph vLLM compiles lazily could change that graph): only the method is reported.
-
-The functions handed to ``LLM.apply_model`` are module-level, so they pickle to engine
-workers in other processes as well as running in this one; they return plain dicts.
+"""Which implementation each layer type of a vLLM model really runs, found inside the worker
+(docs/frameworks.md, "Which kernels vLLM ran").
 """
 
 from __future__ import annotations
@@ -79,7 +66,7 @@ def _kind(module: Any) -> str | None:
     return None
 
 
-def static_walk(model: Any) -> dict[str, Any]:
+def static_walk(model: Any) -> dict[str, str]:
     """Per layer type: how it is set up to run (method, quantisation method, attention backend).
 
     Attention is keyed by its layer class; its kernels are not traced (vLLM calls them
@@ -154,7 +141,7 @@ def _describe_ops(seen: dict[str, int]) -> str:
     return f"torch ops ({shown})" if shown else "torch ops"
 
 
-def collect_trace(model: Any) -> dict[str, Any]:
+def collect_trace(model: Any) -> dict[str, str]:
     """Remove the wrappers of :func:`install_trace`; per layer type, what its layers ran.
 
     A layer type whose layers ran nothing while traced (not reached by the request) is left out.
@@ -177,9 +164,9 @@ def collect_trace(model: Any) -> dict[str, Any]:
     return {k: _describe_ops(v) for k, v in observed.items()}
 
 
-def merge(static: dict[str, Any], observed: dict[str, Any] | None) -> dict[str, Any]:
+def merge(static: dict[str, str], observed: dict[str, str] | None) -> dict[str, str]:
     """One line per layer type: the method it is set up with, and what it ran when observed."""
-    out: dict[str, Any] = {}
+    out: dict[str, str] = {}
     for key, desc in static.items():
         seen = (observed or {}).get(key)
         if seen:

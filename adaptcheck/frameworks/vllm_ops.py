@@ -1,16 +1,5 @@
-"""The one table of how step 3's catalog ops map onto vLLM: kernels, layer classes, gaps.
-
-Two layers read it. The step-3 ``vllm`` op provider
-(:mod:`adaptcheck.steps.ops.providers.vllm_provider`) takes from it which ``torch.ops._C``
-kernels (or ``module:attr`` Python paths) each of its adapters needs, the note it shows for
-the adapter, the vLLM ``CustomOp`` layer class whose dispatch it inspects, and the reason it
-gives for an op vLLM has no kernel for. The report (:mod:`adaptcheck.report.served_ops`)
-takes from it which layer class runs each op's kernel, to say when the model served in step 4
-ran ``forward_native`` instead. The report may not import the steps (imports point down), so
-the table lives here, below both; the provider keeps only the adapter functions, which call
-vLLM and therefore belong to the step.
-
-Plain data, no vLLM import: reading the table never loads vLLM.
+"""The one table of how step 3's catalog ops map onto vLLM: kernels, layer classes, gaps; plain
+data, no vLLM import (docs/frameworks.md, "Step-3 ops in vLLM").
 """
 
 from __future__ import annotations

@@ -1,43 +1,6 @@
-"""Do a model folder's weights cover its config? An audit from headers only, before any load.
-
-A framework asked to load a folder whose checkpoint lacks tensors the config declares does
-not refuse it: transformers initialises the missing ones at random (its load report, in the
-worker log, lists them as MISSING) and vLLM may do the same or leave them empty. A
-``num_hidden_layers`` raised from 30 to 40 then serves a model with 10 random layers, and
-every answer-level check after it agrees with a float64 reference built the same wrong way.
-So step 4's load check audits the folder first (:func:`audit_model_folder`) and refuses it
-when anything does not match:
-
-* **expected**: the parameters and persistent buffers of the model class config.json names
-  (``architectures[0]``, else ``AutoModelForCausalLM``), built with
-  :func:`transformers.AutoModelForCausalLM.from_config` under ``torch.device("meta")``: names
-  and shapes, no memory;
-* **checkpoint**: every tensor's name and shape from the safetensors headers
-  (``safe_open``, no tensor data), one file or the shards a ``model.safetensors.index.json``
-  names;
-* **compared the way transformers' loader does** (:func:`compare_keys`, pure): each
-  checkpoint name goes through the model's weight conversions (transformers 5 renames some
-  names and fuses others, such as one tensor per MoE expert into one per layer; the fused
-  shapes come from running the conversion on meta tensors), then the ``base_model_prefix``
-  is stripped or added where that makes it a model name; a name the model lacks is
-  UNEXPECTED, a shape other than the model's is MISMATCHED, a model name no tensor supplies
-  is MISSING — unless it is tied (``lm_head.weight`` to ``model.embed_tokens.weight`` under
-  ``tie_word_embeddings``: either side present covers both), or matches a pattern the class
-  declares ignorable (``_keys_to_ignore_on_load_missing`` / ``_unexpected``, plus the
-  ``rotary_emb.inv_freq`` and ``position_ids`` that old checkpoints store and that are now
-  non-persistent buffers);
-* **tokenizer**: the largest id the tokenizer can produce (its vocabulary and added
-  tokens, as transformers' ``AutoTokenizer`` loads it) must be below the embedding's rows
-  (the checkpoint's embedding tensor, else config.json's ``vocab_size``): a larger id
-  indexes past the embedding.
-
-What cannot be audited here says so as a row with ``ok: None`` and a reason (PyTorch pickle
-weights, a quantized checkpoint whose layout is its quantizer's, an architecture this
-transformers does not know, custom code) — never a guess, and never a refusal.
-
-Rows are the step-4 sub-check rows ``{name, ok, detail}``; :class:`WeightsAudit` is the
-whole answer. Everything here reads files only; the module imports torch and transformers
-lazily, where the expected model is built.
+"""Do a model folder's weights cover its config? An audit from headers only, before any load, that
+refuses a folder a framework would silently fill with random tensors (docs/frameworks.md,
+"Weights audit").
 """
 
 from __future__ import annotations
@@ -50,6 +13,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import JsonValue
 
 Shape = tuple[int, ...]
 Row = dict[str, Any]
@@ -333,7 +298,7 @@ class WeightsAudit:
     path: Path
     rows: list[Row]
     seconds: float
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, JsonValue] = field(default_factory=dict)
     """Counts and sources for the report (model class, tensors expected/in the checkpoint …)."""
 
     @property
@@ -353,7 +318,7 @@ class WeightsAudit:
         tail = f"; {not_run[0]}" if not_run else ""
         return f"weights audit: {len(held)} of {len(self.rows)} sub-checks held{tail}"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, JsonValue]:
         """Plain JSON-able facts for ``details.weights_audit``."""
         return {"path": str(self.path), "refused": self.refused, "seconds": round(self.seconds, 4), **self.facts}
 
@@ -584,19 +549,21 @@ def audit_model_folder(path: Path, *, tokenizer: bool = True) -> WeightsAudit:
     start = time.perf_counter()
     path = Path(path)
     rows: list[Row] = []
-    facts: dict[str, Any] = {}
+    facts: dict[str, JsonValue] = {}
     embedding_rows: int | None = None
     embedding_source = ""
     try:
         ckpt = read_checkpoint(path)
-        facts.update(files=list(ckpt.files), checkpoint_tensors=len(ckpt.shapes))
+        facts["files"] = [f for f in ckpt.files]
+        facts["checkpoint_tensors"] = len(ckpt.shapes)
         expected = expected_model(path)
-        facts.update(model_class=expected.model_class, expected_tensors=len(expected.shapes))
+        facts["model_class"] = expected.model_class
+        facts["expected_tensors"] = len(expected.shapes)
         report = compare_keys(expected.shapes, ckpt.shapes, base_model_prefix=expected.base_model_prefix,
                               rename=expected.rename, fuse=expected.fuse, expand=expected.expand, tied=expected.tied,
                               ignore_missing=expected.ignore_missing, ignore_unexpected=expected.ignore_unexpected)
-        facts.update(missing=len(report.missing), unexpected=len(report.unexpected), mismatched=len(report.mismatched),
-                     tied=dict(report.tied))
+        facts.update(missing=len(report.missing), unexpected=len(report.unexpected), mismatched=len(report.mismatched))
+        facts["tied"] = {a: b for a, b in report.tied.items()}
         rows += key_rows(report, expected.shapes, ckpt.shapes, model_class=expected.model_class)
         emb = expected.embedding
         for name in (emb, report.tied.get(emb or "")):

@@ -4,7 +4,7 @@ A check kind has a name used in ladder YAML, a strict pydantic params model, a s
 ``run(ctx, params) -> Outcome`` (or a list of outcomes, each with a ``subid``, for checks
 that expand into several results such as one per compatibility rule). Checks run in an
 isolated worker process; they never return ``pass`` for something they could not do —
-``skip`` (with the reason) or ``error`` instead.
+``skip`` (with the reason) or ``error`` instead. How to add one: docs/adding-a-check-kind.md.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.base.schemas.evidence import Evidence
 from adaptcheck.base.schemas.results import Status
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
     from adaptcheck.backends.base import Backend
     from adaptcheck.base.schemas.ladder import ModelSpec
+    from adaptcheck.ladder.protocol import EndpointTarget, ProgressMessage
 
 PROGRESS_MIN_INTERVAL_S = 0.5
 """Progress messages of one check are at least this far apart: a check may call
@@ -83,13 +85,12 @@ class CheckContext:
     device_count: int = 1
     op_provider: str | None = None
     """Provider for every step-3 op check (``--ops``), overriding the ladder's choice."""
-    endpoint: dict[str, Any] | None = None
-    """``--endpoint``: {'url', 'model', 'reference'} — 'reference' is True when ``--model``
-    names a local copy of the served weights (so a CPU reference can be computed)."""
+    endpoint: EndpointTarget | None = None
+    """``--endpoint``: the server under test."""
     check_id: str = ""
     """Id of the check being run (set by the worker before each check)."""
     scratch: dict[str, Any] = field(default_factory=dict)
-    progress_sink: Callable[[dict[str, Any]], None] | None = None
+    progress_sink: Callable[[ProgressMessage], None] | None = None
     """Where :meth:`progress` sends its messages: set by the worker (the result pipe); None
     outside a worker (tests, the in-process report), where progress is a no-op."""
     _last_progress: float = field(default=-1e9, init=False, repr=False)
@@ -172,16 +173,25 @@ class Check(ABC):
     """What it proves, one line."""
     params_model: ClassVar[type[BaseModel]] = NoParams
     """Strict params model (extra keys forbidden)."""
+    label: ClassVar[str | None] = None
+    """Short name the report shows for it (e.g. 'alone vs batched'); recorded with every result
+    (``CheckResult.kind_label``). None: the report shows the kind name."""
+    typical_s: ClassVar[float | None] = None
+    """Typical seconds it takes (quick ladder, 2-core CPU) for the run's time estimate; None:
+    its family's typical time (:mod:`adaptcheck.ladder.estimate`)."""
+    compares: ClassVar[str | None] = None
+    """For a kind that compares two runs of one framework: what the two runs are (e.g.
+    'batched vs alone'), recorded with every result (``CheckResult.compares``). None otherwise."""
 
     @classmethod
-    def identity(cls, params: Any) -> dict[str, Any]:
-        """Details every outcome of this check carries, known from its params alone.
+    def identity(cls, params: Any) -> Evidence | None:
+        """Evidence every outcome of this check carries, known from its params alone.
 
-        The runner writes them into the result it makes in a check's place (the worker raised,
+        The runner writes it into the result it makes in a check's place (the worker raised,
         crashed or timed out), so a reader still knows what the check was about (step 4: which
-        framework) without guessing from its id. Empty by default.
+        framework) without guessing from its id. None by default.
         """
-        return {}
+        return None
 
     @abstractmethod
     def run(self, ctx: CheckContext, params: Any) -> Outcome | list[Outcome]:

@@ -11,24 +11,20 @@ time is used the estimate is "about", and the header says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from adaptcheck.base.schemas.ladder import CheckSpec
 
 TYPICAL_S: dict[str, float] = {
     "matrix.capture": 3.0,
-    "framework.load": 15.0,
-    "framework.reference": 10.0,
-    "framework.collectives": 10.0,
     "perf.gemm": 20.0,
     "perf.collectives": 10.0,
     "perf.attention": 3.0,
     "perf.memory_bandwidth": 3.0,
 }
-"""Typical seconds of a check kind (quick ladder, 2-core CPU); kinds not listed take
-:data:`TYPICAL_BY_PREFIX` of their family, else :data:`TYPICAL_DEFAULT_S`."""
+"""Typical seconds of the kinds that declare none (``Check.typical_s``; quick ladder, 2-core
+CPU); kinds not listed take :data:`TYPICAL_BY_PREFIX` of their family, else :data:`TYPICAL_DEFAULT_S`."""
 TYPICAL_BY_PREFIX: dict[str, float] = {"matrix.": 0.5, "smoke.": 0.5, "ops.": 1.0, "framework.": 2.0, "perf.": 2.0}
 TYPICAL_DEFAULT_S = 5.0
 SERVING_RUN_S = 10.0
@@ -67,12 +63,43 @@ def format_minutes(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _param(params: dict[str, Any], key: str, default: Any) -> Any:
-    value = params.get(key, default)
-    return default if value is None else value
+def _number(params: Mapping[str, object], key: str, default: float) -> float:
+    """A number the ladder states (still unvalidated YAML); ``default`` when absent or null.
+    Anything else that ``float`` refuses raises, and the check is then estimated as typical."""
+    value = params.get(key)
+    if value is None:
+        return default
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise TypeError(f"{key}: not a number")
+
+
+def _count(params: Mapping[str, object], key: str) -> int:
+    """How many items a list the ladder states has (1 when absent); raises like ``len`` on a non-list."""
+    value = params.get(key)
+    if value is None:
+        return 1
+    if isinstance(value, (list, str, dict)):
+        return len(value)
+    raise TypeError(f"{key}: not a list")
+
+
+def _declared(kind: str) -> float | None:
+    """The kind class's own typical time (``Check.typical_s``); None when it declares none or
+    the kind is unknown (the ladder loader reports that, not the estimate)."""
+    from adaptcheck.base.errors import UnknownNameError
+    from adaptcheck.ladder.registry import get_check_class
+
+    try:
+        return get_check_class(kind).typical_s
+    except (UnknownNameError, ImportError, AttributeError):
+        return None
 
 
 def _typical(kind: str) -> float:
+    declared = _declared(kind)
+    if declared is not None:
+        return declared
     if kind in TYPICAL_S:
         return TYPICAL_S[kind]
     return next((s for prefix, s in TYPICAL_BY_PREFIX.items() if kind.startswith(prefix)), TYPICAL_DEFAULT_S)
@@ -84,17 +111,17 @@ def check_estimate(spec: CheckSpec) -> tuple[float, bool]:
     try:
         if spec.kind == "perf.soak":
             # The budget: a soak stops sooner once its memory trends are decided.
-            shortest = float(_param(p, "duration_s", 300.0))
-            return max(shortest, float(_param(p, "max_duration_s", shortest))) + SOAK_DRAIN_S, True
+            shortest = _number(p, "duration_s", 300.0)
+            return max(shortest, _number(p, "max_duration_s", shortest)) + SOAK_DRAIN_S, True
         if spec.kind == "perf.serving":
             # min_runs are always measured; more only while undecided and within budget_s.
-            runs = len(_param(p, "levels", [1])) * int(_param(p, "min_runs", 3))
+            runs = _count(p, "levels") * int(_number(p, "min_runs", 3))
             duration = p.get("duration_s")
             if duration:
-                return float(duration) * runs, True
+                return _number(p, "duration_s", 0.0) * runs, True
             return SERVING_RUN_S * runs, False
         if spec.kind == "ops.op" and "budget_s" in p:
-            return max(_typical(spec.kind), OP_BUDGET_SHARE * float(p["budget_s"])), False
+            return max(_typical(spec.kind), OP_BUDGET_SHARE * _number(p, "budget_s", 0.0)), False
     except (TypeError, ValueError):
         pass  # a malformed parameter is the check's own error to report; estimate it as typical
     return _typical(spec.kind), False

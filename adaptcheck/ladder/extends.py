@@ -1,47 +1,5 @@
-"""Ladders that extend another (``extends:``): the merge rules, applied to YAML node trees.
-
-A child ladder names its parent and writes down only what differs::
-
-    schema_version: 1
-    extends: standard            # a built-in ladder name, or a file relative to this one
-    id: quick                    # its own id: a certificate must never name the parent
-    defaults: {timeout_s: 120}   # top-level mappings merge key by key
-    without: [framework.vllm.compile]          # parent checks dropped
-    checks:                      # id -> the fields that change, merged onto the parent's entry
-      smoke.matmul:
-        params: {max_n: 512}     # params.dtypes etc. stay the parent's
-      ops.gemm:
-        unset: [params.budget_s] # back to the kind's default
-        params: {cases: [{name: square, m: 64, n: 64, k: 64}]}   # a list replaces the parent's
-    add:                         # new checks, full entries as in any ladder
-      - {id: smoke.extra, step: 2, kind: smoke.matmul, after: smoke.matmul}
-
-The rules, and why (docs/ladders.md repeats them for users):
-
-* **Mappings merge, everything else is replaced.** ``params``, ``params.teacher``, ``model``,
-  ``defaults`` and ``steps`` merge key by key; a scalar or a *list* given by the child replaces
-  the parent's whole. A list in a ladder is one value (the op cases, the serving levels, the
-  dtypes): ``levels: [4, 8]`` over ``[1, 4]`` must mean ``[4, 8]``, and a concatenation would
-  silently run cases nobody wrote in the child.
-* **``unset: [dotted.path, ...]``** in an entry removes keys of the parent's entry before the
-  child's fields are merged (a param back to its kind's default). YAML ``null`` cannot mean
-  "remove" (as in JSON Merge Patch): null is a value a param takes (``sizes_mib: null``).
-* **Order is the parent's.** Overridden checks stay where the parent runs them;
-  ``without: [ids]`` drops some; ``add:`` entries go right after the check named by ``after:``
-  (or right before ``before:``), several at one place in the child's order, and without a
-  place at the end, in the child's order. Run order matters (a served framework's checks
-  leave the server up for step 5; perf.regression runs last), so it is never reshuffled.
-* **``grade`` is replaced whole** when the child gives one (``include:`` works as in any
-  ladder); without, the parent's rules apply. Grade rules are a list of levels: merging
-  them piecewise would be the concatenation the first rule avoids.
-* A child states its own ``schema_version`` (the format it is written in) and ``id``;
-  ``version``, ``description``, ``defaults``, ``model`` and ``steps`` are inherited unless given.
-
-Every file keeps its own nodes in the merged tree, and :func:`adaptcheck.base.yamldata.parse_yaml`
-names each node's mark with its file: a validation error found after merging still points at
-the file and line that wrote the value. Problems with the directives themselves (an unknown
-id, an unknown key, a bad ``unset`` path) are found here, each a one-line
-:class:`~adaptcheck.base.errors.LadderError` naming the child's file and line and what to write.
+"""Ladders that extend another (``extends:``): the merge rules, applied to YAML node trees so that
+every value keeps the file and line it came from (the rules and why: docs/ladders.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""Load a ladder from YAML and validate it strictly, with file:line in every error.
-
-Parsing, duplicate-key rejection and line mapping come from :mod:`adaptcheck.base.yamldata`;
-this module adds what only a ladder has: check kinds, their params and step, grade
-conditions that must select real checks, shared grade rules (``grade: {include: FILE}``)
-and ladders that extend another (``extends:``, merged by :mod:`adaptcheck.ladder.extends`).
-
-Every consumer gets a ladder through :func:`load_ladder`, which resolves all of that into
-one :class:`LoadedLadder`: its ``text`` is what a run folder stores as ``ladder.yaml``, a
-ladder that needs no other file, so a resume or a later comparison never reads a parent
-or an included file again (they may have changed since).
+"""Load a ladder from YAML (include, extends) and validate it strictly, with file:line in every
+error, into the one resolved form every consumer reads (docs/ladders.md, "How a ladder is loaded").
 """
 
 from __future__ import annotations
@@ -43,8 +34,8 @@ class LoadedLadder:
     """The resolved ladder as YAML, needing no other file: what a run folder stores."""
     parents: tuple[str, ...] = ()
     """The ladders it extends, nearest first ('builtin:standard' or a path); empty for a flat one."""
-    data: dict[str, Any] = field(default_factory=dict, compare=False)
-    """The resolved mapping (what ``text`` holds), before the schema fills in defaults."""
+    data: dict[str, object] = field(default_factory=dict, compare=False)
+    """The resolved mapping as read (what ``text`` holds), before the schema fills in defaults."""
     origins: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
     """Check id → the files that gave it a value, parent first (for ``adaptcheck ladder show``)."""
 
@@ -58,7 +49,8 @@ class _Tree:
     """One ladder file read and resolved (include expanded, parent merged), not yet validated."""
 
     root: yaml.MappingNode
-    data: dict[str, Any]
+    data: dict[str, object]
+    """The mapping as read; validated into a :class:`LadderSpec` by :func:`validate_ladder`."""
     text: str
     """For a flat ladder: its own text with the grade include written out (comments kept)."""
     parents: tuple[str, ...]
@@ -174,8 +166,8 @@ def _files_in(node: yaml.Node) -> set[str]:
     return names
 
 
-def _expand_grade_include(root: yaml.MappingNode, data: dict[str, Any], text: str,
-                          path: Path) -> tuple[yaml.MappingNode, dict[str, Any], str]:
+def _expand_grade_include(root: yaml.MappingNode, data: dict[str, object], text: str,
+                          path: Path) -> tuple[yaml.MappingNode, dict[str, object], str]:
     """``grade: {include: FILE, without: [condition ids]}`` replaced by the rules of FILE
     (relative to the ladder's folder), minus the conditions named.
 
@@ -259,7 +251,7 @@ def parse_ladder(text: str, filename: str) -> LadderSpec:
     return validate_ladder(data, root, filename)
 
 
-def validate_ladder(data: dict[str, Any], root: yaml.Node, filename: str) -> LadderSpec:
+def validate_ladder(data: dict[str, object], root: yaml.Node, filename: str) -> LadderSpec:
     """Validate a resolved ladder's data. Errors name the file and line each value came from
     (``filename`` only where a node has no file of its own)."""
     try:
@@ -293,7 +285,7 @@ def validate_ladder(data: dict[str, Any], root: yaml.Node, filename: str) -> Lad
     return spec
 
 
-def _which_check(exc: ValidationError, data: dict[str, Any]) -> str:
+def _which_check(exc: ValidationError, data: dict[str, object]) -> str:
     """' (check ID)' when the reported problem is inside a check: in a ladder merged from
     several files the index in ``checks.N`` is the merged ladder's, the id is what the user wrote."""
     err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]  # the one describe() reports
@@ -330,14 +322,14 @@ _Dumper.add_representer(_Flow, lambda d, v: d.represent_mapping(MAP_TAG, v, flow
 _Dumper.add_representer(_FlowList, lambda d, v: d.represent_sequence(SEQ_TAG, v, flow_style=True))
 
 
-def _leaf(value: Any) -> bool:
+def _leaf(value: object) -> bool:
     """A mapping of scalars and lists of scalars (one line in the shipped files)."""
     return isinstance(value, dict) and all(
         not isinstance(v, (dict, list)) or (isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v))
         for v in value.values())
 
 
-def _styled(value: Any, flow_maps: bool) -> Any:
+def _styled(value: object, flow_maps: bool) -> object:
     """``value`` with its small parts marked for one-line style, as the shipped files write
     them: lists of scalars always; with ``flow_maps``, a list whose items are all mappings of
     scalars (op cases, request mixes) one item a line, and any other such mapping (``slo``,
@@ -357,13 +349,13 @@ def _styled(value: Any, flow_maps: bool) -> Any:
     return value
 
 
-def resolved_text(data: dict[str, Any], source: str, parents: tuple[str, ...]) -> str:
+def resolved_text(data: dict[str, object], source: str, parents: tuple[str, ...]) -> str:
     """The resolved data of a ladder that extends others, as a flat ladder file (the comments
     that explain its values stay in the files it was resolved from, which the header names).
 
     Lines are never wrapped: a wrapped plain scalar reads back the same, but one value a
     line is what a reader diffing two snapshots wants."""
-    body: dict[str, Any] = {}
+    body: dict[str, object] = {}
     for key, value in data.items():
         if key == "checks" and isinstance(value, list):
             # a check entry itself in block style, its params in the shipped files' style

@@ -25,3 +25,12 @@ def get_check_class(kind: str) -> type[Check]:
         raise UnknownNameError(f"check kind {kind!r} points to {plugins.value_of(ENTRY_POINT_GROUP, kind)}, "
                                "which is not a Check subclass")
     return cls
+
+
+def kind_label(kind: str) -> str | None:
+    """The report label a kind declares (``Check.label``); None for a kind without one or not
+    installed (a planned check of a plugin gone since: the report then shows the kind)."""
+    try:
+        return get_check_class(kind).label
+    except (UnknownNameError, ImportError, AttributeError):
+        return None

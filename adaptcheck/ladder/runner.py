@@ -20,17 +20,21 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
 
 from adaptcheck.base.procs import child_environ, kill_group
+from adaptcheck.base.schemas.evidence import Evidence
 from adaptcheck.base.schemas.ladder import CheckSpec
-from adaptcheck.base.schemas.results import CheckResult, Status
+from adaptcheck.base.schemas.results import CheckResult
+from adaptcheck.ladder.check import Check, Outcome
+from adaptcheck.ladder.protocol import CheckRequest, ProgressReport, WorkerInit, WorkerReply
 
 WORKER_STARTUP_TIMEOUT_S = 180.0
 """Importing torch and a vendor extension can be slow on first use; a broken driver can hang it."""
 
-ProgressCallback = Callable[[dict[str, Any]], None]
-"""Receives a check's progress message: {'done', 'total', 'unit', 'note'} (see CheckContext.progress)."""
+ProgressCallback = Callable[[ProgressReport], None]
+"""Receives a check's progress report (see CheckContext.progress)."""
 
 
 class WorkerDied(Exception):
@@ -55,7 +59,7 @@ def _signal_name(returncode: int | None) -> str:
 class Worker:
     """One worker process and its two pipes."""
 
-    def __init__(self, init: dict[str, Any], log_path: Path) -> None:
+    def __init__(self, init: WorkerInit, log_path: Path) -> None:
         self.init = init
         self.log_path = log_path
         cmd_r, cmd_w = os.pipe()
@@ -79,11 +83,11 @@ class Worker:
         self._buf = b""
         self._send(init)
         reply = self._receive(WORKER_STARTUP_TIMEOUT_S, what="worker start-up")
-        if not reply.get("ready"):
+        if not reply.ready:
             self.kill()
-            raise WorkerDied(f"worker could not set up the device context: {reply.get('error', 'unknown error')}")
+            raise WorkerDied(f"worker could not set up the device context: {reply.error or 'unknown error'}")
 
-    def _send(self, obj: dict[str, Any]) -> None:
+    def _send(self, obj: WorkerInit | CheckRequest) -> None:
         try:
             self._cmd.write(json.dumps(obj) + "\n")
             self._cmd.flush()
@@ -91,7 +95,7 @@ class Worker:
             raise WorkerDied(self._death_reason()) from None
 
     def _receive(self, timeout_s: float, what: str, on_progress: ProgressCallback | None = None,
-                 check_id: str | None = None) -> dict[str, Any]:
+                 check_id: str | None = None) -> WorkerReply:
         """The next reply line. Progress lines of ``check_id`` on the way are handed to
         ``on_progress`` (those of another check, late from an earlier one, are dropped) and the
         wait goes on: the time limit covers the whole check, not the gap between messages."""
@@ -110,11 +114,16 @@ class Worker:
                     raise WorkerDied(self._death_reason())
                 self._buf += chunk
             line, _, self._buf = self._buf.partition(b"\n")
-            msg = json.loads(line)
-            if isinstance(msg, dict) and "progress" in msg and "outcomes" not in msg and "exception" not in msg:
-                if on_progress is not None and msg.get("id") == check_id and isinstance(msg["progress"], dict):
+            try:
+                msg = WorkerReply.model_validate_json(line)
+            except ValidationError as exc:
+                self.kill()
+                raise WorkerDied(f"the worker answered a malformed line ({exc.error_count()} errors): "
+                                 f"{line[:200]!r}") from None
+            if msg.is_progress:
+                if on_progress is not None and msg.id == check_id and msg.progress is not None:
                     try:
-                        on_progress(msg["progress"])
+                        on_progress(msg.progress)
                     except Exception:  # noqa: BLE001 - a display problem must not cost the check its result
                         pass
                 continue
@@ -135,7 +144,7 @@ class Worker:
             return ""
         return f"; last output: {lines[-1][:300]}" if lines else ""
 
-    def run(self, msg: dict[str, Any], timeout_s: float, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+    def run(self, msg: CheckRequest, timeout_s: float, on_progress: ProgressCallback | None = None) -> WorkerReply:
         self._send(msg)
         return self._receive(timeout_s, what=f"check {msg['id']!r}", on_progress=on_progress, check_id=msg["id"])
 
@@ -176,40 +185,64 @@ class PlannedRun:
     timeout_s: float
 
 
-def _identity(spec: CheckSpec) -> dict[str, Any]:
-    """``Check.identity`` of the spec's kind: the details a result written in its place carries.
-
-    The ladder loader validated these params with this kind already; should that fail now (a
-    plugin gone since), the result goes without them rather than hiding the check's own error.
-    """
+def _kind_class(spec: CheckSpec) -> type[Check] | None:
+    """The spec's kind class; None when it cannot be loaded now (a plugin gone since the ladder
+    was loaded): its results are still written, without what the class would add."""
     from adaptcheck.ladder.registry import get_check_class
 
     try:
-        cls = get_check_class(spec.kind)
+        return get_check_class(spec.kind)
+    except Exception:  # noqa: BLE001 - a result must be written whatever this raises
+        return None
+
+
+def _identity(spec: CheckSpec, cls: type[Check] | None) -> Evidence | None:
+    """``Check.identity`` of the spec's kind: the evidence a result written in its place carries.
+
+    The ladder loader validated these params with this kind already; should that fail now, the
+    result goes without it rather than hiding the check's own error.
+    """
+    if cls is None:
+        return None
+    try:
         return cls.identity(cls.params_model.model_validate(spec.params))
     except Exception:  # noqa: BLE001 - the error result must be written whatever this raises
-        return {}
+        return None
 
 
-def _to_results(spec: CheckSpec, reply: dict[str, Any]) -> list[CheckResult]:
-    base: dict[str, Any] = {"step": spec.step, "kind": spec.kind, "tags": spec.tags}
-    if "exception" in reply:
-        return [CheckResult(id=spec.id, status=Status.ERROR, message=f"check raised {reply['exception']}",
-                            details={**_identity(spec), "traceback": reply.get("traceback", "")},
-                            duration_s=reply.get("duration_s", 0.0), **base)]
-    outcomes = reply["outcomes"]
-    per = reply.get("duration_s", 0.0) / max(1, len(outcomes))
-    out: list[CheckResult] = []
-    for o in outcomes:
-        sub = o.pop("subid", None)
-        out.append(CheckResult(id=f"{spec.id}.{sub}" if sub else spec.id, duration_s=per, **base, **o))
-    return out
+def _error(spec: CheckSpec, cls: type[Check] | None, message: str, traceback: str | None = None) -> Outcome:
+    """The ``error`` outcome of a check that could not complete, with its kind's identity evidence."""
+    identity = _identity(spec, cls)
+    outcome = Outcome.errored(message, details=identity.dump() if identity is not None else {})
+    if traceback is not None:
+        outcome.details["traceback"] = traceback
+    return outcome
+
+
+def _result(spec: CheckSpec, cls: type[Check] | None, check_id: str, outcome: Outcome, duration_s: float) -> CheckResult:
+    """``outcome`` as a result of ``spec``, recording its kind's report label and what it compares."""
+    return CheckResult(id=check_id, step=spec.step, kind=spec.kind, tags=spec.tags,
+                       kind_label=cls.label if cls is not None else None,
+                       compares=cls.compares if cls is not None else None,
+                       status=outcome.status, message=outcome.message, metrics=outcome.metrics,
+                       details=outcome.details, applicable=outcome.applicable, duration_s=duration_s)
+
+
+def _to_results(spec: CheckSpec, reply: WorkerReply) -> list[CheckResult]:
+    cls = _kind_class(spec)
+    if reply.exception is not None:
+        raised = _error(spec, cls, f"check raised {reply.exception}", reply.traceback)
+        return [_result(spec, cls, spec.id, raised, reply.duration_s)]
+    if not reply.outcomes:
+        return error_results(spec, "the worker answered without an outcome", reply.duration_s)
+    per = reply.duration_s / len(reply.outcomes)
+    return [_result(spec, cls, f"{spec.id}.{o.subid}" if o.subid else spec.id, o, per) for o in reply.outcomes]
 
 
 def error_results(spec: CheckSpec, message: str, duration_s: float = 0.0) -> list[CheckResult]:
     """The single ``error`` result of a check that could not complete."""
-    return [CheckResult(id=spec.id, step=spec.step, kind=spec.kind, tags=spec.tags, status=Status.ERROR,
-                        message=message, duration_s=duration_s, details=_identity(spec))]
+    cls = _kind_class(spec)
+    return [_result(spec, cls, spec.id, _error(spec, cls, message), duration_s)]
 
 
 TORN_SUFFIX = ".torn"
@@ -288,6 +321,21 @@ class JournalWriter:
         return [(raw, _parse_record(raw) if raw.endswith(b"\n") else None) for raw in pieces if raw]
 
 
+def _labelled(result: CheckResult) -> CheckResult:
+    """A journalled result as a fresh one records it: a journal written before results 1.4 (a run
+    resumed across the upgrade) has no kind label, and ``results.json``'s upgrade never sees it,
+    so the label and what it compares are taken from the kind, as :func:`_result` does."""
+    if result.kind_label is not None:
+        return result
+    from adaptcheck.ladder.registry import get_check_class
+
+    try:
+        cls = get_check_class(result.kind)
+    except Exception:  # noqa: BLE001 - a plugin gone since: the record stands as written
+        return result
+    return result.model_copy(update={"kind_label": cls.label, "compares": result.compares or cls.compares})
+
+
 def _parse_record(raw: bytes) -> tuple[str, list[CheckResult]] | None:
     """A journal line's (spec id, results), or None when it is not a whole, valid record."""
     if not raw.strip():
@@ -297,19 +345,19 @@ def _parse_record(raw: bytes) -> tuple[str, list[CheckResult]] | None:
         spec_id = rec["spec_id"]
         if not isinstance(spec_id, str):
             return None
-        return spec_id, [CheckResult.model_validate(r) for r in rec["results"]]
+        return spec_id, [_labelled(CheckResult.model_validate(r)) for r in rec["results"]]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
         return None
 
 
 def execute(
     planned: Iterable[PlannedRun],
-    init: dict[str, Any],
+    init: WorkerInit,
     journal: JournalWriter,
     log_path: Path,
     on_start: Callable[[CheckSpec], None] | None = None,
     on_done: Callable[[CheckSpec, list[CheckResult]], None] | None = None,
-    on_progress: Callable[[CheckSpec, dict[str, Any]], None] | None = None,
+    on_progress: Callable[[CheckSpec, ProgressReport], None] | None = None,
 ) -> dict[str, list[CheckResult]]:
     """Run each planned check in the worker, replacing the worker after any death."""
     worker: Worker | None = None

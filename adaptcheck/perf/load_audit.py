@@ -1,37 +1,18 @@
-"""Was the load measured the load asked for? The served lengths of a serving scenario, audited.
-
-Responsible for ``details["workload"]`` of ``perf.serving``: for every completed measured
-request, the output length served against ``max_tokens`` and the prompt length served
-against the length sent, from the best count there is — and the one-line ``problems``
-that fail the scenario (the verdict appends them to its own): figures measured under a
-load other than the one asked for (a server that returns 7 tokens more than
-``max_tokens`` does 11 % more decode work per request) are not the figures of the
-scenario.
-
-Counts, most trusted first (docs/perf.md "Served lengths"):
-
-- output: the server's ``usage.completion_tokens`` and the streamed token ids are exact
-  (and must agree with each other); the number of content chunks is a lower bound (a
-  chunk carries at least one token), so more chunks than ``max_tokens`` is proof of a
-  longer answer even without usage; the local tokenizer's re-encoding of the text is an
-  estimate only (a re-encode may merge or split tokens), so it is held to a tolerance;
-- prompt: ``usage.prompt_tokens`` against the length the client counted before sending
-  (local tokenizer or the server's ``/tokenize``); without such a count the prompt
-  length is approximate and only recorded.
-
-A short answer is a problem wherever the length was fixed (``ignore_eos`` native or
-emulated) or the server said ``finish_reason: length``; a server that does not accept
-``ignore_eos`` may end at EOS (``finish_reason: stop``), which is recorded in
-``short_outputs`` and ``notes``, not failed: no request could have asked otherwise.
+"""Was the load measured the load asked for? The served output and prompt lengths of a
+scenario's completed requests, from the best count there is, and the one-line problems that
+fail it (``details.workload``, a
+:class:`~adaptcheck.base.schemas.serving_evidence.WorkloadAudit`). Rules: docs/perf.md,
+"Served lengths and endpoint evidence".
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from adaptcheck.base.schemas.serving_evidence import WorkloadAudit
 from adaptcheck.perf.loadgen import LoadGenerator
 from adaptcheck.perf.serving_metrics import RequestRecord
 
@@ -120,7 +101,7 @@ def _audit(rec: RequestRecord, fixed_length: bool, lv: _Level, notes: dict[str, 
 
 
 def audit(by_level: Sequence[tuple[float, Sequence[_Run]]], *, ignore_eos: str, api: str, prompt_lengths: str,
-          rejected_fields: Sequence[str], target_input: Any) -> dict[str, Any]:
+          rejected_fields: Sequence[str], target_input: Callable[[int], int]) -> WorkloadAudit:
     """``details["workload"]``: the served lengths of the completed measured requests, and ``problems``.
 
     ``ignore_eos``: native | emulated (…) | not accepted. ``target_input(index)``: the prompt
@@ -151,24 +132,24 @@ def audit(by_level: Sequence[tuple[float, Sequence[_Run]]], *, ignore_eos: str, 
         return sum(lv.kinds[kind].count for _, lv in levels if kind in lv.kinds)
 
     sources = {output_count(r)[1] for r in done}
-    return {
-        "api": api,
-        "ignore_eos": ignore_eos,
-        "completed": len(done),
-        "output_lengths": sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
-        "long_outputs": count(LONG),
-        "short_outputs": count(SHORT) + sum(notes.values()),
-        "usage_missing": sum(1 for r in done if r.usage_tokens is None),
-        "prompt_lengths": prompt_lengths,
-        "prompt_length_mismatches": count(PROMPT),
-        "input_length_off": sum(1 for r in done if r.input_tokens != target_input(r.index)),
-        "rejected_fields": sorted(rejected_fields),
-        "notes": [f"{n} request(s) {what}" for what, n in notes.items()],
-        "problems": problems,
-    }
+    return WorkloadAudit(
+        api=api,
+        ignore_eos=ignore_eos,
+        completed=len(done),
+        output_lengths=sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
+        long_outputs=count(LONG),
+        short_outputs=count(SHORT) + sum(notes.values()),
+        usage_missing=sum(1 for r in done if r.usage_tokens is None),
+        prompt_lengths=prompt_lengths,
+        prompt_length_mismatches=count(PROMPT),
+        input_length_off=sum(1 for r in done if r.input_tokens != target_input(r.index)),
+        rejected_fields=sorted(rejected_fields),
+        notes=[f"{n} request(s) {what}" for what, n in notes.items()],
+        problems=problems,
+    )
 
 
-def workload_facts(by_level: Sequence[tuple[float, Sequence[_Run]]], gen: LoadGenerator) -> dict[str, Any]:
+def workload_facts(by_level: Sequence[tuple[float, Sequence[_Run]]], gen: LoadGenerator) -> WorkloadAudit:
     """:func:`audit` of what ``gen`` drove (its route, field policy and prompt factory)."""
     rejected = gen.rejected_fields
     ignore_eos = ("emulated (generation_config min_new_tokens)" if "ignore_eos" in rejected

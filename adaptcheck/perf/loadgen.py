@@ -1,39 +1,7 @@
-"""The serving load generator: drives any OpenAI-compatible streaming endpoint and records each request.
-
-Responsible for *when* requests are sent and for timing them honestly; what is sent comes
-from :mod:`adaptcheck.perf.workload`, the summaries from :mod:`adaptcheck.perf.serving_metrics`,
-the client's own cost and the server's memory from :mod:`adaptcheck.perf.monitors`, and the
-timed requests go through the lean :mod:`adaptcheck.openai_client.load_stream` (the general
-OpenAI client only learns the model name and the fields the server rejects, once).
-
-One run (one level, one repeat) is, on a fresh event loop:
-
-1. *warm-up*: ``warmup_requests`` requests (their own prompts) at the run's concurrency:
-   they open the connections the window will reuse; recorded with ``warmup: true`` and
-   left out of every figure;
-2. *the measured window*, by arrival pattern (:class:`~adaptcheck.perf.arrival.Arrival`) —
-   ``burst``: every request scheduled at once;
-   ``concurrency``: a closed loop of ``level`` slots, a request scheduled the moment a slot
-   frees; ``poisson``: open loop at ``level`` req/s, exponential gaps drawn from a seed
-   that depends on the level only (every repeat replays the same arrival times, so the
-   repeats differ by the system, not by the dice). A run is ``num_requests`` requests, or
-   as many as start within ``duration_s``;
-3. per-request records, built *after* the window (tokenizer counts cost CPU, and CPU spent
-   in the event loop during the window delays every other stream's timestamps).
-
-Timing: every stream event is stamped on arrival; the send time is taken before a
-connection is picked, so the client queue time (send − scheduled) is kept apart from TTFT.
-Connections are never capped below what the arrival pattern puts in flight (a request
-that waited for a pooled connection would carry that wait inside its TTFT).
-
-Nothing hangs: each request has its own deadline (``request_timeout_s``), the run has a
-deadline after which in-flight requests are cancelled and counted as failed, and a server
-that refuses connections (dead) or lets a request time out (hung) stops the run from
-sending more: those requests are counted, and the run ends early with ``aborted`` saying why.
-
-A caller may also end a timed window early from another thread (``stop``, a
-:class:`threading.Event`: the soak does when its memory trends are decided): no request
-starts after it is set, and those in flight finish as usual.
+"""The serving load generator: drives any OpenAI-compatible streaming endpoint run by run
+(warm-up, then the measured window by arrival pattern), times each request honestly and
+records it; nothing hangs (per-request and per-run deadlines, a dead or hung server stops the
+run). How a run goes: docs/perf.md, "The load generator".
 """
 
 from __future__ import annotations
@@ -45,11 +13,14 @@ import json
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import JsonValue
+
 from adaptcheck.base.errors import exception_line
+from adaptcheck.base.schemas.serving_evidence import RunSummary
 from adaptcheck.openai_client.client import AsyncOpenAIClient
 from adaptcheck.openai_client.errors import (
     EndpointError,
@@ -161,8 +132,13 @@ class RunResult:
     def measured(self) -> list[RequestRecord]:
         return [r for r in self.records if not r.warmup]
 
-    def summary(self, slo: dict[str, float | None] | None = None) -> dict[str, Any]:
+    def run_summary(self, slo: Mapping[str, float | None] | None = None) -> RunSummary:
+        """The run's RunSummary (docs/perf.md)."""
         return summarize_run(self.records, duration_s=self.duration_s, slo=slo)
+
+    def summary(self, slo: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+        """:meth:`run_summary` as the JSON object stored in the details (what scripts print)."""
+        return self.run_summary(slo).dump()
 
 
 class LoadGenerator:
@@ -260,9 +236,9 @@ class LoadGenerator:
             self.rejected_fields |= control.rejected_fields
             self._learnt = True
 
-    def _body(self, req: PreparedRequest, cfg: RunConfig) -> dict[str, Any]:
+    def _body(self, req: PreparedRequest, cfg: RunConfig) -> dict[str, JsonValue]:
         """The request, as the general client would build it for this server (same field policy)."""
-        body: dict[str, Any] = {"max_tokens": req.output_tokens, "temperature": 0.0,
+        body: dict[str, JsonValue] = {"max_tokens": req.output_tokens, "temperature": 0.0,
                                 "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": req.prompt}]

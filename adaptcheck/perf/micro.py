@@ -1,26 +1,8 @@
-"""The micro-benchmarks of step 5, sized to the device, returning rows in the report contract.
-
-Responsibility: GEMM per dtype over LLM-shaped problems, device memory copy, host↔device
-copies and the result-row shape they share (``docs/perf.md``). Attention lives in
-:mod:`adaptcheck.perf.attention`; collectives are timed by the rank processes of
-:mod:`adaptcheck.collectives.worker`. Everything is device-generic torch on
-``backend.torch_device(index)``, timed by :func:`adaptcheck.perf.timing.time_callable`.
-
-Work and traffic per repetition (the minimum a perfect kernel needs):
-
-* GEMM ``C[m,n] = A[m,k] · B[k,n]``: ``2·m·n·k`` FLOP; bytes ``(m·k + k·n)·in + m·n·out``
-  (each operand read once, the result written once; ``out`` is 4 bytes for int8 → int32,
-  2 for fp8 → bf16).
-* Copy of ``S`` bytes: ``2·S`` bytes (read + write, STREAM's convention), no FLOPs.
-* Host↔device copy of ``S`` bytes: ``S`` bytes over the link.
-
-Sizing. Shapes are upper bounds. Before a dtype is measured, a probe times square GEMMs of
-growing size (:func:`probe_gemm_rate`) to learn the rate; a shape whose single call would
-exceed ``max_call_s`` at that rate is shrunk (``m`` first, down to 64, then ``n``/``k``,
-down to 256), and the row says so. A shape still too slow at the floor is ``not_run`` with
-the probed rate in the reason (CPU fp16 runs at ~0.4 GFLOP/s on some machines: a
-2048×4096×4096 call would take minutes). Buffers are capped so they use at most half of
-the device's free memory.
+"""The step-5 micro-benchmarks sized to the device — GEMM per dtype over LLM-shaped problems,
+device memory copy, host↔device copies — and the :class:`~adaptcheck.base.schemas.micro_evidence.MicroRow`
+they and the attention and collectives rows share; device-generic torch, timed by
+:func:`adaptcheck.perf.timing.time_callable`. Work, traffic and sizing rules: docs/perf.md
+("Work, traffic and sizing").
 """
 
 from __future__ import annotations
@@ -30,11 +12,12 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from adaptcheck.base.dtypes import ITEMSIZE, GemmDtype, is_fnuz, torch_dtype
+from adaptcheck.base.schemas.micro_evidence import Achieved, MicroRow, ParamValue, RowExtra
 from adaptcheck.perf.caches import DRAM_FACTOR, LastLevelCache, device_llc, residency
-from adaptcheck.perf.peaks import Peak, efficiency, fmt_rate, roofline
+from adaptcheck.perf.peaks import Bound, Peak, efficiency, fmt_rate, roofline
 from adaptcheck.perf.timing import CI_TARGET, Timing, time_callable
 
 if TYPE_CHECKING:
@@ -82,9 +65,13 @@ class TimingOptions:
 
 # --- rows ------------------------------------------------------------------------------------
 
-def make_row(name: str, dtype: str | None, params: dict[str, Any], flops: float | None, bytes_moved: float | None,
-             timing: Timing, peak: Peak | None, *, peak_key: str | None = None, bound: str | None = None,
-             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+Params = dict[str, ParamValue]
+"""What defines a row's problem (``MicroRow.params``)."""
+
+
+def make_row(name: str, dtype: str | None, params: Params, flops: float | None, bytes_moved: float | None,
+             timing: Timing, peak: Peak | None, *, peak_key: str | None = None, bound: Bound | None = None,
+             extra: RowExtra | None = None) -> MicroRow:
     """One contract row from a measurement. ``bound`` forces the class (link, network) where
     the roofline does not apply; ``peak_key`` is the dtype whose peak applies (tf32 …)."""
     key = peak_key or dtype
@@ -94,33 +81,29 @@ def make_row(name: str, dtype: str | None, params: dict[str, Any], flops: float 
     ok = timing.valid and med > 0
     fps = flops / med if flops is not None and ok else None
     bps = bytes_moved / med if bytes_moved is not None and ok else None
-    row: dict[str, Any] = {
-        "name": name, "dtype": dtype, "params": params, "flops": flops, "bytes": bytes_moved,
-        "time_s": timing.as_dict(), "achieved": {"flops_per_s": fps, "bytes_per_s": bps},
-        "efficiency": efficiency(bound, peak, key, fps, bps),  # type: ignore[arg-type]
-        "arithmetic_intensity": ai, "ridge_point": ridge, "bound": bound if peak is not None else None,
-        "status": "ok", "reason": "", "extra": dict(extra or {}),
-    }
-    row["extra"].setdefault("inner_calls", timing.inner)
+    extra = extra.model_copy() if extra is not None else RowExtra()
+    if "inner_calls" not in extra.model_fields_set:
+        extra.inner_calls = timing.inner
     if key != dtype:
-        row["extra"]["peak_dtype"] = key
+        extra.peak_dtype = key
     if timing.notes:
-        row["extra"]["timing_notes"] = list(timing.notes)
-    return row
+        extra.timing_notes = list(timing.notes)
+    return MicroRow(name=name, dtype=dtype, params=params, flops=flops, bytes=bytes_moved, time_s=timing.stats(),
+                    achieved=Achieved(flops_per_s=fps, bytes_per_s=bps),
+                    efficiency=efficiency(bound, peak, key, fps, bps), arithmetic_intensity=ai, ridge_point=ridge,
+                    bound=bound if peak is not None else None, status="ok", reason="", extra=extra)
 
 
-def not_run_row(name: str, dtype: str | None, params: dict[str, Any], reason: str, *, raised: bool = False,
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def not_run_row(name: str, dtype: str | None, params: Params, reason: str, *, raised: bool = False,
+                extra: RowExtra | None = None) -> MicroRow:
     """A row that was not measured, with why. ``raised``: an unexpected error (the check errors)."""
-    row: dict[str, Any] = {
-        "name": name, "dtype": dtype, "params": params, "flops": None, "bytes": None, "time_s": None,
-        "achieved": {"flops_per_s": None, "bytes_per_s": None}, "efficiency": None,
-        "arithmetic_intensity": None, "ridge_point": None, "bound": None, "status": "not_run", "reason": reason,
-        "extra": dict(extra or {}),
-    }
+    extra = extra.model_copy() if extra is not None else RowExtra()
     if raised:
-        row["extra"]["raised"] = True
-    return row
+        extra.raised = True
+    return MicroRow(name=name, dtype=dtype, params=params, flops=None, bytes=None, time_s=None,
+                    achieved=Achieved(flops_per_s=None, bytes_per_s=None), efficiency=None,
+                    arithmetic_intensity=None, ridge_point=None, bound=None, status="not_run", reason=reason,
+                    extra=extra)
 
 
 _UNSUPPORTED_RE = re.compile(r"not (yet )?(supported|implemented)|does not support|doesn't support|unsupported",
@@ -233,9 +216,9 @@ def fit_gemm_shape(m: int, n: int, k: int, rate: float, limit_s: float, *, min_m
 
 
 def bench_gemm(dtype: str, label: str, m: int, n: int, k: int, backend: Backend, index: int, peak: Peak | None,
-               opts: TimingOptions, rate: float) -> dict[str, Any]:
+               opts: TimingOptions, rate: float) -> MicroRow:
     """One GEMM row at the requested shape or, if the probe says it is too slow, a smaller one."""
-    requested = {"m": m, "n": n, "k": k}
+    requested: Params = {"m": m, "n": n, "k": k}
     fitted = fit_gemm_shape(m, n, k, rate, opts.call_limit, min_m=min(m, 64))
     name = f"{label} m={m} n={n} k={k}"
     if fitted is None:
@@ -243,10 +226,10 @@ def bench_gemm(dtype: str, label: str, m: int, n: int, k: int, backend: Backend,
         return not_run_row(name, dtype, requested,
                            f"too slow at this size on this device: measured {fmt_rate(rate)} on a probe; even the "
                            f"smallest shape would take ~{est:.3g} s per call (limit {opts.call_limit:.3g} s)")
-    extra: dict[str, Any] = {"probe_flops_per_s": rate}
+    extra = RowExtra(probe_flops_per_s=rate)
     if fitted != (m, n, k):
-        extra["requested"] = requested
-        extra["shrunk"] = (f"a {m}×{n}×{k} call would take ~{gemm_flops(m, n, k) / rate:.3g} s at the probed "
+        extra.requested = requested
+        extra.shrunk = (f"a {m}×{n}×{k} call would take ~{gemm_flops(m, n, k) / rate:.3g} s at the probed "
                            f"{fmt_rate(rate)} (limit {opts.call_limit:.3g} s)")
         m, n, k = fitted
         name = f"{label} m={m} n={n} k={k}"
@@ -266,7 +249,7 @@ def fit_bytes(size: int, backend: Backend, index: int, buffers: int) -> int:
     return min(size, max(MIB, free // (2 * buffers)))
 
 
-def bench_copy(size: int, backend: Backend, index: int, peak: Peak | None, opts: TimingOptions) -> dict[str, Any]:
+def bench_copy(size: int, backend: Backend, index: int, peak: Peak | None, opts: TimingOptions) -> MicroRow:
     """Device-to-device copy of ``size`` bytes: ``dst.copy_(src)``; 2·size bytes moved."""
     import torch
 
@@ -277,7 +260,7 @@ def bench_copy(size: int, backend: Backend, index: int, peak: Peak | None, opts:
     src = torch.ones(numel, dtype=torch.float32, device=device)
     dst = torch.zeros(numel, dtype=torch.float32, device=device)
     timing = opts.time(lambda: dst.copy_(src), backend, index)
-    extra = {"requested_bytes": size} if actual != size else {}
+    extra = RowExtra(requested_bytes=size) if actual != size else RowExtra()
     return make_row(f"copy {actual / MIB:g} MiB", None, {"bytes": numel * 4}, None, 2.0 * numel * 4, timing, peak,
                     extra=extra)
 
@@ -313,21 +296,22 @@ def memory_reference(backend: Backend, index: int, *, size: int | None = None,
         size = max(REFERENCE_MIN_BYTES, REFERENCE_LLC_FACTOR * llc.total_bytes if llc else 0)
     opts = TimingOptions(warmup=1, min_reps=5, max_reps=100, budget_s=budget_s, ci_target=None)
     row = bench_copy(size, backend, index, None, opts)
-    best = row["time_s"]["min"]
-    if not finite_positive(best):
+    best = row.time_s.min if row.time_s is not None else None
+    if best is None or row.bytes is None or not finite_positive(best):
         raise RuntimeError("the memory reference copy gave no usable timing")
-    bw = float(row["bytes"]) / best
-    where = (f"footprint {row['bytes'] / MIB:g} MiB = {row['bytes'] / llc.total_bytes:.3g} × the {llc.describe()}"
+    n = row.time_s.n if row.time_s is not None else None
+    bw = row.bytes / best
+    where = (f"footprint {row.bytes / MIB:g} MiB = {row.bytes / llc.total_bytes:.3g} × the {llc.describe()}"
              if llc else "last-level cache size not reported")
-    if llc and residency(float(row["bytes"]), llc):
+    if llc and residency(row.bytes, llc):
         where += " (capped by free memory: partly cache-resident, this reference may be high)"
-    return bw, (f"measured achievable copy bandwidth ({row['name']}, 2 × size bytes per copy, best of "
-                f"{row['time_s']['n']} as STREAM reports; {where}); memory efficiencies are relative to what "
+    return bw, (f"measured achievable copy bandwidth ({row.name}, 2 × size bytes per copy, best of "
+                f"{n} as STREAM reports; {where}); memory efficiencies are relative to what "
                 "this machine achieved, not to a datasheet. A peaks_file cpu entry with memory_gbps replaces it")
 
 
 def bench_host_device(size: int, direction: str, backend: Backend, index: int, peak: Peak | None,
-                      opts: TimingOptions, pinned: bool = True) -> dict[str, Any]:
+                      opts: TimingOptions, pinned: bool = True) -> MicroRow:
     """Host→device (``h2d``) or device→host (``d2h``) copy of ``size`` bytes, from/to pinned
     host memory where the backend supports it (pageable copies go through a staging buffer)."""
     import torch
@@ -349,13 +333,13 @@ def bench_host_device(size: int, direction: str, backend: Backend, index: int, p
 
     timing = opts.time(fn, backend, index)
     is_pinned = bool(host.is_pinned()) if pinned else False
-    extra: dict[str, Any] = {"pinned": is_pinned}
+    extra = RowExtra(pinned=is_pinned)
     if pin_note:
-        extra["note"] = pin_note
+        extra.note = pin_note
     return make_row(f"{direction} {actual / MIB:g} MiB{' pinned' if is_pinned else ''}", None,
                     {"direction": direction, "bytes": actual, "pinned": is_pinned}, None, float(actual), timing, peak,
                     bound="link", extra=extra)
 
 
-def finite_positive(value: Any) -> bool:
+def finite_positive(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -1,21 +1,8 @@
-"""Device peak figures, the peak lookup, and the roofline that turns a measurement into an
-efficiency and a bottleneck class.
-
-Responsibility:
-
-* ``matrices/peaks.yaml`` (or a user's override file): a strict schema
-  (:class:`PeaksFile`), loaded with ``file:line`` errors. Each entry is one device model:
-  a regex searched in the device name, the backends it applies to, **dense** TFLOP/s per
-  dtype (never the 2:4-sparsity figures datasheets print first), memory, host-link and
-  device-interconnect bandwidth, a required ``source`` and a ``verified`` flag.
-* :func:`find_entry` — the first entry, in file order, whose backend and regex match (the
-  lookup that also derives the host CPU's peak is :mod:`adaptcheck.perf.peak_lookup`).
-* :func:`roofline` and :func:`efficiency` — arithmetic intensity vs the ridge point of the
-  dtype (peak FLOP/s ÷ peak memory bandwidth) gives the bound (``compute`` or ``memory``);
-  efficiency is the achieved rate over the peak of the resource that bounds it.
-
-Units: the YAML uses TFLOP/s (1e12) and GB/s (1e9, decimal, as datasheets do); :class:`Peak`
-holds SI values (FLOP/s, bytes/s), which is what the report contract records.
+"""Device peak figures (``matrices/peaks.yaml``: strict schema, first matching entry), the
+:class:`Peak` efficiencies are computed against (SI units; recorded as a
+:class:`~adaptcheck.base.schemas.micro_evidence.PeakRecord`), and the roofline that turns a
+measurement into an efficiency and a bound class. Details: docs/perf.md ("Peaks and the
+roofline"); the CPU peak derived from what the machine reports is :mod:`adaptcheck.perf.cpu_peak`.
 """
 
 from __future__ import annotations
@@ -29,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from adaptcheck.base.schemas.micro_evidence import PeakRecord
 from adaptcheck.base.yamldata import (
     MatrixError,
     load_model,
@@ -144,12 +132,16 @@ class Peak:
         """Ceiling for collectives' busbw: the device interconnect, else the host link."""
         return self.interconnect_bw or self.host_link_bw
 
+    def record(self) -> PeakRecord:
+        """The contract's ``peak`` record (plus the memory basis and notes)."""
+        return PeakRecord(device=self.device, entry=self.entry, source=self.source, verified=self.verified,
+                          flops=dict(self.flops), memory_bw=self.memory_bw, host_link_bw=self.host_link_bw,
+                          interconnect_bw=self.interconnect_bw, derivation=list(self.derivation),
+                          memory_bw_basis=self.memory_bw_basis, notes=self.notes)
+
     def as_dict(self) -> dict[str, Any]:
-        """The contract's ``peak`` mapping (plus the memory basis and notes)."""
-        return {"device": self.device, "entry": self.entry, "source": self.source, "verified": self.verified,
-                "flops": dict(self.flops), "memory_bw": self.memory_bw, "host_link_bw": self.host_link_bw,
-                "interconnect_bw": self.interconnect_bw, "derivation": list(self.derivation),
-                "memory_bw_basis": self.memory_bw_basis, "notes": self.notes}
+        """:meth:`record` as the JSON object stored in ``details.peak`` (what the step-5 verdict writes)."""
+        return self.record().dump()
 
     def replace(self, **changes: Any) -> Peak:
         return dataclasses.replace(self, **changes)

@@ -1,28 +1,7 @@
-"""Serving metrics: per-request records → the RunSummary of ``docs/perf.md``.
-
-Pure functions, no I/O and no clock: what the load generator measured goes in as
-:class:`RequestRecord` objects (one per request, the per-request JSONL line), and the
-summaries come out as plain dicts in the exact shapes ``docs/perf.md`` fixes (the report
-reads them). The definitions are vLLM ``bench serve``'s, so the two can be compared:
-
-- TTFT = first content chunk − send; E2EL = last content chunk − send;
-- TPOT = (E2EL − TTFT) / (N − 1), only for N > 1 (N = output tokens of the request);
-- ITL = gaps between successive content chunks. A chunk may carry several tokens, so
-  there are two views: per chunk (vLLM's ``itl``) and per token (each gap divided by the
-  tokens of the chunk that ended it). Per token uses the best count there is, recorded as
-  ``itl_basis``: the token ids each chunk carried (``token_ids``, exact); else the
-  server's usage total spread evenly over the chunks (``usage_mean``: each gap × chunks /
-  tokens) — unless the local tokenizer's per-chunk counts add up to that same total, which
-  then say which chunk carried how many (``tokenizer``, also used without usage); only
-  with no count at all is a chunk taken for one token (``chunks``);
-- output tok/s = Σ N / measured wall time; req/s = completed / wall time;
-- goodput = requests meeting every SLO / wall time (vLLM counts TPOT as 0 for N ≤ 1);
-- percentiles by linear interpolation between closest ranks (``numpy.percentile``'s
-  default), so P99 of the same numbers is the same number in both tools.
-
-Client queue time (actual send − scheduled send) is summarised on its own and never
-enters TTFT: a load generator that falls behind shows up there instead of inflating the
-server's latency.
+"""Serving metrics: per-request records → RunSummary (vLLM ``bench serve`` definitions), the
+median over runs, the run-to-run spread and the latency distributions. Pure functions, no I/O
+and no clock; summaries are :mod:`adaptcheck.base.schemas.serving_evidence` records.
+Definitions and shapes: docs/perf.md, "RunSummary" and "Served lengths".
 """
 
 from __future__ import annotations
@@ -34,17 +13,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pydantic import JsonValue
+
+from adaptcheck.base.schemas.serving_evidence import LatencyStats, MeasuredRun, RunSummary, ServingLevel
+
 STAT_KEYS = ("mean", "median", "std", "p50", "p90", "p95", "p99", "min", "max")
 QUANTILES = tuple(range(0, 101, 5))
 """Percent points of the charted distributions (21 numbers, 0 and 100 included)."""
 MAX_ERROR_KINDS = 10
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
-SPREAD_METRICS: dict[str, tuple[str, ...]] = {
-    # spread key → path into a RunSummary
-    "ttft_ms_median": ("ttft_ms", "median"),
-    "tpot_ms_median": ("tpot_ms", "median"),
-    "output_tok_per_s": ("output_throughput",),
-}
+SPREAD_METRICS = ("ttft_ms_median", "tpot_ms_median", "output_tok_per_s")
+"""The headline metrics of a run (:func:`headline`): the spread's keys, the stability verdict's metrics."""
 
 
 @dataclass
@@ -88,7 +67,8 @@ class RequestRecord:
     def ok(self) -> bool:
         return self.error is None and self.ttft_s is not None and self.e2el_s is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
+        """The record as one JSON line of the records file."""
         return asdict(self)
 
     @classmethod
@@ -109,17 +89,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def stats_ms(values_s: Sequence[float]) -> dict[str, float | None]:
+def stats_ms(values_s: Sequence[float]) -> LatencyStats:
     """{mean, median, std, p50, p90, p95, p99, min, max} in milliseconds; all None for no values.
 
     ``std`` is the population standard deviation (``numpy.std``'s default, as vLLM reports).
     """
     if not values_s:
-        return dict.fromkeys(STAT_KEYS)
+        return LatencyStats(mean=None, median=None, std=None, p50=None, p90=None, p95=None, p99=None, min=None,
+                            max=None)
     ms = [v * 1000.0 for v in values_s]
-    return {"mean": statistics.fmean(ms), "median": percentile(ms, 50), "std": statistics.pstdev(ms),
-            "p50": percentile(ms, 50), "p90": percentile(ms, 90), "p95": percentile(ms, 95),
-            "p99": percentile(ms, 99), "min": min(ms), "max": max(ms)}
+    return LatencyStats(mean=statistics.fmean(ms), median=percentile(ms, 50), std=statistics.pstdev(ms),
+                        p50=percentile(ms, 50), p90=percentile(ms, 90), p95=percentile(ms, 95),
+                        p99=percentile(ms, 99), min=min(ms), max=max(ms))
 
 
 def tpot_s(rec: RequestRecord) -> float | None:
@@ -145,7 +126,7 @@ def itl_per_token_s(rec: RequestRecord) -> list[float]:
     return [gap / max(1, n) for gap, n in zip(rec.itl_s, rec.chunk_tokens[1:], strict=True)]
 
 
-def _one_or_mixed(values: set[Any]) -> Any:
+def _one_or_mixed(values: set[str]) -> str | None:
     return values.pop() if len(values) == 1 else ("mixed" if values else None)
 
 
@@ -181,7 +162,7 @@ def _window(records: Sequence[RequestRecord]) -> float | None:
 # ------------------------------------------------------------------------------ summaries --
 
 def summarize_run(records: Iterable[RequestRecord], *, duration_s: float | None = None,
-                  slo: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+                  slo: Mapping[str, float | None] | None = None) -> RunSummary:
     """One measured run at one level → RunSummary (warm-up records are left out).
 
     ``duration_s``: the measured window (first send → last completion, failures
@@ -202,67 +183,68 @@ def summarize_run(records: Iterable[RequestRecord], *, duration_s: float | None 
     chunks = sum(len(r.itl_s) + 1 for r in done)
     active_slo = _active_slo(slo)
     good = sum(1 for r in done if meets_slo(r, active_slo)) if active_slo else None
-    return {
-        "completed": len(done),
-        "failed": len(failed),
-        "error_rate": len(failed) / len(measured) if measured else None,
-        "errors": dict(errors.most_common(MAX_ERROR_KINDS)),
-        "duration_s": duration,
-        "request_throughput": rate(len(done)),
-        "output_throughput": rate(total_out),
-        "total_input_tokens": sum(r.input_tokens or 0 for r in done),
-        "total_output_tokens": total_out,
-        "token_source": _one_or_mixed(sources),
-        "token_mismatches": sum(1 for r in done if r.usage_tokens is not None and r.tokenizer_tokens is not None
-                                and r.usage_tokens != r.tokenizer_tokens),
-        "ttft_ms": stats_ms([r.ttft_s for r in done if r.ttft_s is not None]),
-        "tpot_ms": stats_ms([t for t in (tpot_s(r) for r in done) if t is not None]),
-        "itl_ms": stats_ms([g for r in done for g in r.itl_s]),
-        "itl_per_token_ms": stats_ms([g for r in done for g in itl_per_token_s(r)]),
-        "itl_basis": _one_or_mixed(bases),
-        "e2el_ms": stats_ms([r.e2el_s for r in done if r.e2el_s is not None]),
-        "queue_ms": stats_ms([r.sent_s - r.scheduled_s for r in measured if r.sent_s is not None]),
-        "goodput": rate(good) if good is not None else None,
-        "slo_attainment": (good / len(done) if done else None) if good is not None else None,
-        "chunks_per_token": chunks / total_out if total_out else None,
-    }
+    return RunSummary(
+        completed=len(done),
+        failed=len(failed),
+        error_rate=len(failed) / len(measured) if measured else None,
+        errors=dict(errors.most_common(MAX_ERROR_KINDS)),
+        duration_s=duration,
+        request_throughput=rate(len(done)),
+        output_throughput=rate(total_out),
+        total_input_tokens=sum(r.input_tokens or 0 for r in done),
+        total_output_tokens=total_out,
+        token_source=_one_or_mixed(sources),
+        token_mismatches=sum(1 for r in done if r.usage_tokens is not None and r.tokenizer_tokens is not None
+                             and r.usage_tokens != r.tokenizer_tokens),
+        ttft_ms=stats_ms([r.ttft_s for r in done if r.ttft_s is not None]),
+        tpot_ms=stats_ms([t for t in (tpot_s(r) for r in done) if t is not None]),
+        itl_ms=stats_ms([g for r in done for g in r.itl_s]),
+        itl_per_token_ms=stats_ms([g for r in done for g in itl_per_token_s(r)]),
+        itl_basis=_one_or_mixed(bases),
+        e2el_ms=stats_ms([r.e2el_s for r in done if r.e2el_s is not None]),
+        queue_ms=stats_ms([r.sent_s - r.scheduled_s for r in measured if r.sent_s is not None]),
+        goodput=rate(good) if good is not None else None,
+        slo_attainment=(good / len(done) if done else None) if good is not None else None,
+        chunks_per_token=chunks / total_out if total_out else None,
+    )
 
 
-def _median(values: Sequence[Any]) -> Any:
+def _median(values: Sequence[JsonValue]) -> JsonValue:
     present = [v for v in values if v is not None]
     if not present:
         return None
     if all(isinstance(v, dict) for v in present):
-        keys = list(dict.fromkeys(k for v in present for k in v))
-        return {k: _median([v.get(k) for v in present]) for k in keys}
+        dicts = [v for v in present if isinstance(v, dict)]
+        keys = list(dict.fromkeys(k for v in dicts for k in v))
+        return {k: _median([v.get(k) for v in dicts]) for k in keys}
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
-        return statistics.median(present)
+        return statistics.median([v for v in present if isinstance(v, (int, float))])
     return present[0] if all(v == present[0] for v in present) else "mixed"
 
 
-def median_summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def median_summary(runs: Sequence[RunSummary]) -> RunSummary:
     """RunSummary-shaped: the median over the runs of every number (nested stats too).
 
     ``errors`` is the sum over the runs (the kinds seen, how often in all); text fields
-    keep their value when the runs agree, else read "mixed".
+    keep their value when the runs agree, else read "mixed". Taken over the runs' JSON form,
+    so a field the runs share is taken the same way whatever its type.
     """
     if not runs:
-        return {}
-    out: dict[str, Any] = {k: _median([r.get(k) for r in runs]) for k in runs[0] if k != "errors"}
+        return RunSummary()
+    stored = [r.dump() for r in runs]
+    out = {k: _median([r.get(k) for r in stored]) for k in stored[0] if k != "errors"}
     errors: Counter[str] = Counter()
     for r in runs:
-        errors.update(r.get("errors") or {})
+        errors.update({msg: int(n) for msg, n in r.errors.items()})
     out["errors"] = dict(errors.most_common(MAX_ERROR_KINDS))
-    return {k: out[k] for k in runs[0]}
+    return RunSummary.model_validate({k: out[k] for k in stored[0]})
 
 
-def _at(summary: Mapping[str, Any], path: tuple[str, ...]) -> float | None:
-    value: Any = summary
-    for key in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def headline(summary: RunSummary) -> dict[str, float | None]:
+    """The headline metrics of a run (:data:`SPREAD_METRICS`): median TTFT, median TPOT, output tok/s."""
+    return {"ttft_ms_median": summary.ttft_ms.median if summary.ttft_ms is not None else None,
+            "tpot_ms_median": summary.tpot_ms.median if summary.tpot_ms is not None else None,
+            "output_tok_per_s": summary.output_throughput}
 
 
 def relative_spread(values: Sequence[float | None]) -> float | None:
@@ -274,12 +256,13 @@ def relative_spread(values: Sequence[float | None]) -> float | None:
     return (max(present) - min(present)) / mid if mid else None
 
 
-def spread(runs: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def spread(runs: Sequence[RunSummary]) -> dict[str, float | None]:
     """Run-to-run spread of the median TTFT, median TPOT and output tok/s: (max − min) / median."""
-    return {key: relative_spread([_at(r, path) for r in runs]) for key, path in SPREAD_METRICS.items()}
+    values = [headline(r) for r in runs]
+    return {key: relative_spread([v[key] for v in values]) for key in SPREAD_METRICS}
 
 
-def distributions(records: Iterable[RequestRecord]) -> dict[str, list[float]]:
+def distributions(records: Iterable[RequestRecord]) -> dict[str, list[float] | None]:
     """Quantiles 0, 5, …, 100 % (ms) of TTFT, TPOT, per-chunk ITL and E2EL, pooled over the runs given."""
     done = [r for r in records if not r.warmup and r.ok]
     values = {
@@ -292,11 +275,12 @@ def distributions(records: Iterable[RequestRecord]) -> dict[str, list[float]]:
 
 
 def level_summary(level: float, runs: Sequence[tuple[Sequence[RequestRecord], float | None]], *,
-                  slo: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+                  slo: Mapping[str, float | None] | None = None) -> ServingLevel:
     """One level's entry of the outcome: every run's RunSummary, their median, spread and distributions.
 
     ``runs``: (records, measured duration) per repeat.
     """
     summaries = [summarize_run(records, duration_s=duration, slo=slo) for records, duration in runs]
-    return {"level": level, "runs": summaries, "median": median_summary(summaries), "spread": spread(summaries),
-            "distributions": distributions([r for records, _ in runs for r in records])}
+    return ServingLevel(level=level, runs=[MeasuredRun.model_validate(s, from_attributes=True) for s in summaries],
+                        median=median_summary(summaries), spread=spread(summaries),
+                        distributions=distributions([r for records, _ in runs for r in records]))

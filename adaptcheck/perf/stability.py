@@ -1,32 +1,7 @@
-"""Run-to-run stability and within-run drift of a serving level: the statistics behind perf.serving's L4 verdict.
-
-Pure functions, no I/O and no clock (numpy is only used by the Monte Carlo helper). The
-method, its parameters and its measured false-failure rates are in ``docs/perf.md``,
-section "Run-to-run stability"; in short:
-
-- *Dispersion.* For one headline metric (median TTFT, median TPOT, output tok/s) at one
-  level, the values x_1..x_n of the n runs are taken on a log scale: s = sample standard
-  deviation of ln x. With log-normal run-to-run noise (multiplicative noise: a 10 % slower
-  run is as likely as a 10 % faster one, in ratio), (n−1)s²/σ² follows a chi-square law with
-  n−1 degrees of freedom, which gives one-sided (1−α) bounds of σ: lo = s·√((n−1)/χ²₁₋α) and
-  hi = s·√((n−1)/χ²α). Everything shown is converted to a coefficient of variation,
-  CV = √(exp(σ²) − 1) ≈ σ, the figure the ladder bounds (``max_cv``).
-- *Sequential decision.* After each run from ``min_runs`` on: some metric with lo > bound is
-  "unstable" (the dispersion is significantly above the bound: fail); every metric with
-  hi ≤ bound is "stable" (significantly within: stop); otherwise "undecided" (add a run
-  while ``max_runs`` and the time budget allow, and pass as "not significant" at the end).
-  Looking after every run raises the false-failure rate above α at CV = bound;
-  :func:`false_failure_rate` simulates the exact procedure, looks included.
-- *Drift.* Per-request TTFT (or TPOT), divided by its run's median and taken as a log,
-  against the request's start time within its run (0 = first, 1 = last), pooled over the
-  runs: the least-squares slope b says how much slower the end of a run is than its start
-  (reported as exp(b) − 1). Requests of a run are not independent (consecutive requests share
-  batches), so the slope's standard error is inflated by the lag-1 autocorrelation of the
-  residuals, √((1+ρ)/(1−ρ)) (an AR(1) approximation), before Student-t bounds are taken.
-
-The chi-square and Student-t quantiles are computed here (no scipy): the regularized
-incomplete gamma and beta functions by their series and continued fractions, inverted by
-bisection.
+"""Run-to-run stability and within-run drift of a serving level: the CV with χ² confidence
+bounds, the sequential stable/unstable rule and its Monte Carlo, the drift with its
+autocorrelation-widened bounds, and the χ² and Student-t quantiles (no scipy). Pure functions,
+no I/O. Method and measured false-failure rates: docs/perf.md, "Run-to-run stability".
 """
 
 from __future__ import annotations
@@ -35,9 +10,11 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
+
+from adaptcheck.base.schemas.serving_evidence import DriftFigures
 
 Verdict = Literal["stable", "unstable", "undecided"]
 DEFAULT_CONFIDENCE = 0.95
@@ -206,10 +183,6 @@ class Dispersion:
             return "stable"
         return "undecided"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def dispersion(values: Sequence[float], confidence: float = DEFAULT_CONFIDENCE) -> Dispersion | None:
     """The dispersion of positive run values; None with fewer than two (nothing to compare)."""
     logs = [math.log(v) for v in values if v > 0 and math.isfinite(v)]
@@ -298,10 +271,10 @@ class Drift:
     run_drifts: tuple[float, ...] = ()
     """Each such run's own drift, exp(its slope) − 1: how alike the runs were."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["run_drifts"] = list(self.run_drifts)
-        return d
+    def evidence(self, bound: float) -> DriftFigures:
+        """The drift as a level's ``drift`` record, judged against ``bound`` (significant: lo > bound)."""
+        return DriftFigures(n=self.n, drift=self.drift, lo=self.lo, hi=self.hi, rho=self.rho, runs=self.runs,
+                            run_drifts=list(self.run_drifts), bound=bound, significant=self.lo > bound)
 
 
 def _slope(points: Sequence[tuple[float, float]]) -> float | None:

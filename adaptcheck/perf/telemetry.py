@@ -1,22 +1,7 @@
-"""Telemetry sampled in the background for as long as a load runs (the soak check's evidence).
-
-Responsible for taking one sample every ``interval_s`` without disturbing the load it
-watches, and for never stopping early:
-
-* *host* (a thread of its own): resident memory of the server's whole process tree
-  (:func:`~adaptcheck.base.procs.tree_rss_mib`, when the server's pid is known), the
-  host's CPU utilisation (from consecutive ``/proc/stat`` reads: the share of all CPUs busy
-  since the previous sample) and CPU frequency where readable (cpufreq, else ``cpu MHz``);
-* *device* (a second thread): the backend's :meth:`~adaptcheck.backends.base.Backend.telemetry_sample`
-  — memory used, utilisation, temperature, power, and whatever live readings the backend
-  declares (clocks, ECC counters on CUDA). It usually runs a vendor tool, which can take
-  a second or more on a large machine: it has a thread of its own so that it delays
-  neither the host samples nor the load generator (whose event loop runs in the caller's
-  thread; a subprocess wait releases the GIL).
-
-Every reading is guarded: one that raises records its error (counted per message, first
-time kept) and the sampler carries on. Each sample is stamped with its own time (seconds
-since :meth:`TelemetrySampler.start`), so a slow device reading is placed where it was taken.
+"""Telemetry sampled in the background for as long as a load runs (``perf.soak``'s evidence): host
+and device series on threads of their own, every reading guarded and time-stamped, never
+stopping early. Design: docs/perf.md ("The telemetry sampler"); recorded shape: docs/perf.md
+("Soak outcome", ``telemetry``).
 """
 
 from __future__ import annotations
@@ -67,26 +52,39 @@ class SeriesSet:
             if len(column) == n:
                 column.append(None)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"t_s": [round(t, 2) for t in self.t_s]}
+    def to_dict(self) -> dict[str, list[float | None]]:
+        out: dict[str, list[float | None]] = {"t_s": [round(t, 2) for t in self.t_s]}
         for key, column in self.fields.items():
             out[key] = [round(v, DIGITS) if v is not None else None for v in column]
         return out
 
 
 @dataclass
+class _ErrorKind:
+    """One distinct error message of a source: how often, and when first."""
+
+    error: str
+    count: int
+    first_t_s: float
+
+    def record(self, source: str) -> dict[str, str | int | float]:
+        """The ``telemetry.errors[]`` entry."""
+        return {"source": source, "error": self.error, "count": self.count, "first_t_s": self.first_t_s}
+
+
+@dataclass
 class _Errors:
     """Error messages of one source: count and first time, in the order first seen."""
 
-    seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seen: dict[str, _ErrorKind] = field(default_factory=dict)
     dropped: int = 0
 
     def add(self, t_s: float, message: str) -> None:
         entry = self.seen.get(message)
         if entry is not None:
-            entry["count"] += 1
+            entry.count += 1
         elif len(self.seen) < MAX_ERROR_KINDS:
-            self.seen[message] = {"error": message, "count": 1, "first_t_s": round(t_s, 2)}
+            self.seen[message] = _ErrorKind(error=message, count=1, first_t_s=round(t_s, 2))
         else:
             self.dropped += 1
 
@@ -103,7 +101,7 @@ class Telemetry:
 
     def to_dict(self) -> dict[str, Any]:
         """The compact shape docs/perf.md fixes (``details.telemetry`` of ``perf.soak``)."""
-        errors = [{"source": source, **entry} for source, errs in self.errors.items() for entry in errs.seen.values()]
+        errors = [entry.record(source) for source, errs in self.errors.items() for entry in errs.seen.values()]
         dropped = sum(e.dropped for e in self.errors.values())
         notes = self.notes + ([f"{dropped} more error(s) of other kinds not kept"] if dropped else [])
         calls = self.device.call_s if self.device is not None else []

@@ -1,41 +1,7 @@
-"""Timing a device callable correctly: warm-up, device events or synchronize, repetitions,
-median and spread.
-
-Responsibility: one function, :func:`time_callable`, that every step-5 micro-benchmark (and
-the standalone benchmark scripts) uses, so that "how long does this take on the device" is
-answered the same way for every backend:
-
-* **What is timed.** Where the backend declares streams and its torch module has timing
-  events (``backend.torch_api().Event(enable_timing=True)``), a sample is the device time
-  between an event recorded before and one recorded after the calls, read after the end
-  event has completed (``end.synchronize()`` then ``elapsed_time``). Elsewhere a sample is
-  ``backend.synchronize()``, ``time.perf_counter()``, the calls, ``backend.synchronize()``,
-  ``perf_counter()`` — the synchronize after the calls is what makes asynchronous work
-  count; a timer without it would measure only the launch.
-* **Warm-up.** ``warmup`` untimed-for-the-result calls (at least one) absorb one-off costs:
-  kernel selection, lazy initialisation, allocator growth, page faults on first touch. Each
-  is synchronized and timed anyway, because the fastest warm-up call is the estimate of the
-  per-call time that sizes everything after it.
-* **Inner loop.** A very short call would be dominated by the timer itself (an event pair
-  or a synchronize costs microseconds), so a sample times ``inner`` back-to-back calls,
-  enough to last ``min_sample_s``, and reports the time per call.
-* **Repetitions, adaptive.** After ``min_reps`` samples, sampling stops as soon as the 95 %
-  confidence interval of the median is narrower than ``ci_target`` of the median (a settled
-  figure: more samples would not change what is reported), else it goes on until
-  ``budget_s`` of wall time has been spent, never beyond ``max_reps``. So a stable row costs
-  a few samples, a noisy one the whole budget, and a long call gets ``min_reps``.
-* **Statistics.** Median (the figure reported) with its distribution-free confidence
-  interval from order statistics: with ``n`` sorted samples, ``[x_(l), x_(n+1-l)]`` where
-  ``l`` is the largest rank with ``P(Binomial(n, ½) < l) ≤ 2.5 %``; its coverage is
-  ``1 − 2·P(Binomial(n, ½) < l)`` ≥ 95 % (recorded exactly; below 6 samples no rank reaches
-  95 % and ``[min, max]`` is given with its lower coverage, 1 − 2⁽¹⁻ⁿ⁾). It assumes only
-  independent samples from one distribution — no normality, which timings (right-skewed,
-  multi-modal under interference) do not have. Also min, p10, p90, mean and the spread
-  ``(p90 - p10) / median``; quantiles interpolate linearly between order statistics (numpy's
-  default), so they are defined for any sample count.
-
-Nothing exotic is done between samples (no cache flush, no clock locking): a benchmark that
-wants cold caches sizes its buffers beyond the caches, which says more than a flush does.
+"""Timing a device callable correctly — warm-up, device events or synchronize, an inner loop,
+adaptive repetitions, the median with its distribution-free confidence interval — in one
+function, :func:`time_callable`, that every step-5 micro-benchmark and benchmark script uses.
+Method and statistics: docs/perf.md ("Timing a device callable", "Micro-benchmark timing").
 """
 
 from __future__ import annotations
@@ -46,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from adaptcheck.base.schemas.micro_evidence import TimeStats
 
 if TYPE_CHECKING:
     from adaptcheck.backends.base import Backend
@@ -185,12 +153,12 @@ class Timing:
         """Every sample finite and positive (the contract's condition for not failing)."""
         return all(math.isfinite(s) and s > 0 for s in self.samples)
 
-    def as_dict(self) -> dict[str, Any]:
-        """The contract's ``time_s`` mapping."""
+    def stats(self) -> TimeStats:
+        """The contract's ``time_s`` record."""
         lo, hi, coverage = self.median_ci
-        return {"median": self.median, "min": self.min, "p10": self.p10, "p90": self.p90, "mean": self.mean,
-                "spread": self.spread, "n": self.n, "median_ci": [lo, hi], "ci_level": coverage,
-                "ci_rel_width": self.ci_rel_width, "ci_target": self.ci_target, "settled": self.settled}
+        return TimeStats(median=self.median, min=self.min, p10=self.p10, p90=self.p90, mean=self.mean,
+                         spread=self.spread, n=self.n, median_ci=(lo, hi), ci_level=coverage,
+                         ci_rel_width=self.ci_rel_width, ci_target=self.ci_target, settled=self.settled)
 
 
 def summarize(samples: Sequence[float], **kw: Any) -> Timing:

@@ -1,43 +1,8 @@
-"""Memory growth over a soak: a least-squares trend through every sample, and its verdict.
-
-Pure functions, no I/O. "Did memory grow?" is answered by fitting a straight line to all
-samples taken after a warm-up window, never by comparing two points: one sample taken at a
-momentary peak (a burst of requests in flight, a garbage collector that has not run yet)
-makes the last-minus-first difference say anything, while a fit through a few dozen
-samples moves by that one point's share only.
-
-The fit is ordinary least squares with one robustness step: points whose residual exceeds
-:data:`OUTLIER_SIGMAS` robust standard deviations (1.4826 × the median absolute residual)
-are set aside and the line refitted, until nothing changes. At most
-:data:`MAX_OUTLIER_FRACTION` of the points may be set aside (worst first), so a real leak,
-whose every point lies on the rising line, cannot be explained away as outliers; the
-number set aside is reported with the fit.
-
-Reported per fit: slope (MiB/min), its standard error, intercept, R², residual noise, the
-growth the line projects over the fitted window and over an hour.
-
-The verdict is on the slope's confidence interval, not on the slope itself. Samples of a
-memory series are not independent (memory moves in steps, a warm-up leaves a curve that a
-line does not follow), so the standard error of ordinary least squares is too small. The
-lag-1 autocorrelation ρ of the residuals (time order; bias-corrected, plus one standard
-error of its estimate so that a low draw does not narrow the interval) gives an effective sample size
-n_eff = n (1 − ρ) / (1 + ρ) and a standard error inflated by √((1 + ρ) / (1 − ρ)) (the AR(1)
-correction used for climate trends, Santer et al. 2000, and by perf.serving's drift); the
-one-sided bounds are Student-t with n_eff − 2 degrees of freedom. Lower bound above the
-growth bound: over (a leak). Upper bound within it: within. Otherwise inconclusive — the
-measurement cannot tell, and says how long a soak would (the interval narrows as the
-fitted window T grows, as T^-3/2 for the same noise).
-
-A soak that decides (:class:`SequentialRule`) looks at its series several times while it
-runs — at ``looks`` times evenly spaced from its shortest to its longest duration — and
-stops at the first look where every series is decided (or one is over the bound); only
-the last look may leave a series inconclusive. Looking K times at data that keep arriving
-gives chance K opportunities to push a bound across the line, so each look is taken at the
-stricter confidence 1 − (1 − c)/K (Bonferroni: the K looks together keep each wrong
-decision — a leak called within, a flat server called over — at most 1 − c, whatever the
-correlation between looks). The looks share most of their samples (the slope's information
-grows as T³), so the real rate is well below that; docs/perf.md, "Soak", has the simulated
-rates and :func:`sequential_verdict` is the rule applied to complete series.
+"""Memory growth over a soak: a robust least-squares trend through every sample after the
+warm-up, its slope's confidence interval (autocorrelation and the increments model included),
+the verdict against a bound, and the sequential rule of a soak that looks several times. Pure
+functions, no I/O. Method and simulated error rates: docs/perf.md, "Soak outcome" and "A soak
+that decides".
 """
 
 from __future__ import annotations
@@ -48,8 +13,9 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
-from typing import Any, Literal
+from typing import Literal
 
+from adaptcheck.base.schemas.serving_evidence import MemoryTrend, TrendFit
 from adaptcheck.perf.stability import t_ppf
 
 OUTLIER_SIGMAS = 4.0
@@ -138,11 +104,11 @@ class Fit:
     def value_at(self, t_s: float) -> float:
         return self.intercept_mib + self.slope_mib_per_min * t_s / 60.0
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: _round(v) for k, v in asdict(self).items()}
-        out["growth_over_window_mib"] = _round(self.growth_over_window_mib)
-        out["growth_per_hour_mib"] = _round(self.growth_per_hour_mib)
-        return out
+    def evidence(self) -> TrendFit:
+        """The fit as a memory series' ``fit`` record (floats rounded to 6 places)."""
+        values = {k: _round(v) for k, v in asdict(self).items()}
+        return TrendFit.model_validate({**values, "growth_over_window_mib": _round(self.growth_over_window_mib),
+                                        "growth_per_hour_mib": _round(self.growth_per_hour_mib)})
 
 
 def _interval(rate: float, stderr: float, rho: float, df: float, confidence: float) -> tuple[float, float]:
@@ -151,7 +117,7 @@ def _interval(rate: float, stderr: float, rho: float, df: float, confidence: flo
     return rate - half, rate + half
 
 
-def _round(value: Any) -> Any:
+def _round(value: float | None) -> float | None:
     return round(value, 6) if isinstance(value, float) else value
 
 
@@ -292,11 +258,13 @@ class GrowthVerdict:
     decide_duration_s: float | None = None
     """Inconclusive: about how long (from the first sample) a soak would need to decide, if the slope and noise stay."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "state": self.state, "reason": self.reason,
-                "slope_bounds_mib_per_min": [_round(b) for b in self.bounds] if self.bounds else None,
-                "confidence": self.confidence, "decide_duration_s": _round(self.decide_duration_s),
-                "fit": self.fit.to_dict() if self.fit else None}
+    def evidence(self, *, series: str, source: str, label: str, bounded: bool) -> MemoryTrend:
+        """The verdict as the ``memory`` entry of the series it judged."""
+        return MemoryTrend(series=series, source=source, label=label, bounded=bounded, ok=self.ok, state=self.state,
+                           reason=self.reason,
+                           slope_bounds_mib_per_min=[round(b, 6) for b in self.bounds] if self.bounds else None,
+                           confidence=self.confidence, decide_duration_s=_round(self.decide_duration_s),
+                           fit=self.fit.evidence() if self.fit else None)
 
 
 def decide_duration_s(fit: Fit, bounds: tuple[float, float], bound: float) -> float | None:

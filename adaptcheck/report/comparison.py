@@ -1,13 +1,7 @@
-"""View data of the regression comparison — plain data, no HTML.
+"""View data of the regression comparison — plain data, no HTML — inside the run report (a
+``perf.regression`` result's comparison) and as the page of ``adaptcheck compare --html``.
 
-Built from a :class:`~adaptcheck.compare.Comparison`: inside the run report when a
-``perf.regression`` result carries one in its details, and as a page of its own for
-``adaptcheck compare --html``. Leads with the grade change and the checks that caused it
-(when the comparison carries one), and marks a side that was used unverified (edited after its
-run or without digest). Then the verdict (and, prominently, when the two runs are
-from different devices), the regressions, the environment changes, the improvements, and
-how much could not be compared and why; every performance figure with its bound is in a
-collapsed table below.
+What the page leads with and why: docs/compare.md.
 """
 
 from __future__ import annotations

@@ -55,18 +55,6 @@ UNKNOWN_FRAMEWORK = "unknown"
 # Comparisons are short lists (a few prompts); a cap keeps a hand-made ladder of hundreds readable.
 MAX_DIVERGENCES = 20
 
-# What each kind checks, as the per-check table says it (unknown kinds show their own name).
-KIND_NAMES: dict[str, str] = {
-    "framework.load": "load",
-    "framework.single_request": "single requests",
-    "framework.reference": "vs CPU reference",
-    "framework.concurrent": "alone vs batched",
-    "framework.kv_cache": "KV cache",
-    "framework.compile": "compile on vs off",
-    "framework.tensor_parallel": "tensor parallel vs one device",
-    "framework.collectives": "collectives",
-}
-
 # Facts of ``details.framework`` shown in the block, in this order, with these labels. Keys a
 # plugin adds go after them under their own names, so nothing it reports is hidden.
 FACT_LABELS: dict[str, str] = {
@@ -435,16 +423,16 @@ def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None, r
     comparison = evidence.comparison if isinstance(evidence, ComparingEvidence) else None
     divergences, more = _divergences(comparison or [], metrics.top_n if metrics is not None else None)
     return FwCheckRow(
-        id=c.id, anchor=_link_anchor(anchors, c.id), kind=c.kind, what=KIND_NAMES.get(c.kind, c.kind),
+        id=c.id, anchor=_link_anchor(anchors, c.id), kind=c.kind, what=c.kind_label or c.kind,
         status=status_label(status_key(c)), message=c.message, duration=format_duration(c.duration_s),
         summary=_summary(c, metrics), subchecks=_subchecks(shared), divergences=divergences, divergences_more=more,
         instance=_instance_note(ref.framework if ref is not None else None, loaded_by),
-        numerics=check_numerics(c.id, c.kind, evidence, records_base),
+        numerics=check_numerics(c.id, c.compares, evidence, records_base),
     )
 
 
 def _not_run_row(p: PlannedCheck, anchors: dict[str, str]) -> FwCheckRow:
-    return FwCheckRow(id=p.id, anchor=_link_anchor(anchors, p.id), kind=p.kind, what=KIND_NAMES.get(p.kind, p.kind),
+    return FwCheckRow(id=p.id, anchor=_link_anchor(anchors, p.id), kind=p.kind, what=p.kind_label or p.kind,
                       status=status_label("notrun"),
                       message="not reached: the run ended before this check recorded a result",
                       duration="—", summary=[], subchecks=[], divergences=[], divergences_more=0, instance="")

@@ -1,29 +1,8 @@
-"""JUnit XML of a run, for CI systems (Jenkins, GitLab, GitHub test reporters).
+"""JUnit XML of a run, for CI systems (Jenkins, GitLab, GitHub test reporters): one suite per
+step plus the grade's, shaped to the schema Jenkins' xUnit plugin validates against
+(``junit-10.xsd``), every string scrubbed of secrets and of what XML 1.0 cannot carry.
 
-Layout (documented for users in docs/ci.md), shaped to the schema Jenkins' xUnit plugin
-validates against (``junit-10.xsd``; tests/report/data/junit.xsd reflects it):
-
-* ``<testsuites name="adaptcheck">`` with the totals; one ``<testsuite>`` per ladder step
-  (``adaptcheck.step3 operator numerics``), then one ``adaptcheck.grade`` suite.
-* One ``<testcase>`` per check result: ``name`` is the check id, ``classname`` is
-  ``adaptcheck.step<N>.<first part of the id>``, ``time`` its duration. fail → ``<failure>``,
-  error → ``<error>``, skip → ``<skipped>`` (message ``n/a: …`` when the backend lacks the
-  capability). Metrics go to ``<system-out>``, structured details into the failure body.
-* A check the ladder planned but that has no result is never reported as passed: when its
-  step was not selected (``--steps``) it is ``<skipped>`` ("not run: …"), otherwise (run
-  interrupted, result lost) it is an ``<error>`` — something meant to run did not.
-* The ``grade`` testcase carries the grade, what it certifies (the model, its weights digest
-  and dtype, the frameworks: :mod:`adaptcheck.base.schemas.certificate`) and its blockers in
-  ``<system-out>``; it fails only when ``require`` was given and the grade is below it, so the
-  JUnit verdict and the exit code agree. Every suite has properties: run id, grade, adaptcheck
-  version, digest, the model (``adaptcheck.model``, ``adaptcheck.model.sha256``,
-  ``adaptcheck.model.dtype`` …) and frameworks (``adaptcheck.frameworks``), and
-  ``adaptcheck.verified`` (``false`` when ``adaptcheck grade --allow-unverified`` graded a file
-  edited after its run or without digest; ``adaptcheck.unverified`` then says which).
-  junit-10.xsd has no properties on a testcase, so the grade's live on its suite.
-
-Every string passes through the secret scrubber and loses the control characters XML 1.0
-cannot carry; ElementTree does the escaping.
+The layout, element by element: docs/ci.md (JUnit XML).
 """
 
 from __future__ import annotations
@@ -40,7 +19,7 @@ from adaptcheck.base.redact import scrub_text
 from adaptcheck.base.schemas.certificate import UNKNOWN, CertificateSubject, certificate_subject
 from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.grade import level_at_least
-from adaptcheck.report.view import STEP_NAMES
+from adaptcheck.report.view import step_name
 
 # A failure body is for reading in a CI page, not for archiving: the full details are in results.json.
 MAX_BODY_CHARS = 20_000
@@ -208,7 +187,7 @@ def _suites(results: RunResults, require: str | None, unverified: str = "",
     for p in results.planned:
         if not _has_result(p, result_ids):
             by_step.setdefault(p.step, []).append(_not_run_case(p, results))
-    suites = [(f"adaptcheck.step{s} {STEP_NAMES.get(s, f'step {s}')}", by_step[s]) for s in sorted(by_step)]
+    suites = [(f"adaptcheck.step{s} {step_name(s)}", by_step[s]) for s in sorted(by_step)]
     suites.append((GRADE_SUITE, [_grade_case(results, require, unverified, subject)]))
     return suites
 

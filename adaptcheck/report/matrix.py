@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adaptcheck.base.schemas.environment import DeviceInfo, Environment
+from adaptcheck.base.schemas.matrix_evidence import KnownGoodEvidence, RuleEvidence
 from adaptcheck.base.schemas.results import CheckResult, Status
 from adaptcheck.report.fmt import NOT_PRESENT, format_value, status_key
 
@@ -33,6 +34,10 @@ _VERDICT_ALIASES: dict[str, str] = {
     "not applicable": "na", "not_applicable": "na", "n/a": "na", "na": "na",
     "error": "error",
 }
+
+# The verdict a rule result without a stated one reads as, by its status key (every key).
+_STATUS_VERDICTS: dict[str, str] = {"pass": "ok", "fail": "incompatible", "error": "error", "skip": "unchecked",
+                                    "na": "na"}
 
 
 @dataclass
@@ -190,10 +195,9 @@ def build_rules(checks: list[CheckResult], anchors: dict[str, str]) -> list[Rule
     for c in checks:
         if not c.id.startswith(RULES_PREFIX):
             continue
-        verdict = _VERDICT_ALIASES.get(str(c.details.get("verdict", "")).strip().lower(), "")
-        if not verdict:
-            key = status_key(c)
-            verdict = {"pass": "ok", "fail": "incompatible", "error": "error", "na": "na"}.get(key, "unchecked")
+        evidence = c.evidence(RuleEvidence)
+        stated = evidence.verdict if evidence is not None and evidence.verdict is not None else ""
+        verdict = _VERDICT_ALIASES.get(stated.strip().lower()) or _STATUS_VERDICTS[status_key(c)]
         # A stated verdict can never read milder than the status: the status is what the grade uses.
         if c.status is Status.ERROR:
             verdict = "error"
@@ -201,9 +205,9 @@ def build_rules(checks: list[CheckResult], anchors: dict[str, str]) -> list[Rule
             verdict = "incompatible"
         elif c.status is Status.SKIP and verdict == "ok":
             verdict = "na" if not c.applicable else "unchecked"
-        source = c.details.get("source")
+        source = evidence.source if evidence is not None else None
         rows.append(RuleRow(
-            id=c.id, anchor=anchors.get(c.id, ""), verdict=verdict, verdict_label=VERDICT_LABELS[verdict],
+            id=c.id, anchor=anchors[c.id], verdict=verdict, verdict_label=VERDICT_LABELS[verdict],
             message=c.message, source=format_value(source) if source is not None else "",
         ))
     return rows
@@ -212,14 +216,15 @@ def build_rules(checks: list[CheckResult], anchors: dict[str, str]) -> list[Rule
 def build_known_good(checks: list[CheckResult]) -> KnownGoodView | None:
     """The known-good result as the report shows it; None when the check did not run."""
     c = next((c for c in checks if c.kind == "matrix.known_good"), None)
-    if c is None or not isinstance(c.details.get("entry"), dict):
+    evidence = c.evidence(KnownGoodEvidence) if c is not None else None
+    if c is None or evidence is None:
         return None
-    entry: dict[str, Any] = c.details["entry"]
+    entry = evidence.entry
     return KnownGoodView(
-        matched=c.status is Status.PASS, entry=str(entry.get("id", "")), basis=str(entry.get("basis", "")),
+        matched=c.status is Status.PASS, entry=entry.id or "", basis=entry.basis or "",
         # Results written before entries carried a date show none rather than a made-up one.
-        date=str(entry.get("date") or NOT_PRESENT), source=str(entry.get("source", "")),
-        file=str(c.details.get("entry_file", "")), advice=str(c.details.get("advice") or ""), message=c.message)
+        date=entry.date or NOT_PRESENT, source=entry.source or "",
+        file=evidence.entry_file or "", advice=evidence.advice or "", message=c.message)
 
 
 def build_matrix(env: Environment | None, checks: list[CheckResult], anchors: dict[str, str]) -> MatrixView:

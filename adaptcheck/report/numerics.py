@@ -55,14 +55,6 @@ FIGURES: tuple[tuple[str, str, bool], ...] = (
 )
 _FIGURE_LABELS = {k: label for k, label, _ in FIGURES}
 
-# What the two runs of a same-framework check are, by kind (details.distribution compares them).
-DISTRIBUTION_PAIRS: dict[str, str] = {
-    "framework.concurrent": "batched vs alone",
-    "framework.kv_cache": "prefix-cache hit vs recompute",
-    "framework.compile": "compile on vs off",
-}
-
-
 @dataclass
 class Chart:
     """One inline chart: the SVG is built (and its text escaped) by :mod:`adaptcheck.report.svg`."""
@@ -281,8 +273,9 @@ def _kl_mean(stats: DivergenceStats | None) -> float | None:
     return stats.kl_mean if stats is not None else None
 
 
-def distribution_view(kind: str, d: Distribution | None) -> DistributionView | None:
-    """``details.distribution`` of a same-framework check in words, with its verdict.
+def distribution_view(compares: str | None, d: Distribution | None) -> DistributionView | None:
+    """``details.distribution`` of a same-framework check in words, with its verdict; ``compares``
+    is what its two runs are (``CheckResult.compares``).
 
     A bound is read from ``bounds.<stat>`` (as the teacher-forced figures carry them) or a
     flat ``bound_<stat>``; a bound the figure exceeded says so next to it.
@@ -298,7 +291,7 @@ def distribution_view(kind: str, d: Distribution | None) -> DistributionView | N
         if bound is not None:
             text += f" (bound {format_float(bound)}{', exceeded' if b is not None and b.ok is False else ''})"
         parts.append(text)
-    pair = DISTRIBUTION_PAIRS.get(kind, "the two runs")
+    pair = compares or "the two runs"
     text = f"teacher-forced, {pair}: " + ", ".join(parts) + f"; |Δ logprob| max {_num(d.dlogprob_max)}"
     if d.positions is not None:
         text += f" over {format_value(d.positions)} positions"
@@ -314,13 +307,14 @@ def distribution_view(kind: str, d: Distribution | None) -> DistributionView | N
     return DistributionView(text=text, verdict=_verdict(d.ok) if "ok" in d.model_fields_set else None)
 
 
-def check_numerics(check_id: str, kind: str, evidence: FrameworkCheckEvidence | None,
+def check_numerics(check_id: str, compares: str | None, evidence: FrameworkCheckEvidence | None,
                    records_base: str = "") -> CheckNumerics | None:
     """Everything of the model-numerics contract one step-4 check recorded; None when nothing
-    (or when its details do not fit its kind's evidence: ``evidence`` is None)."""
+    (or when its details do not fit its kind's evidence: ``evidence`` is None). ``compares`` is
+    what a same-framework check's two runs are (``CheckResult.compares``)."""
     reference = evidence if isinstance(evidence, ReferenceEvidence) else None
     tf = teacher_forced_view(check_id, reference, records_base) if reference is not None else None
-    dist = distribution_view(kind, evidence.distribution if isinstance(evidence, ComparingEvidence) else None)
+    dist = distribution_view(compares, evidence.distribution if isinstance(evidence, ComparingEvidence) else None)
     repro = None if tf is not None or evidence is None else records_link(evidence.repro, records_base)
     if tf is None and dist is None and repro is None:
         return None

@@ -1,28 +1,29 @@
-"""View data of step 3: the op × dtype matrix and the per-op evidence — plain data, no HTML.
-
-Every ``ops.op`` result is one (op, provider, dtype) cell. The cell says its status in text
-and glyph (never colour alone) and the measured error as a fraction of the tolerance, so a
-reader sees at a glance both *whether* an op passed and *how close* it came to the limit:
-``0.9×`` passes but is worth a look on the next driver, ``∞`` is an exact-mode mismatch or
-a non-finite surprise. Each op then gets a detail block with the tolerance policy of every
-output beside what was measured, and every case with its worst element.
-
-Results are read defensively: a check that crashed its worker has no details and no dtype,
-a provider that is missing gives details-less skips, and an older results file may lack a
-field. None of those may break the page; they show as what is known.
+"""View data of step 3 — the op × dtype matrix and the per-op evidence, plain data, no HTML —
+read from each ``ops.op`` result's typed evidence; details that do not fit read as empty, so a
+crashed or foreign result shows what is known (what the cells say: docs/ops.md, "Reading the
+report").
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from adaptcheck.base.schemas.evidence import EvidenceError
+from adaptcheck.base.schemas.ops_evidence import (
+    CaseEvidence,
+    Figure,
+    OpEvidence,
+    OpMetrics,
+    OutputEvidence,
+    ScaledCase,
+    ToleranceSpec,
+)
 from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults
 from adaptcheck.report.fmt import (
     Label,
-    as_dict,
     as_float,
     format_duration,
     format_float,
@@ -203,7 +204,7 @@ class OpsView:
 # ---------------------------------------------------------------- numbers
 
 
-def format_ratio(value: Any) -> str:
+def format_ratio(value: Figure | None) -> str:
     """Measured error as a multiple of the tolerance: '0.24×', '1.02×', '∞'.
 
     Two significant digits are enough to read a margin, except that a ratio just above 1
@@ -233,12 +234,12 @@ def format_ratio(value: Any) -> str:
     return text + "×"
 
 
-def _over(value: Any) -> bool:
+def _over(value: Figure | None) -> bool:
     r = as_float(value)
     return r is not None and (math.isnan(r) or r > 1)
 
 
-def _num(value: Any) -> str:
+def _num(value: Figure | None) -> str:
     """An error magnitude (abs/rel/normalized): 4 significant digits, '—' when absent."""
     if value is None:
         return "—"
@@ -246,7 +247,7 @@ def _num(value: Any) -> str:
     return format_float(f) if f is not None else format_value(value)
 
 
-def _exact(value: Any) -> str:
+def _exact(value: Figure | None) -> str:
     """A tensor element (got / expected): enough digits that two close values differ in print."""
     if value is None:
         return "—"
@@ -258,7 +259,7 @@ def _exact(value: Any) -> str:
     return f"{f:.9g}"
 
 
-def format_cosine(value: Any) -> str:
+def format_cosine(value: Figure | None) -> str:
     """Cosine similarity; values a hair below 1 as '1 − 3.1e-14' (rounding would show '1')."""
     c = as_float(value)
     if c is None:
@@ -272,7 +273,7 @@ def format_cosine(value: Any) -> str:
     return f"{c:.7f}".rstrip("0")
 
 
-def _fraction(value: Any) -> str:
+def _fraction(value: Figure | None) -> str:
     """Mismatch fraction as a percentage of compared elements."""
     f = as_float(value)
     if f is None:
@@ -282,21 +283,15 @@ def _fraction(value: Any) -> str:
     return f"{format_float(f * 100)}%"
 
 
-def _ulp(value: Any) -> str:
+def _ulp(value: Figure | None) -> str:
     f = as_float(value)
     return "—" if f is None else format_value(int(f)) if math.isfinite(f) else format_float(f)
 
 
-def _limit(value: Any) -> str:
+def format_limits(limits: Mapping[str, float]) -> str:
+    """'rtol 0.016, atol 0.001'; exact mode has no numbers (the caller says so)."""
     # Limits are round numbers chosen by people (1.6e-2, 0.9999): %g prints them as written.
-    f = as_float(value)
-    return f"{f:g}" if f is not None else format_value(value)
-
-
-def format_limits(limits: dict[str, Any]) -> str:
-    """'rtol 0.016, atol 0.001'; exact mode has no numbers, so it says so."""
-    parts = [f"{k} {_limit(v)}" for k, v in limits.items() if k not in ("class", "mode") and v is not None]
-    return ", ".join(parts)
+    return ", ".join(f"{k} {v:g}" for k, v in limits.items())
 
 
 # ---------------------------------------------------------------- identities
@@ -306,7 +301,7 @@ def _anchor(*parts: str) -> str:
     return section_anchor("ops", *parts)
 
 
-def _parent_id(c: CheckResult, planned: dict[str, PlannedCheck]) -> str:
+def _parent_id(c: CheckResult, evidence: OpEvidence, planned: dict[str, PlannedCheck]) -> str:
     """The ladder check a result came from ('ops.gemm' for 'ops.gemm.bf16')."""
     if c.id in planned:
         return c.id
@@ -315,25 +310,25 @@ def _parent_id(c: CheckResult, planned: dict[str, PlannedCheck]) -> str:
         rid = rid.rsplit(".", 1)[0]
         if rid in planned:
             return rid
-    dtype = c.details.get("dtype")
-    if isinstance(dtype, str) and c.id.endswith("." + dtype):
+    dtype = evidence.dtype
+    if dtype is not None and c.id.endswith("." + dtype):
         return c.id[: -len(dtype) - 1]
     # No plan and no details: by convention the last id segment is the dtype.
     return c.id.rsplit(".", 1)[0] if c.id.count(".") >= 2 else c.id
 
 
-def _identity(cid: str, d: dict[str, Any], parent: str) -> tuple[str, str, str | None]:
+def _identity(cid: str, evidence: OpEvidence, parent: str) -> tuple[str, str, str | None]:
     """(op, provider, dtype) of a result; dtype None when the result covers the whole check."""
-    dtype: str | None = d.get("dtype") if isinstance(d.get("dtype"), str) else None
+    dtype = evidence.dtype
     if dtype is None and cid != parent and cid.startswith(parent + "."):
         dtype = cid[len(parent) + 1:]
     # Ids are 'ops.<op>' or 'ops.<provider>.<op>' by ladder convention; details win when present
     # because --ops can swap the provider without changing the ids.
     stem = parent.removeprefix("ops.")
     guess_provider, _, guess_op = stem.rpartition(".")
-    op = d["op"] if isinstance(d.get("op"), str) else guess_op
-    provider = d["provider"] if isinstance(d.get("provider"), str) else (guess_provider or DEFAULT_PROVIDER)
-    return str(op or stem), str(provider), dtype
+    op = evidence.op if evidence.op is not None else guess_op
+    provider = evidence.provider if evidence.provider is not None else (guess_provider or DEFAULT_PROVIDER)
+    return op or stem, provider, dtype
 
 
 def _conventional(parent: str, op: str, provider: str) -> bool:
@@ -342,147 +337,148 @@ def _conventional(parent: str, op: str, provider: str) -> bool:
 
 def _dtype_rank(dtypes: list[str]) -> list[str]:
     first_seen = {d: i for i, d in reversed(list(enumerate(dtypes)))}
-    known = {d: i for i, d in enumerate(DTYPE_ORDER)}
-    return sorted(first_seen, key=lambda d: (known.get(d, len(known)), first_seen[d]))
+    return sorted(first_seen, key=lambda d: (DTYPE_ORDER.index(d) if d in DTYPE_ORDER else len(DTYPE_ORDER),
+                                             first_seen[d]))
 
 
-# ---------------------------------------------------------------- measured ratio
+# ---------------------------------------------------------------- reading a result
 
 
-def _case_ratios(details: dict[str, Any]) -> list[float]:
-    """Ratios of every compared output (cases that raised measured nothing)."""
-    out: list[float] = []
-    for case in details.get("cases") or []:
-        if not isinstance(case, dict):
-            continue
-        for o in case.get("outputs") or []:
-            r = as_float(o.get("ratio")) if isinstance(o, dict) else None
-            if r is not None:
-                out.append(r)
-    return out
+@dataclass
+class _Read:
+    """One ``ops.op`` result with its details and metrics read typed (empty when they do not fit:
+    a crashed worker's result, a hand-edited file), so every reader below shows what is known."""
+
+    result: CheckResult
+    evidence: OpEvidence
+    metrics: OpMetrics
 
 
-def _measured_ratio(c: CheckResult) -> float | None:
+def _read(c: CheckResult) -> _Read:
+    try:
+        metrics = OpMetrics.parse(c.metrics, where=f"{c.id}: metrics")
+    except EvidenceError:
+        metrics = OpMetrics()
+    return _Read(result=c, evidence=c.evidence(OpEvidence) or OpEvidence(), metrics=metrics)
+
+
+def _measured_ratio(r: _Read) -> float | None:
     """The worst ratio the result measured.
 
     The check's own ``ratio_to_tolerance`` is ∞ when a case *raised*; shown in the cell that
     would read as a numerical mismatch, so the ratio is taken from the compared outputs
-    when the details have them, and an errored result without them shows no ratio.
+    when the details have them (cases that raised measured nothing), and an errored result
+    without them shows no ratio.
     """
-    ratios = _case_ratios(c.details)
+    ratios = [x for case in r.evidence.cases for o in case.outputs if (x := o.ratio_value) is not None]
     if ratios:
-        return max(ratios, key=lambda r: math.inf if math.isnan(r) else r)
-    if status_key(c) == "error":
+        return max(ratios, key=lambda x: math.inf if math.isnan(x) else x)
+    if status_key(r.result) == "error":
         return None
-    return as_float(c.metrics.get("ratio_to_tolerance"))
+    return as_float(r.metrics.ratio_to_tolerance)
 
 
 # ---------------------------------------------------------------- details
 
 
-def _case_label(case: dict[str, Any]) -> Label:
-    if case.get("error"):
+def _case_label(case: CaseEvidence) -> Label:
+    if case.error:
         return status_label("error")
-    return status_label("pass" if case.get("passed") else "fail")
+    return status_label("pass" if case.passed else "fail")
 
 
-def _changed(before: Any, after: Any) -> tuple[str, str]:
+def _changed(scaled: ScaledCase) -> tuple[str, str]:
     """Only the fields a shrink changed ('k=8192' → 'k=2048'), so the reader sees what moved."""
-    if not isinstance(before, dict) or not isinstance(after, dict):
-        return format_value(before) if before else "", format_value(after) if after else ""
-    keys = [k for k in before if k != "name" and before.get(k) != after.get(k)]
-    keys += [k for k in after if k not in before and k != "name"]
-    return (", ".join(f"{k}={format_value(before.get(k))}" for k in keys),
-            ", ".join(f"{k}={format_value(after.get(k))}" for k in keys))
+    if scaled.before is None or scaled.after is None:
+        return (format_value(scaled.before) if scaled.before else "",
+                format_value(scaled.after) if scaled.after else "")
+    changes = scaled.changes()
+    return (", ".join(f"{k}={format_value(before)}" for k, before, _ in changes),
+            ", ".join(f"{k}={format_value(after)}" for k, _, after in changes))
 
 
-def _output_row(o: dict[str, Any]) -> OutputRow:
-    worst = as_dict(o.get("worst"))
-    index = worst.get("index")
+def _output_row(o: OutputEvidence) -> OutputRow:
+    worst = o.worst
     return OutputRow(
-        output=str(o.get("output", "")), mode=str(o.get("mode", "")),
-        status=status_label("pass" if o.get("passed") else "fail"),
-        ratio=format_ratio(o.get("ratio")), over=_over(o.get("ratio")),
-        max_abs=_num(o.get("max_abs")), max_rel=_num(o.get("max_rel")),
-        cosine=format_cosine(o.get("cosine")), normalized=_num(o.get("normalized")),
-        max_ulp=_ulp(o.get("max_ulp")), mismatch=_fraction(o.get("mismatch_fraction")),
-        worst_index=format_value(index) if index is not None else "—",
-        worst_got=_exact(worst.get("got")), worst_expected=_exact(worst.get("expected")),
-        worst_abs=_num(worst.get("abs_error")), reason=str(o.get("reason") or ""),
+        output=o.output, mode=o.mode, status=status_label("pass" if o.passed else "fail"),
+        ratio=format_ratio(o.ratio), over=_over(o.ratio),
+        max_abs=_num(o.max_abs), max_rel=_num(o.max_rel),
+        cosine=format_cosine(o.cosine), normalized=_num(o.normalized),
+        max_ulp=_ulp(o.max_ulp), mismatch=_fraction(o.mismatch_fraction),
+        worst_index=format_value(worst.index) if worst.index is not None else "—",
+        worst_got=_exact(worst.got), worst_expected=_exact(worst.expected),
+        worst_abs=_num(worst.abs_error), reason=o.reason,
     )
 
 
-def _case_view(case: dict[str, Any], worst_case: str) -> CaseView:
-    scaled = as_dict(case.get("scaled"))
-    before, after = _changed(scaled.get("from"), scaled.get("to")) if scaled else ("", "")
-    notes = as_dict(case.get("notes"))
-    seconds = as_dict(case.get("seconds"))
-    total = sum((v for v in (as_float(x) for x in seconds.values()) if v is not None), 0.0)
-    outputs = [_output_row(o) for o in case.get("outputs") or [] if isinstance(o, dict)]
+def _case_view(case: CaseEvidence, worst_case: str) -> CaseView:
+    scaled = case.scaled
+    before, after = _changed(scaled) if scaled.recorded else ("", "")
+    total = case.seconds.total() if case.seconds is not None else None
+    outputs = [_output_row(o) for o in case.outputs]
+    raised = bool(case.error) and not outputs  # nothing measured: no ratio to show
     return CaseView(
-        case=str(case.get("case", "")), status=_case_label(case),
-        ratio="" if case.get("error") and not outputs else format_ratio(case.get("ratio")),
-        over=_over(case.get("ratio")) and not (case.get("error") and not outputs),
-        error=str(case.get("error") or ""), outputs=outputs,
-        scaled=bool(scaled), scaled_from=before, scaled_to=after, scaled_why=str(scaled.get("why", "")),
-        notes=", ".join(f"{k}={format_value(v)}" for k, v in notes.items()),
-        seconds=format_duration(total) if seconds else "—",
-        worst=bool(worst_case) and case.get("case") == worst_case,
+        case=case.case, status=_case_label(case),
+        ratio="" if raised else format_ratio(case.ratio), over=_over(case.ratio) and not raised,
+        error=case.error, outputs=outputs,
+        scaled=scaled.recorded, scaled_from=before, scaled_to=after, scaled_why=scaled.why,
+        notes=", ".join(f"{k}={format_value(v)}" for k, v in case.notes.items()),
+        seconds=format_duration(total) if total is not None else "—",
+        worst=bool(worst_case) and case.case == worst_case,
     )
 
 
-def _tolerance_rows(details: dict[str, Any]) -> list[ToleranceRow]:
+def _worst(values: Iterable[Figure | int | None], pick: Callable[[list[float]], float] = max) -> float | None:
+    numbers = [f for f in (as_float(v) for v in values) if f is not None]
+    return pick(numbers) if numbers else None
+
+
+def _tolerance_rows(evidence: OpEvidence) -> list[ToleranceRow]:
     """Per output: the policy (class, mode, limits) and the worst of each measure over cases."""
-    policy = as_dict(details.get("tolerance"))
-    per_output: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for case in details.get("cases") or []:
-        for o in (case.get("outputs") or []) if isinstance(case, dict) else []:
-            if isinstance(o, dict):
-                per_output[str(o.get("output", ""))].append(o)
-    names = list(policy) + [n for n in per_output if n not in policy]
+    per_output: dict[str, list[OutputEvidence]] = defaultdict(list)
+    for case in evidence.cases:
+        for o in case.outputs:
+            per_output[o.output].append(o)
+    # Outputs measured without a policy entry (an older or foreign file) still get a row.
+    specs = {**evidence.tolerance, **{n: ToleranceSpec() for n in per_output if n not in evidence.tolerance}}
     rows = []
-    for name in names:
-        spec = as_dict(policy.get(name))
-        measured = per_output.get(name, [])
-        limits = {k: v for k, v in spec.items() if k not in ("class", "mode")}
+    for name, spec in specs.items():
+        measured = per_output[name]
+        limits = spec.named()
         # The policy entry of exact/codes classes carries no numbers; the comparison does.
         for o in measured:
-            for k, v in as_dict(o.get("limits")).items():
+            for k, v in o.limits.named().items():
                 limits.setdefault(k, v)
-        mode = str(spec.get("mode") or (measured[0].get("mode") if measured else ""))
-
-        def worst(key: str, pick: Any = max, m: list[dict[str, Any]] = measured) -> float | None:
-            vals = [f for f in (as_float(o.get(key)) for o in m) if f is not None]
-            return pick(vals) if vals else None
-
-        ratio = worst("ratio")
+        mode = spec.mode or (measured[0].mode if measured else "")
+        ratio = _worst(o.ratio for o in measured)
         rows.append(ToleranceRow(
-            output=name, klass=str(spec.get("class", "")), mode=mode,
+            output=name, klass=spec.klass, mode=mode,
             limits=format_limits(limits) or ("identical values" if mode == "exact" else "—"),
             ratio=format_ratio(ratio) if ratio is not None else "—", over=_over(ratio),
-            max_abs=_num(worst("max_abs")), max_rel=_num(worst("max_rel")),
-            cosine=format_cosine(worst("cosine", min)), normalized=_num(worst("normalized")),
-            max_ulp=_ulp(worst("max_ulp")), mismatch=_fraction(worst("mismatch_fraction")),
+            max_abs=_num(_worst(o.max_abs for o in measured)), max_rel=_num(_worst(o.max_rel for o in measured)),
+            cosine=format_cosine(_worst((o.cosine for o in measured), min)),
+            normalized=_num(_worst(o.normalized for o in measured)),
+            max_ulp=_ulp(_worst(o.max_ulp for o in measured)),
+            mismatch=_fraction(_worst(o.mismatch_fraction for o in measured)),
         ))
     return rows
 
 
-_TIMINGS = (("device op", "op_s"), ("reference", "reference_s"), ("inputs", "inputs_s"), ("compare", "compare_s"))
-
-
-def _dtype_view(c: CheckResult, dtype: str, anchor: str, check_anchor: str) -> OpDtypeView:
-    d = c.details
-    ratio = _measured_ratio(c)
-    worst_case = str(d.get("worst_case") or "")
-    cases = [_case_view(x, worst_case) for x in d.get("cases") or [] if isinstance(x, dict)]
-    timings = [Timing(name=label, value=format_duration(f)) for label, key in _TIMINGS
-               if (f := as_float(c.metrics.get(key))) is not None]
+def _dtype_view(r: _Read, dtype: str, anchor: str, check_anchor: str) -> OpDtypeView:
+    c, m = r.result, r.metrics
+    ratio = _measured_ratio(r)
+    worst_case = r.evidence.worst_case or ""
+    cases = [_case_view(x, worst_case) for x in r.evidence.cases]
+    timings = [Timing(name=label, value=format_duration(f)) for label, value in
+               (("device op", m.op_s), ("reference", m.reference_s), ("inputs", m.inputs_s), ("compare", m.compare_s))
+               if (f := as_float(value)) is not None]
     return OpDtypeView(
         id=c.id, check_anchor=check_anchor, anchor=anchor, dtype=dtype, status=status_label(status_key(c)),
         ratio=format_ratio(ratio) if ratio is not None else "", over=_over(ratio), message=c.message,
-        cases_total=format_value(c.metrics.get("cases", len(cases))),
-        cases_failed=format_value(c.metrics.get("cases_failed", sum(1 for x in cases if x.status.key != "pass"))),
-        tolerance=_tolerance_rows(d), cases=cases, timings=timings,
+        cases_total=format_value(m.cases if m.cases is not None else len(cases)),
+        cases_failed=format_value(m.cases_failed if m.cases_failed is not None
+                                  else sum(1 for x in cases if x.status.key != "pass")),
+        tolerance=_tolerance_rows(r.evidence), cases=cases, timings=timings,
     )
 
 
@@ -498,8 +494,8 @@ class _Row:
     parent: str
     description: str = ""
     signature: str = ""
-    by_dtype: dict[str, CheckResult] = field(default_factory=dict)
-    whole: CheckResult | None = None
+    by_dtype: dict[str, _Read] = field(default_factory=dict)
+    whole: _Read | None = None
     planned_only: PlannedCheck | None = None
 
 
@@ -507,8 +503,8 @@ def _not_run_reason(results: RunResults) -> str:
     return section_not_run_reason(results, STEP, "operator", "operator (ops.op) checks")
 
 
-def _cell_from(c: CheckResult, dtype: str, anchor: str) -> OpCell:
-    ratio = _measured_ratio(c)
+def _cell_from(r: _Read, dtype: str, anchor: str) -> OpCell:
+    c, ratio = r.result, _measured_ratio(r)
     return OpCell(dtype=dtype, checked=True, status=status_label(status_key(c)),
                   ratio=format_ratio(ratio) if ratio is not None else "", over=_over(ratio),
                   message=c.message, anchor=anchor, id=c.id)
@@ -522,18 +518,19 @@ def build_ops(results: RunResults, anchors: dict[str, str]) -> OpsView:
     for c in results.checks:
         if c.step != STEP or c.kind != OP_KIND:
             continue
-        parent = _parent_id(c, planned)
-        op, provider, dtype = _identity(c.id, c.details, parent)
-        row = rows.get(parent)
-        if row is None:
+        read = _read(c)
+        parent = _parent_id(c, read.evidence, planned)
+        op, provider, dtype = _identity(c.id, read.evidence, parent)
+        if parent not in rows:  # the first result of this ladder check makes its row
             p = planned.get(parent)
-            row = rows[parent] = _Row(op=op, provider=provider, parent=parent, description=p.description if p else "")
-        if isinstance(c.details.get("signature"), str):
-            row.signature = c.details["signature"]
+            rows[parent] = _Row(op=op, provider=provider, parent=parent, description=p.description if p else "")
+        row = rows[parent]
+        if read.evidence.signature is not None:
+            row.signature = read.evidence.signature
         if dtype is None:
-            row.whole = c
+            row.whole = read
         else:
-            row.by_dtype[dtype] = c
+            row.by_dtype[dtype] = read
             seen_dtypes.append(dtype)
     ran = STEP in results.steps and STEP not in results.grade.steps_not_run
     result_ids = {c.id for c in results.checks}
@@ -541,7 +538,7 @@ def build_ops(results: RunResults, anchors: dict[str, str]) -> OpsView:
         # A planned op check without any result (interrupted run): a row saying so, never a gap.
         if p.kind == OP_KIND and p.id not in rows and ran \
                 and not any(r == p.id or r.startswith(p.id + ".") for r in result_ids):
-            op, provider, _ = _identity(p.id, {}, p.id)
+            op, provider, _ = _identity(p.id, OpEvidence(), p.id)
             rows[p.id] = _Row(op=op, provider=provider, parent=p.id, description=p.description, planned_only=p)
     if not rows:
         # A step that ran without any op check is not 'not run': say n/a so the pill and the text agree.
@@ -562,18 +559,18 @@ def build_ops(results: RunResults, anchors: dict[str, str]) -> OpsView:
         cells = []
         dviews = []
         for dtype in dtypes:
-            res = row.by_dtype.get(dtype)
             cell_anchor = f"{row_anchor}-{_anchor(dtype)[4:]}"
-            if res is None:
+            if dtype not in row.by_dtype:
                 cells.append(OpCell(dtype=dtype, checked=False, status=None, ratio="", over=False,
                                     message="not part of this op's check", anchor=""))
                 continue
+            res = row.by_dtype[dtype]
             cells.append(_cell_from(res, dtype, cell_anchor))
-            dviews.append(_dtype_view(res, dtype, cell_anchor, anchors.get(res.id, "")))
+            dviews.append(_dtype_view(res, dtype, cell_anchor, anchors.get(res.result.id, "")))
         whole = None
         if row.whole is not None:
             whole = _cell_from(row.whole, "", row_anchor)
-            whole.anchor = anchors.get(row.whole.id, row_anchor)
+            whole.anchor = anchors.get(row.whole.result.id, row_anchor)
         elif row.planned_only is not None:
             whole = OpCell(dtype="", checked=False, status=status_label("notrun"), ratio="", over=False,
                            message="not reached: the run ended before this check recorded a result",

@@ -1,36 +1,26 @@
-"""View data of step 5 (performance baseline) — plain data, no HTML.
-
-Step 5 records two kinds of outcome (docs/perf.md is the contract for both shapes):
-
-* micro-benchmarks (``perf.gemm``, ``perf.memory_bandwidth``, ``perf.host_device``,
-  ``perf.attention``, ``perf.collectives``): one table per check, a row per problem with
-  its dtype, median time and spread, achieved FLOP/s or bytes/s, the peak of the resource
-  that bounds it, the efficiency against that peak, arithmetic intensity beside the ridge
-  point and the bound class. Rows that could not run here say why, never blank.
-  The peak figures the efficiencies rest on are shown once per distinct peak, with their
-  source, whether they are verified and — for a CPU, whose peak is derived from what the
-  machine reports — how they were derived: an efficiency is only as good as its peak.
-* serving scenarios (``perf.serving``): see :mod:`adaptcheck.report.perf_serving`;
-* the stability soak (``perf.soak``): see :mod:`adaptcheck.report.soak`.
-
-Every decision (units, which peak a row is measured against, what is over a bound) is made
-here where it can be tested; the template only lays it out. A check that errored or was
-skipped shows its status and message, never an empty table that could read as a pass.
+"""View data of step 5 (the performance baseline) — plain data, no HTML: one table per
+micro-benchmark check read typed (:class:`~adaptcheck.base.schemas.micro_evidence.MicroEvidence`;
+details that do not fit show as no rows, never half a table), each distinct peak once with its
+source and derivation, and the serving (:mod:`adaptcheck.report.perf_serving`) and soak
+(:mod:`adaptcheck.report.soak`) blocks; every decision (units, which peak a row is held to,
+what is over a bound) is made here, the template only lays it out. Shapes: docs/perf.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from adaptcheck.base.schemas.micro_evidence import MicroEvidence, PeakRecord, RowExtra, TimeStats
+from adaptcheck.base.schemas.micro_evidence import MicroRow as MicroEvidenceRow
 from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
     Label,
-    as_dict,
     as_float,
     format_duration,
     format_float,
@@ -44,7 +34,6 @@ from adaptcheck.report.framework import Fact, Link
 from adaptcheck.report.perf_serving import (
     Chart,
     ScenarioView,
-    as_list,
     build_scenario,
     pct,
     throughput_charts,
@@ -171,62 +160,61 @@ def precise_time(value: Any) -> str:
 # ---------------------------------------------------------------- micro-benchmarks
 
 
-def _peak_figures(peak: dict[str, Any]) -> list[Fact]:
+def _peak_figures(peak: PeakRecord) -> list[Fact]:
     # Integer math is counted in operations, not floating-point operations.
     facts = [Fact(f"{dt} dense", rate(v, "OP/s" if dt.startswith("int") else "FLOP/s"))
-             for dt, v in as_dict(peak.get("flops")).items()]
-    facts.append(Fact("memory bandwidth", rate(peak.get("memory_bw"), "B/s")))
-    link = peak.get("host_link_bw")
+             for dt, v in peak.flops.items()]
+    facts.append(Fact("memory bandwidth", rate(peak.memory_bw, "B/s")))
+    link = peak.host_link_bw
     facts.append(Fact("host link", f"{rate(link, 'B/s')} per direction" if link is not None else "not known"))
-    fabric = peak.get("interconnect_bw")
+    fabric = peak.interconnect_bw
     if fabric is not None:
         facts.append(Fact("device interconnect", rate(fabric, "B/s")))
-    basis = peak.get("memory_bw_basis")
-    if basis:
-        facts.append(Fact("memory bandwidth basis", str(basis)))
+    if peak.memory_bw_basis:
+        facts.append(Fact("memory bandwidth basis", peak.memory_bw_basis))
     return facts
 
 
-def _peak_view(peak: dict[str, Any]) -> PeakView:
-    v = peak.get("verified")
+def _peak_view(peak: PeakRecord) -> PeakView:
+    v = peak.verified
     verified = _VERIFIED if v is True else _UNVERIFIED if v is False else _UNSTATED
     note = ("marked unverified in matrices/peaks.yaml: every efficiency below is relative to a figure "
             "nobody has confirmed" if v is False else "")
-    return PeakView(device=str(peak.get("device") or "—"), entry=str(peak.get("entry") or "—"),
-                    source=str(peak.get("source") or "—"), verified=verified, figures=_peak_figures(peak),
-                    derivation=[str(x) for x in as_list(peak.get("derivation")) if x is not None], used_by=[],
+    return PeakView(device=peak.device or "—", entry=peak.entry or "—", source=peak.source or "—",
+                    verified=verified, figures=_peak_figures(peak), derivation=list(peak.derivation), used_by=[],
                     note=note)
 
 
-def _row_peak(row: dict[str, Any], peak: dict[str, Any]) -> str:
+def _row_peak(row: MicroEvidenceRow, peak: PeakRecord | None) -> str:
     """The peak of the resource that bounds the row: what its efficiency is measured against."""
-    bound = row.get("bound")
+    if peak is None:
+        return "—"
+    bound = row.bound
     # A row may be held to another dtype's figure (fp32 GEMMs with TF32 on: the tf32 peak).
-    peak_dtype = as_dict(row.get("extra")).get("peak_dtype") or row.get("dtype")
-    flops_peak = as_dict(peak.get("flops")).get(str(peak_dtype))
+    flops_peak = peak.flops_for(row.extra.peak_dtype or row.dtype)
     if bound == "network":
-        return rate(peak.get("interconnect_bw"), "B/s")
-    if bound == "compute" or (bound is None and row.get("flops") is not None and flops_peak is not None):
+        return rate(peak.interconnect_bw, "B/s")
+    if bound == "compute" or (bound is None and row.flops is not None and flops_peak is not None):
         return rate(flops_peak, "FLOP/s")
     if bound == "link":
-        return rate(peak.get("host_link_bw"), "B/s")
-    if bound in ("memory", None) and peak:
-        return rate(peak.get("memory_bw"), "B/s")
+        return rate(peak.host_link_bw, "B/s")
+    if bound in ("memory", None):
+        return rate(peak.memory_bw, "B/s")
     return "—"
 
 
-def _achieved(row: dict[str, Any]) -> tuple[str, str]:
-    ach = as_dict(row.get("achieved"))
-    flops, byts = ach.get("flops_per_s"), ach.get("bytes_per_s")
+def _achieved(row: MicroEvidenceRow) -> tuple[str, str]:
+    flops, byts = row.achieved.flops_per_s, row.achieved.bytes_per_s
     # The bounding resource's rate goes first; a GEMM's bytes/s is context, not its score.
-    if row.get("bound") in ("memory", "link", "network") or flops is None:
+    if row.bound in ("memory", "link", "network") or flops is None:
         return rate(byts, "B/s"), rate(flops, "FLOP/s") if flops is not None else ""
     return rate(flops, "FLOP/s"), rate(byts, "B/s") if byts is not None else ""
 
 
-def _extra(extra: dict[str, Any]) -> str:
+def _extra(extra: RowExtra) -> str:
+    # Every benchmark-specific fact, in the order the row records them (the column is "the rest").
     parts = []
-    for k, v in extra.items():
+    for k, v in extra.dump().items():
         if k.endswith("bw") and as_float(v) is not None:
             parts.append(f"{k} {rate(v, 'B/s')}")
         else:
@@ -234,57 +222,64 @@ def _extra(extra: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _micro_row(row: dict[str, Any], peak: dict[str, Any]) -> MicroRow:
-    t = as_dict(row.get("time_s"))
-    word = str(row.get("status") or "")
+def _micro_row(row: MicroEvidenceRow, peak: PeakRecord | None) -> MicroRow:
+    t = row.time_s or TimeStats()
+    word = row.status
     status = _ROW_STATUS.get(word, Label(key="notrun", label=word or "unknown", glyph="·"))
-    name = str(row.get("name") or "—")
+    name = row.name or "—"
     # The parameters, unless the name already spells every one of them out.
-    problem = [f"{k}={format_value(v)}" for k, v in as_dict(row.get("params")).items()]
-    spread = pct(t.get("spread"))
-    if spread != "—" and t.get("n") is not None:
-        spread += f" (n={format_value(t['n'])})"
-    ci_width = as_float(t.get("ci_rel_width"))
+    problem = [f"{k}={format_value(v)}" for k, v in row.params.items()]
+    spread = pct(t.spread)
+    if spread != "—" and t.n is not None:
+        spread += f" (n={format_value(t.n)})"
+    ci_width = t.ci_rel_width
     if spread != "—" and ci_width is not None and math.isfinite(ci_width):
         # The median's order-statistic CI (docs/perf.md): what the reported figure is good to.
         spread += f"; median ±{pct(ci_width / 2)}"
     achieved, other = _achieved(row)
-    eff = as_float(row.get("efficiency"))
-    ai, ridge = as_float(row.get("arithmetic_intensity")), as_float(row.get("ridge_point"))
+    eff = row.efficiency
+    ai, ridge = row.arithmetic_intensity, row.ridge_point
     return MicroRow(
         name=name, problem="" if all(p in name for p in problem) else " ".join(problem),
-        dtype=str(row["dtype"]) if row.get("dtype") is not None else "—", time=precise_time(t.get("median")),
+        dtype=row.dtype if row.dtype is not None else "—", time=precise_time(t.median),
         spread=spread, achieved=achieved, achieved_other=other,
         peak=_row_peak(row, peak) if word == "ok" else "—", efficiency=pct(eff),
         over_peak=eff is not None and eff > 1.0,
         intensity=f"{format_float(ai)} FLOP/B" if ai is not None else "—",
         ridge=f"{format_float(ridge)} FLOP/B" if ridge is not None else "—",
-        bound=str(row.get("bound") or "—"), status=status, reason=str(row.get("reason") or ""),
-        extra=_extra(as_dict(row.get("extra"))),
+        bound=row.bound or "—", status=status, reason=row.reason,
+        extra=_extra(row.extra),
     )
 
 
+def _anchor(anchors: Mapping[str, str], check_id: str) -> str:
+    """The Checks section's anchor of a check ('' when it has none)."""
+    return anchors.get(check_id, "")
+
+
 def _micro(c: CheckResult, anchors: dict[str, str], peaks: dict[str, PeakView]) -> MicroView:
-    d = as_dict(c.details)
-    bench = str(d.get("benchmark") or c.kind.split(".", 1)[-1])
-    peak = as_dict(d.get("peak"))
+    # Details that do not fit (a foreign or hand-edited file) read as none: the check's status
+    # and message still show, never a half-read table.
+    ev = c.evidence(MicroEvidence)
+    bench = (ev.benchmark if ev is not None else None) or c.kind.split(".", 1)[-1]
+    peak = ev.peak if ev is not None else None
     peak_note = ""
-    if peak:
+    if peak is not None:
         # One block per distinct peak (normally one for the whole run); checks point at theirs.
-        key = json.dumps(peak, sort_keys=True, default=str)
-        peaks.setdefault(key, _peak_view(peak)).used_by.append(Link(id=c.id, anchor=anchors.get(c.id, "")))
-    elif d:
+        key = json.dumps(peak.dump(), sort_keys=True, default=str)
+        peaks.setdefault(key, _peak_view(peak)).used_by.append(Link(id=c.id, anchor=_anchor(anchors, c.id)))
+    elif ev is not None:
         peak_note = "no peak known for this device: efficiencies and bound classes are not computed"
-    rows = [_micro_row(r, peak) for r in as_list(d.get("rows")) if isinstance(r, dict)]
+    rows = [_micro_row(r, peak) for r in ev.rows] if ev is not None else []
     key = status_key(c)
     no_rows = ""
     if not rows:
         no_rows = {"error": "no measurements: the check errored", "skip": "not measured: skipped",
                    "na": "not measured: not applicable here"}.get(key, "no measurements recorded")
     return MicroView(
-        id=c.id, anchor=anchors.get(c.id, ""), kind=c.kind, title=BENCH_NAMES.get(bench, bench),
+        id=c.id, anchor=_anchor(anchors, c.id), kind=c.kind, title=BENCH_NAMES.get(bench, bench),
         status=status_label(key), message=c.message, duration=format_duration(c.duration_s),
-        timer=str(d.get("timer") or ""), peak_note=peak_note, rows=rows, no_rows_note=no_rows,
+        timer=(ev.timer if ev is not None else None) or "", peak_note=peak_note, rows=rows, no_rows_note=no_rows,
     )
 
 
@@ -321,12 +316,12 @@ def build_perf(results: RunResults, anchors: dict[str, str], records_base: str =
         if c.step != STEP or c.kind == REGRESSION_KIND:
             continue
         if c.kind == SOAK_KIND:
-            soak.append(build_soak(c, status_label(status_key(c)), anchors.get(c.id, ""),
+            soak.append(build_soak(c, status_label(status_key(c)), _anchor(anchors, c.id),
                                    _unique(section_anchor("soak", c.id), used), format_duration(c.duration_s),
                                    records_base))
         elif c.kind == SERVING_KIND:
             block = _unique(section_anchor("perf", c.id), used)
-            serving.append(build_scenario(c, status_label(status_key(c)), anchors.get(c.id, ""), block,
+            serving.append(build_scenario(c, status_label(status_key(c)), _anchor(anchors, c.id), block,
                                           format_duration(c.duration_s), records_base))
         else:
             micro.append(_micro(c, anchors, peaks))
@@ -338,10 +333,10 @@ def build_perf(results: RunResults, anchors: dict[str, str], records_base: str =
             continue
         stub = CheckResult(step=STEP, id=p.id, kind=p.kind, status=Status.SKIP, message=NOT_REACHED)
         if p.kind == SOAK_KIND:
-            soak.append(build_soak(stub, status_label("notrun"), anchors.get(p.id, ""),
+            soak.append(build_soak(stub, status_label("notrun"), _anchor(anchors, p.id),
                                    _unique(section_anchor("soak", p.id), used), "—"))
         elif p.kind == SERVING_KIND:
-            serving.append(build_scenario(stub, status_label("notrun"), anchors.get(p.id, ""),
+            serving.append(build_scenario(stub, status_label("notrun"), _anchor(anchors, p.id),
                                           section_anchor("perf", p.id), "—"))
         else:
             mv = _micro(stub, anchors, peaks)

@@ -1,29 +1,33 @@
-"""View data of the step-5 serving scenarios (``perf.serving``) — plain data, no HTML.
-
-One ``perf.serving`` check is one scenario (docs/perf.md, "Serving outcome"). For each the
-report shows what was offered (arrival pattern, levels, lengths, repeats, SLOs), then per
-level the median run's numbers — request and output-token throughput, TTFT/TPOT/ITL/E2EL
-median, p90 and p99, error rate, goodput, client queue time — and the run-to-run CV of
-each headline metric with its confidence interval against the scenario's bound
-(significantly-above cells marked: that is what L4's "reproducible baseline" rests on), the
-within-run drift, and the runs the host disturbed (older results: the min–max spread
-against ``max_spread``). Below: the client's own overhead with its bottleneck
-warning (a saturated load generator understates the server), server memory, a link to the
-per-request records and the charts (latency quantiles per level, throughput against level).
-
-Results are read defensively: an errored scenario has no levels, an older file may lack a
-field, and every text (error messages from the server, scenario names) is untrusted.
+"""View data of the step-5 serving scenarios (``perf.serving``) — plain data, no HTML: what was
+offered, per level the median run's figures with the run-to-run CV against the bound, the
+drift, the runs, the client's cost, server memory and the charts, read from the check's
+:class:`~adaptcheck.base.schemas.serving_evidence.ServingEvidence` (details that do not fit
+read as none; every text is untrusted). Shapes: docs/perf.md, "Serving outcome".
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from markupsafe import Markup
 
+from adaptcheck.base.schemas.evidence import Evidence
 from adaptcheck.base.schemas.results import CheckResult
+from adaptcheck.base.schemas.serving_evidence import (
+    ClientCost,
+    DriftFigures,
+    LatencyStats,
+    LevelStability,
+    MeasuredRun,
+    RunSummary,
+    ScenarioEcho,
+    ServerMemory,
+    ServingEvidence,
+    ServingLevel,
+)
 from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report import svg
 
@@ -31,7 +35,6 @@ from adaptcheck.report import svg
 from adaptcheck.report.fmt import (
     FileLink,
     Label,
-    as_dict,
     as_float,
     format_float,
     format_value,
@@ -154,14 +157,28 @@ def num(value: Any) -> str:
     return "—" if f is None else format_float(f)
 
 
-def _stat(summary: dict[str, Any], metric: str, key: str) -> Any:
-    stats = as_dict(summary.get(metric))
-    return stats.get(key, stats.get("p50")) if key == "median" else stats.get(key)
+def _latency(summary: RunSummary, metric: str) -> LatencyStats | None:
+    """The summary's stats of one latency (a key of :data:`LATENCY_METRICS`, or ``queue_ms``)."""
+    by_key = {"ttft_ms": summary.ttft_ms, "tpot_ms": summary.tpot_ms, "itl_ms": summary.itl_ms,
+              "e2el_ms": summary.e2el_ms, "queue_ms": summary.queue_ms}
+    return by_key[metric]
 
 
-def _triple(summary: dict[str, Any], metric: str) -> str:
-    vals = [num(_stat(summary, metric, k)) for k in ("median", "p90", "p99")]
+def _stat(stats: LatencyStats | None, key: Literal["median", "p90", "p99"]) -> float | None:
+    if stats is None:
+        return None
+    return stats.middle() if key == "median" else stats.p90 if key == "p90" else stats.p99
+
+
+def _triple(summary: RunSummary, metric: str) -> str:
+    stats = _latency(summary, metric)
+    vals = [num(_stat(stats, "median")), num(_stat(stats, "p90")), num(_stat(stats, "p99"))]
     return "—" if all(v == "—" for v in vals) else " / ".join(vals)
+
+
+def given(model: Evidence) -> bool:
+    """Whether the stored object held anything (an empty ``{}`` reads as absent, as before)."""
+    return bool(model.model_fields_set or model.model_extra)
 
 
 # How a level reads (table, legend, header, axis) is asked of the arrival pattern
@@ -190,40 +207,41 @@ def level_words(arrival: str) -> tuple[str, str]:
 # ---------------------------------------------------------------- parts of a scenario
 
 
-def _offered(sc: dict[str, Any]) -> list[Fact]:
-    facts = [Fact("arrival", str(sc.get("arrival") or "—"))]
-    arrival = str(sc.get("arrival") or "")
-    levels = sc.get("levels")
-    if isinstance(levels, list):
-        facts.append(Fact("levels", ", ".join(level_text(v, arrival) for v in levels) or "none"))
-    if isinstance(sc.get("mixed"), list):
-        mix = [f"{format_value(m.get('input_tokens'))}→{format_value(m.get('output_tokens'))}"
-               f" ×{format_value(m.get('weight', 1))}" for m in as_list(sc["mixed"]) if isinstance(m, dict)]
+def _offered(sc: ScenarioEcho) -> list[Fact]:
+    facts = [Fact("arrival", sc.arrival or "—")]
+    arrival = sc.arrival or ""
+    if sc.levels is not None:
+        facts.append(Fact("levels", ", ".join(level_text(v, arrival) for v in sc.levels) or "none"))
+    if sc.mixed is not None:
+        mix = [f"{format_value(m.input_tokens)}→{format_value(m.output_tokens)} ×{format_value(m.weight)}"
+               for m in sc.mixed]
         facts.append(Fact("lengths (in→out tokens, weight)", "mixed: " + ", ".join(mix)))
     else:
-        facts.append(Fact("lengths", f"{format_value(sc.get('input_tokens'))} input → "
-                                     f"{format_value(sc.get('output_tokens'))} output tokens"))
-    if sc.get("duration_s") is not None:
-        facts.append(Fact("measured", f"{num(sc['duration_s'])} s per run"))
+        facts.append(Fact("lengths", f"{format_value(sc.input_tokens)} input → "
+                                     f"{format_value(sc.output_tokens)} output tokens"))
+    if sc.duration_s is not None:
+        facts.append(Fact("measured", f"{num(sc.duration_s)} s per run"))
     else:
-        facts.append(Fact("measured", f"{format_value(sc.get('num_requests'))} requests per run"))
-    facts.append(Fact("warm-up", f"{format_value(sc.get('warmup_requests'))} requests (not measured)"))
-    if "max_cv" in sc:
-        runs = f"{format_value(sc.get('min_runs'))} to {format_value(sc.get('max_runs'))} per level"
-        if sc.get("budget_s") is not None:
-            runs += f" (more than {format_value(sc.get('min_runs'))} within {num(sc['budget_s'])} s)"
+        facts.append(Fact("measured", f"{format_value(sc.num_requests)} requests per run"))
+    facts.append(Fact("warm-up", f"{format_value(sc.warmup_requests)} requests (not measured)"))
+    if sc.has_stability:
+        runs = f"{format_value(sc.min_runs)} to {format_value(sc.max_runs)} per level"
+        if sc.budget_s is not None:
+            runs += f" (more than {format_value(sc.min_runs)} within {num(sc.budget_s)} s)"
         facts.append(Fact("runs", runs))
-        conf = as_float(sc.get("confidence"))
-        facts.append(Fact("run-to-run CV bound", pct(sc.get("max_cv"))
+        conf = sc.confidence
+        facts.append(Fact("run-to-run CV bound", pct(sc.max_cv)
                           + (f" (fails when significantly above, {pct(conf)} confidence)" if conf else "")))
-        facts.append(Fact("drift bound", pct(sc.get("max_drift"))))
+        facts.append(Fact("drift bound", pct(sc.max_drift)))
     else:  # results from before the stability verdict
-        facts.append(Fact("repeats", format_value(sc.get("repeats"))))
-        facts.append(Fact("spread bound", pct(sc.get("max_spread"))))
-    slo = as_dict(sc.get("slo"))
-    if slo:
+        facts.append(Fact("repeats", format_value(sc.repeats)))
+        facts.append(Fact("spread bound", pct(sc.max_spread)))
+    if sc.slo is not None and given(sc.slo):
+        slo = sc.slo
+        bounds = [(k, v) for k, v in (("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms), ("e2el_ms", slo.e2el_ms))
+                 if k in slo.model_fields_set] + list(slo.extras.items())
         facts.append(Fact("SLO", ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {num(v)} ms" if k.endswith("_ms")
-                                           else f"{k} ≤ {format_value(v)}" for k, v in slo.items())))
+                                           else f"{k} ≤ {format_value(v)}" for k, v in bounds)))
     return facts
 
 
@@ -233,27 +251,29 @@ def _server(server: dict[str, Any]) -> list[Fact]:
             for k, v in server.items() if not isinstance(v, (dict, list)) and v is not None]
 
 
-def _client(client: dict[str, Any]) -> tuple[list[Fact], str]:
+def _client(client: ClientCost) -> tuple[list[Fact], str]:
     facts = []
-    if client.get("cpu_percent") is not None:
-        facts.append(Fact("client CPU", f"{num(client['cpu_percent'])}% (100% = one core)"))
-    if client.get("overhead_us_per_token") is not None:
-        facts.append(Fact("client overhead", f"{num(client['overhead_us_per_token'])} µs per output token"))
-    if client.get("loop_lag_ms_p99") is not None:
-        facts.append(Fact("event-loop lag p99", f"{num(client['loop_lag_ms_p99'])} ms"))
-    if "bottleneck" in client:
-        facts.append(Fact("client was the bottleneck", "yes" if client["bottleneck"] is True else "no"))
-    warning = str(client.get("warning") or "")
-    if client.get("bottleneck") is True:
+    if client.cpu_percent is not None:
+        facts.append(Fact("client CPU", f"{num(client.cpu_percent)}% (100% = one core)"))
+    if client.overhead_us_per_token is not None:
+        facts.append(Fact("client overhead", f"{num(client.overhead_us_per_token)} µs per output token"))
+    if client.loop_lag_ms_p99 is not None:
+        facts.append(Fact("event-loop lag p99", f"{num(client.loop_lag_ms_p99)} ms"))
+    if "bottleneck" in client.model_fields_set:
+        facts.append(Fact("client was the bottleneck", "yes" if client.bottleneck is True else "no"))
+    warning = client.warning or ""
+    if client.bottleneck is True:
         # Numbers from a saturated load generator describe the client, not the server.
         warning = "the load generator, not the server, limited this run: throughput is understated" + (
             f" — {warning}" if warning else "")
     return facts, warning
 
 
-def _memory(mem: dict[str, Any]) -> list[Fact]:
+def _memory(mem: ServerMemory) -> list[Fact]:
     facts = []
-    for k, v in mem.items():
+    stored = [(k, v) for k, v in (("rss_mib_before", mem.rss_mib_before), ("rss_mib_after", mem.rss_mib_after),
+                                 ("kv_cache_usage", mem.kv_cache_usage)) if k in mem.model_fields_set]
+    for k, v in stored + list(mem.extras.items()):
         f = as_float(v)
         parts = k.split("_")
         label = " ".join(p.upper() if p in ("rss", "kv") else p for p in parts if p != "mib")
@@ -263,60 +283,59 @@ def _memory(mem: dict[str, Any]) -> list[Fact]:
             facts.append(Fact("KV-cache usage", pct(f)))
         else:
             facts.append(Fact(label, format_value(v)))
-    before, after = as_float(mem.get("rss_mib_before")), as_float(mem.get("rss_mib_after"))
+    before, after = mem.rss_mib_before, mem.rss_mib_after
     if before is not None and after is not None:
         facts.append(Fact("RSS growth", f"{format_float(after - before)} MiB"))
     return facts
 
 
-def _errors(runs: list[dict[str, Any]]) -> list[str]:
-    pooled: dict[str, int] = {}
+def _errors(runs: list[MeasuredRun]) -> list[str]:
+    pooled: Counter[str] = Counter()
     for r in runs:
-        for msg, n in as_dict(r.get("errors")).items():
-            f = as_float(n)
-            pooled[str(msg)] = pooled.get(str(msg), 0) + (int(f) if f is not None and math.isfinite(f) else 0)
+        pooled.update({msg: int(n) if math.isfinite(n) else 0 for msg, n in r.errors.items()})
     ranked = sorted(pooled.items(), key=lambda kv: -kv[1])
     return [f"{msg} ×{n}" for msg, n in ranked[:MAX_ERRORS_SHOWN]]
 
 
-def _level_row(lv: dict[str, Any], arrival: str, bound: float | None, spread_keys: list[str]) -> ServingLevelRow:
-    med = as_dict(lv.get("median"))
-    runs = [as_dict(r) for r in as_list(lv.get("runs"))]
-    spread = as_dict(lv.get("spread"))
-    stab = as_dict(lv.get("stability"))
-    metrics = as_dict(stab.get("metrics"))
-    cells = []
-    for k in spread_keys:
-        if stab:
-            m = as_dict(metrics.get(k))
-            cv, lo, hi = (as_float(m.get(x)) for x in ("cv", "lo", "hi"))
-            value = f"{pct(cv)} [{pct(lo)}, {_upper(hi)}]" if cv is not None else "—"
-            ha = as_dict(m.get("host_adjusted"))
-            if m.get("explained_by_host") and as_float(ha.get("cv")) is not None:
-                # Significant as measured, not once the host's own speed is out (docs/perf.md, "Host speed").
-                value += f"; host-adjusted {pct(as_float(ha.get('cv')))}"
-            cells.append(SpreadCell(metric=SPREAD_NAMES.get(k, k), value=value, over=m.get("verdict") == "unstable"))
-            continue
-        f = as_float(spread.get(k))
-        over = f is not None and bound is not None and (not math.isfinite(f) or f > bound)
-        cells.append(SpreadCell(metric=SPREAD_NAMES.get(k, k), value=pct(f) if f is not None else "—", over=over))
-    drift, drift_over = _drift(as_dict(lv.get("drift")))
-    err = as_float(med.get("error_rate"))
-    goodput = num(med.get("goodput")) if med.get("goodput") is not None else "— (no SLO)"
-    attained = f"{pct(med['slo_attainment'])} met SLO" if med.get("slo_attainment") is not None else ""
-    tokens = str(med.get("token_source") or "—")
-    if as_float(med.get("token_mismatches")):
-        tokens += f", {num(med['token_mismatches'])} count mismatches"
-    if med.get("chunks_per_token") is not None:
-        tokens += f"; {num(med['chunks_per_token'])} chunks/token"
+def _spread_cell(k: str, lv: ServingLevel, bound: float | None) -> SpreadCell:
+    """One metric's run-to-run cell: the CV with its interval, or (older results) the min-max spread."""
+    label = SPREAD_NAMES.get(k, k)
+    if lv.stability is not None and given(lv.stability):
+        m = lv.stability.metrics.get(k)
+        if m is None:
+            return SpreadCell(metric=label, value="—", over=False)
+        value = f"{pct(m.cv)} [{pct(m.lo)}, {_upper(m.hi)}]" if m.cv is not None else "—"
+        if m.explained_by_host and m.host_adjusted is not None:
+            # Significant as measured, not once the host's own speed is out (docs/perf.md, "Host speed").
+            value += f"; host-adjusted {pct(m.host_adjusted.cv)}"
+        return SpreadCell(metric=label, value=value, over=m.verdict == "unstable")
+    f = lv.spread.get(k)
+    over = f is not None and bound is not None and (not math.isfinite(f) or f > bound)
+    return SpreadCell(metric=label, value=pct(f) if f is not None else "—", over=over)
+
+
+def _level_row(lv: ServingLevel, arrival: str, bound: float | None, spread_keys: list[str]) -> ServingLevelRow:
+    med = lv.median
+    drift, drift_over = _drift(lv.drift)
+    err = med.error_rate
+    goodput = num(med.goodput) if med.goodput is not None else "— (no SLO)"
+    attained = f"{pct(med.slo_attainment)} met SLO" if med.slo_attainment is not None else ""
+    tokens = med.token_source or "—"
+    if med.token_mismatches:
+        tokens += f", {num(med.token_mismatches)} count mismatches"
+    if med.chunks_per_token is not None:
+        tokens += f"; {num(med.chunks_per_token)} chunks/token"
+    queue = med.queue_ms
     return ServingLevelRow(
-        level=level_text(lv.get("level"), arrival), runs=len(runs), completed=num(med.get("completed")),
-        failed=num(med.get("failed")), error_rate=pct(err), errors_present=bool(err),
-        req_per_s=num(med.get("request_throughput")), out_tok_per_s=num(med.get("output_throughput")),
+        level=level_text(lv.level, arrival), runs=len(lv.runs), completed=num(med.completed),
+        failed=num(med.failed), error_rate=pct(err), errors_present=bool(err),
+        req_per_s=num(med.request_throughput), out_tok_per_s=num(med.output_throughput),
         goodput=goodput, slo_attainment=attained,
-        queue=" / ".join(num(_stat(med, "queue_ms", k)) for k in ("median", "p99")) if med.get("queue_ms") else "—",
-        latency=[_triple(med, m) for m in LATENCY_METRICS], spread=cells, stability=_stability(stab),
-        drift=drift, drift_over=drift_over, tokens=tokens, errors=_errors(runs),
+        queue=(f"{num(_stat(queue, 'median'))} / {num(_stat(queue, 'p99'))}"
+               if queue is not None and given(queue) else "—"),
+        latency=[_triple(med, m) for m in LATENCY_METRICS],
+        spread=[_spread_cell(k, lv, bound) for k in spread_keys], stability=_stability(lv.stability),
+        drift=drift, drift_over=drift_over, tokens=tokens, errors=_errors(lv.runs),
     )
 
 
@@ -328,51 +347,43 @@ def _upper(hi: float | None) -> str:
     return "∞" if hi is not None and (not math.isfinite(hi) or hi >= 100) else pct(hi)
 
 
-def _stability(stab: dict[str, Any]) -> str:
+def _stability(stab: LevelStability | None) -> str:
     """'within the bound after 3 runs (+1 disturbed, repeated)'; '' for results without a stability verdict."""
-    if not stab:
+    if stab is None or not given(stab):
         return ""
-    text = f"{STABILITY_WORDS.get(str(stab.get('verdict')), str(stab.get('verdict')))} after " \
-           f"{format_value(stab.get('runs'))} runs"
-    disturbed = as_float(stab.get("disturbed_runs"))
-    return text + (f" (+{format_value(stab.get('disturbed_runs'))} disturbed, repeated)" if disturbed else "")
+    verdict = str(stab.verdict)
+    text = f"{STABILITY_WORDS.get(verdict, verdict)} after {format_value(stab.runs)} runs"
+    return text + (f" (+{format_value(stab.disturbed_runs)} disturbed, repeated)" if stab.disturbed_runs else "")
 
 
-def _drift(drift: dict[str, Any]) -> tuple[str, bool]:
+def _drift(drift: dict[str, DriftFigures | None]) -> tuple[str, bool]:
     """'TTFT −3% [−8%, +2%]; TPOT +1% [−2%, +4%]' and whether one is significantly above its bound."""
     parts, over = [], False
     for key, word in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
-        d = as_dict(drift.get(key))
-        value, lo, hi = (as_float(d.get(x)) for x in ("drift", "lo", "hi"))
-        if value is None or lo is None or hi is None:
+        d = drift.get(key)
+        if d is None or d.drift is None or d.lo is None or d.hi is None:
             continue
-        parts.append(f"{word} {value:+.0%} [{lo:+.0%}, {hi:+.0%}]")
-        over = over or d.get("significant") is True
+        parts.append(f"{word} {d.drift:+.0%} [{d.lo:+.0%}, {d.hi:+.0%}]")
+        over = over or d.significant is True
     return "; ".join(parts), over
 
 
-def _run_rows(levels: list[dict[str, Any]], arrival: str) -> list[RunRow]:
-    rows = []
-    for lv in levels:
-        for i, r in enumerate(as_list(lv.get("runs"))):
-            r = as_dict(r)
-            rows.append(RunRow(level=level_text(lv.get("level"), arrival), run=i + 1,
-                               completed=num(r.get("completed")), failed=num(r.get("failed")),
-                               duration=num(r.get("duration_s")), req_per_s=num(r.get("request_throughput")),
-                               out_tok_per_s=num(r.get("output_throughput")),
-                               ttft=num(_stat(r, "ttft_ms", "median")), tpot=num(_stat(r, "tpot_ms", "median")),
-                               disturbed=str(r.get("disturbed") or "")))
-    return rows
+def _run_rows(levels: list[ServingLevel], arrival: str) -> list[RunRow]:
+    return [RunRow(level=level_text(lv.level, arrival), run=i + 1, completed=num(r.completed), failed=num(r.failed),
+                   duration=num(r.duration_s), req_per_s=num(r.request_throughput),
+                   out_tok_per_s=num(r.output_throughput), ttft=num(_stat(r.ttft_ms, "median")),
+                   tpot=num(_stat(r.tpot_ms, "median")), disturbed=r.disturbed or "")
+            for lv in levels for i, r in enumerate(lv.runs)]
 
 
-def _latency_charts(name: str, levels: list[dict[str, Any]], arrival: str) -> list[Chart]:
-    dists = [(level_legend(lv.get("level"), arrival), as_dict(lv.get("distributions"))) for lv in levels]
+def _latency_charts(name: str, levels: list[ServingLevel], arrival: str) -> list[Chart]:
+    dists = [(level_legend(lv.level, arrival), lv.distributions) for lv in levels]
     if not any(d for _, d in dists):
         return []
     charts = []
     for key, word in LATENCY_METRICS.items():
         title = f"{word} by percentile — {name}"
-        series = [(label, d[key]) for label, d in dists if isinstance(d.get(key), list)]
+        series = [(label, values) for label, d in dists if (values := d.get(key)) is not None]
         charts.append(Chart(title=title, svg=svg.latency_chart(title, series) if series else svg.empty_chart(title)))
     return charts
 
@@ -394,28 +405,28 @@ def throughput_charts(name: str, curves: list[tuple[str, list[tuple[float | None
 
 def build_scenario(c: CheckResult, status: Label, anchor: str, block: str, duration: str,
                    records_base: str = "") -> ScenarioView:
-    """The view of one ``perf.serving`` result."""
-    d = as_dict(c.details)
-    sc = as_dict(d.get("scenario"))
-    arrival = str(sc.get("arrival") or "")
-    name = str(sc.get("name") or c.id.rsplit(".", 1)[-1])
-    levels = [lv for lv in as_list(d.get("levels")) if isinstance(lv, dict)]
-    bound = as_float(sc.get("max_cv") if "max_cv" in sc else sc.get("max_spread"))
-    keys: list[str] = [k for k in SPREAD_NAMES if any(k in as_dict(lv.get("spread")) for lv in levels)]
-    keys += [k for lv in levels for k in as_dict(lv.get("spread")) if k not in keys]
+    """The view of one ``perf.serving`` result (details that do not fit read as none: the
+    check's message still says what happened)."""
+    d = c.evidence(ServingEvidence) or ServingEvidence()
+    sc = d.scenario or ScenarioEcho()
+    arrival = sc.arrival or ""
+    name = sc.name or c.id.rsplit(".", 1)[-1]
+    levels = d.levels or []
+    bound = sc.max_cv if sc.has_stability else sc.max_spread
+    keys: list[str] = [k for k in SPREAD_NAMES if any(k in lv.spread for lv in levels)]
+    keys += [k for lv in levels for k in lv.spread if k not in keys]
     keys = list(dict.fromkeys(keys))
-    client, warning = _client(as_dict(d.get("client")))
+    client, warning = _client(d.client or ClientCost())
     word, axis = level_words(arrival)
-    curve = [(as_float(lv.get("level")), as_float(as_dict(lv.get("median")).get("request_throughput")),
-              as_float(as_dict(lv.get("median")).get("output_throughput"))) for lv in levels]
+    curve = [(as_float(lv.level), lv.median.request_throughput, lv.median.output_throughput) for lv in levels]
     has_curve = any(p[0] is not None and (p[1] is not None or p[2] is not None) for p in curve)
     return ScenarioView(
         id=c.id, anchor=anchor, block=block, name=name, status=status, message=c.message, duration=duration,
-        offered=_offered(sc) if sc else [], server=_server(as_dict(d.get("server"))), level_word=word,
+        offered=_offered(sc) if given(sc) else [], server=_server(d.server or {}), level_word=word,
         spread_bound=pct(bound) if bound is not None else "", spread_metrics=[SPREAD_NAMES.get(k, k) for k in keys],
         levels=[_level_row(lv, arrival, bound, keys) for lv in levels], runs=_run_rows(levels, arrival),
-        records=records_link(d.get("records_file"), records_base), client=client, client_warning=warning,
-        memory=_memory(as_dict(d.get("server_memory"))),
+        records=records_link(d.records_file, records_base), client=client, client_warning=warning,
+        memory=_memory(d.server_memory or ServerMemory()),
         latency_charts=_latency_charts(name, levels, arrival),
         throughput_charts=throughput_charts(name, [(name, curve)], axis) if has_curve else [],
         # A skipped or unreached scenario's message says why; only a run that went wrong lacks numbers.

@@ -1,27 +1,19 @@
-"""Which step-3 kernels the model served in step 4 did not use here.
-
-vLLM's layer classes (``CustomOp``) run either a platform path (``forward_cpu``,
-``forward_cuda`` … — the ``_C`` kernels step 3 checks through the ``vllm`` provider) or
-``forward_native`` (plain torch ops). On x86 CPUs, for instance, RMSNorm and GELUTanh run
-``forward_native``, so a passing (or failing) ``ops.vllm.rms_norm`` says nothing about the
-served model there. Step 4 records what each layer type really ran in
-``details.teacher_forced.implementations``; this module reads those and tells the step-3
-section which vLLM-provider ops to mark as not used by the served model.
-
-Which op each layer class runs, and under which kernel name, is the table the ``vllm`` op
-provider maps its ops by (:data:`adaptcheck.frameworks.vllm_ops.VLLM_OPS`), read here, not
-copied: an op added there is marked here without a change to this module.
+"""Which step-3 vLLM-provider kernels the model served in step 4 did not run here (its layer
+ran ``forward_native``), from step 4's ``teacher_forced.implementations`` and the op ↔ layer
+table :data:`adaptcheck.frameworks.vllm_ops.VLLM_OPS` (docs/ops.md, "Kernels the served model
+did not use").
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
+from pydantic import JsonValue
+
+from adaptcheck.base.schemas.ops_evidence import ServedOpsRef
 from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.frameworks.vllm_ops import custom_op_layers
-from adaptcheck.report.fmt import as_dict
 
 STEP = 4
 VLLM_PROVIDER = "vllm"
@@ -29,7 +21,7 @@ NATIVE = "forward_native"
 NOT_USED_TEXT = "not used by the served model here (vLLM ran forward_native)"
 
 
-def _text(key: str, value: Any) -> str:
+def _text(key: str, value: JsonValue) -> str:
     return f"{key}: " + (value if isinstance(value, str) else json.dumps(value, default=str))
 
 
@@ -62,9 +54,11 @@ def unused_ops(results: RunResults) -> dict[str, str]:
     for c in results.checks:
         if c.step != STEP:
             continue
-        impls = as_dict(as_dict(as_dict(c.details).get("teacher_forced")).get("implementations"))
-        for key, value in impls.items():
-            text = _text(str(key), value)
+        served = c.evidence(ServedOpsRef)
+        if served is None or served.teacher_forced is None:
+            continue
+        for key, value in served.teacher_forced.implementations.items():
+            text = _text(key, value)
             for op, (cls, kernel) in layers.items():
                 if _word(cls, text) and _native(text, kernel):
                     checks = evidence.setdefault(op, {}).setdefault(text, [])

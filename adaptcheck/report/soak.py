@@ -1,31 +1,32 @@
-"""View data of the stability soak (``perf.soak``) — plain data, no HTML.
-
-One ``perf.soak`` check (docs/perf.md, "Soak") becomes one block of the step-5 section: the
-verdict, what was offered, how many requests were served and failed, the memory fits (slope
-with its standard error, R², noise, projected growth over the window and per hour, against
-the bound), any device error counter that rose, and a small inline SVG time series per
-telemetry field — memory series with their fitted trend drawn over them and the warm-up
-span (left out of the fit) shaded.
-
-Results are read defensively (an errored soak has no telemetry, a hand-edited file may hold
-anything) and every text is untrusted: charts are built by :mod:`adaptcheck.report.svg`,
-which escapes what it writes.
+"""View data of the stability soak (``perf.soak``) — plain data, no HTML: the verdict, what was
+offered, how long it ran and why it stopped, the requests, the memory fits against the bound,
+device error counters and a sparkline per telemetry field, read from the check's
+:class:`~adaptcheck.base.schemas.serving_evidence.SoakEvidence` (details that do not fit read
+as none; charts escape what they write). Shapes: docs/perf.md, "Soak outcome".
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from markupsafe import Markup
 
 from adaptcheck.base.schemas.results import CheckResult
+from adaptcheck.base.schemas.serving_evidence import (
+    MemoryTrend,
+    SoakDecision,
+    SoakEcho,
+    SoakEvidence,
+    SoakRequests,
+    SoakTelemetry,
+)
 from adaptcheck.perf.arrival import Arrival
 from adaptcheck.report import svg
-from adaptcheck.report.fmt import Label, as_dict, as_float, format_float, format_value
+from adaptcheck.report.fmt import Label, as_float, format_float, format_value
 from adaptcheck.report.framework import Fact
-from adaptcheck.report.perf_serving import FileLink, as_list, num, pct, records_link
+from adaptcheck.report.perf_serving import FileLink, num, pct, records_link
+from adaptcheck.report.perf_serving import given as _given
 
 # Telemetry fields as the report names them, with their unit; others show under their key.
 FIELDS: dict[str, tuple[str, str]] = {
@@ -108,117 +109,116 @@ def _field(key: str) -> tuple[str, str]:
     return key.replace("_", " "), unit
 
 
-def _offered(soak: dict[str, Any]) -> list[Fact]:
+def _offered(soak: SoakEcho) -> list[Fact]:
     # A soak without a pattern it names (older or edited results) ran the params' default, a closed loop.
-    arrival = Arrival.parse(soak.get("arrival")) or Arrival.CONCURRENCY
-    load = arrival.load_text(format_value(soak.get("level")))
-    mix = [f"{format_value(m.get('input_tokens'))}→{format_value(m.get('output_tokens'))} ×{format_value(m.get('weight', 1))}"
-           for m in as_list(soak.get("mixed")) if isinstance(m, dict)]
-    shortest, longest = as_float(soak.get("duration_s")), as_float(soak.get("max_duration_s"))
+    arrival = Arrival.parse(soak.arrival) or Arrival.CONCURRENCY
+    load = arrival.load_text(format_value(soak.level))
+    mix = [f"{format_value(m.input_tokens)}→{format_value(m.output_tokens)} ×{format_value(m.weight)}"
+           for m in soak.mixed]
+    shortest, longest = soak.duration_s, soak.max_duration_s
     if longest is not None and shortest is not None and longest > shortest:
         # A soak that decides: from its shortest length, on until the memory trends are decided.
-        looks = format_value(soak.get("looks")) if soak.get("looks") is not None else "several"
+        looks = format_value(soak.looks) if soak.looks is not None else "several"
         duration = f"{num(shortest)} s, up to {num(longest)} s while a memory trend is undecided ({looks} looks)"
     else:
-        duration = f"{num(soak.get('duration_s'))} s"
+        duration = f"{num(soak.duration_s)} s"
     facts = [Fact("duration", duration), Fact("load", load)]
     if mix:
         facts.append(Fact("lengths (in→out tokens, weight)", ", ".join(mix)))
-    facts += [Fact("sampled every", f"{num(soak.get('sample_interval_s'))} s"),
-              Fact("warm-up (not in the trend)", f"{num(soak.get('warmup_s'))} s"),
-              Fact("growth bound", f"{num(soak.get('max_growth_mib_per_min'))} MiB/min"),
-              Fact("error bound", pct(soak.get("max_error_rate")))]
+    facts += [Fact("sampled every", f"{num(soak.sample_interval_s)} s"),
+              Fact("warm-up (not in the trend)", f"{num(soak.warmup_s)} s"),
+              Fact("growth bound", f"{num(soak.max_growth_mib_per_min)} MiB/min"),
+              Fact("error bound", pct(soak.max_error_rate))]
     return facts
 
 
-def _ran(decision: dict[str, Any]) -> list[Fact]:
+def _ran(decision: SoakDecision | None) -> list[Fact]:
     """How long the soak ran and why it stopped (results written before the looks have no decision)."""
-    if not decision:
+    if decision is None or not _given(decision):
         return []
     facts = []
-    if decision.get("ran_s") is not None:
-        facts.append(Fact("ran", f"{num(decision.get('ran_s'))} s"))
-    if decision.get("why"):
-        facts.append(Fact("stopped", str(decision["why"])))
-    looks = [x for x in as_list(decision.get("looks")) if isinstance(x, dict)]
-    if looks:
-        shown = "; ".join(f"{num(x.get('at_s'))} s: " + ", ".join(f"{k} {v}" for k, v in as_dict(x.get("states")).items())
-                          for x in looks)
-        facts.append(Fact(f"looks (each at {pct(decision.get('look_confidence'))} confidence)", shown))
+    if decision.ran_s is not None:
+        facts.append(Fact("ran", f"{num(decision.ran_s)} s"))
+    if decision.why:
+        facts.append(Fact("stopped", decision.why))
+    if decision.looks:
+        shown = "; ".join(f"{num(x.at_s)} s: " + ", ".join(f"{k} {v}" for k, v in x.states.items())
+                          for x in decision.looks)
+        facts.append(Fact(f"looks (each at {pct(decision.look_confidence)} confidence)", shown))
     return facts
 
 
-def _requests(req: dict[str, Any]) -> tuple[list[Fact], list[str]]:
-    if not req:
+def _requests(req: SoakRequests | None) -> tuple[list[Fact], list[str]]:
+    if req is None or not _given(req):
         return [], []
-    failed = (as_float(req.get("failed")) or 0) + (as_float(req.get("warmup_failed")) or 0)
-    facts = [Fact("completed", num(req.get("completed"))), Fact("failed", format_float(failed)),
-             Fact("warm-up requests", num(req.get("warmup_requests"))),
-             Fact("req/s", num(req.get("request_throughput"))), Fact("output tok/s", num(req.get("output_throughput")))]
-    ttft = as_dict(req.get("ttft_ms"))
-    if ttft.get("p50") is not None:
-        facts.append(Fact("TTFT ms median / p99", f"{num(ttft.get('p50'))} / {num(ttft.get('p99'))}"))
-    if req.get("aborted"):
-        facts.append(Fact("stopped early", str(req["aborted"])))
-    errors = [f"{msg} ×{format_value(n)}" for msg, n in as_dict(req.get("errors")).items()]
+    failed = (as_float(req.failed) or 0) + (as_float(req.warmup_failed) or 0)
+    facts = [Fact("completed", num(req.completed)), Fact("failed", format_float(failed)),
+             Fact("warm-up requests", num(req.warmup_requests)),
+             Fact("req/s", num(req.request_throughput)), Fact("output tok/s", num(req.output_throughput))]
+    ttft = req.ttft_ms
+    if ttft is not None and ttft.p50 is not None:
+        facts.append(Fact("TTFT ms median / p99", f"{num(ttft.p50)} / {num(ttft.p99)}"))
+    if req.aborted:
+        facts.append(Fact("stopped early", req.aborted))
+    errors = [f"{msg} ×{format_value(n)}" for msg, n in req.errors.items()]
     return facts, errors
 
 
-def _fit_row(m: dict[str, Any]) -> FitRow:
-    fit = as_dict(m.get("fit"))
-    ok = m.get("ok")
-    verdict = (_SHOWN if m.get("bounded") is False else _OK if ok is True else _OVER if ok is False
-               else _INCONCLUSIVE if m.get("state") == "inconclusive" else _NOT_JUDGED)
-    slope = as_float(fit.get("slope_mib_per_min"))
-    err = as_float(fit.get("slope_stderr_mib_per_min"))
-    bounds = [as_float(b) for b in as_list(m.get("slope_bounds_mib_per_min"))]
-    if len(bounds) == 2 and None not in bounds:
+def _fit_row(m: MemoryTrend) -> FitRow:
+    fit = m.fit if m.fit is not None and _given(m.fit) else None
+    ok = m.ok
+    verdict = (_SHOWN if m.bounded is False else _OK if ok is True else _OVER if ok is False
+               else _INCONCLUSIVE if m.state == "inconclusive" else _NOT_JUDGED)
+    slope = fit.slope_mib_per_min if fit else None
+    err = fit.slope_stderr_mib_per_min if fit else None
+    bounds = m.slope_bounds_mib_per_min or []
+    if len(bounds) == 2:
         # The interval the verdict was taken on (one-sided bounds, autocorrelation included).
-        spread = f" [{_signed(bounds[0] or 0.0)}, {_signed(bounds[1] or 0.0)}]"
+        spread = f" [{_signed(bounds[0])}, {_signed(bounds[1])}]"
     else:  # results written before the interval existed
         spread = f" ± {format_float(err)}" if err is not None else ""
     slope_text = "—" if slope is None else _signed(slope) + spread + " MiB/min"
-    n, out = fit.get("n"), as_float(fit.get("outliers"))
+    n, out = (fit.n, as_float(fit.outliers)) if fit else (None, None)
     samples = "—" if n is None else format_value(n) + (f" ({format_float(out)} outliers set aside)" if out else "")
 
-    def mib(key: str) -> str:
-        v = as_float(fit.get(key))
+    def mib(v: float | None) -> str:
         return "—" if v is None else f"{_signed(v)} MiB"
 
-    return FitRow(label=str(m.get("label") or m.get("series") or "—"), series=str(m.get("series") or ""),
-                  verdict=verdict, slope=slope_text, r2=num(fit.get("r2")),
-                  noise="—" if fit.get("residual_std_mib") is None else f"{num(fit['residual_std_mib'])} MiB",
-                  growth_window=mib("growth_over_window_mib"), growth_hour=mib("growth_per_hour_mib"),
+    return FitRow(label=m.label or m.series or "—", series=m.series or "",
+                  verdict=verdict, slope=slope_text, r2=num(fit.r2 if fit else None),
+                  noise="—" if fit is None or fit.residual_std_mib is None else f"{num(fit.residual_std_mib)} MiB",
+                  growth_window=mib(fit.growth_over_window_mib if fit else None),
+                  growth_hour=mib(fit.growth_per_hour_mib if fit else None),
                   # With a fit the columns say it all; without one the reason is the only answer.
-                  samples=samples, reason="" if fit else str(m.get("reason") or ""))
+                  samples=samples, reason="" if fit else (m.reason or ""))
 
 
 def _signed(value: float) -> str:
     return ("+" if value > 0 else "") + format_float(value)
 
 
-def _trend(m: dict[str, Any]) -> svg.TrendLine | None:
-    fit = as_dict(m.get("fit"))
-    vals = [as_float(fit.get(k)) for k in ("t_start_s", "t_end_s", "intercept_mib", "slope_mib_per_min")]
-    t0, t1, b, a = vals
+def _trend(m: MemoryTrend) -> svg.TrendLine | None:
+    fit = m.fit
+    if fit is None:
+        return None
+    t0, t1, b, a = fit.t_start_s, fit.t_end_s, fit.intercept_mib, fit.slope_mib_per_min
     if t0 is None or t1 is None or b is None or a is None or not all(math.isfinite(v) for v in (t0, t1, b, a)):
         return None
     return svg.TrendLine(t0=t0, v0=b + a * t0 / 60.0, t1=t1, v1=b + a * t1 / 60.0)
 
 
-def _sparks(telemetry: dict[str, Any], memory: list[dict[str, Any]], warmup: float | None) -> list[Spark]:
-    fits = {(str(m.get("source")), str(m.get("series"))): m for m in memory}
+def _sparks(telemetry: SoakTelemetry, memory: list[MemoryTrend], warmup: float | None) -> list[Spark]:
+    fits = {(str(m.source), str(m.series)): m for m in memory}
     out = []
-    for source in ("host", "device"):
-        series = as_dict(telemetry.get(source))
-        times = [as_float(t) for t in as_list(series.get("t_s"))]
+    for source, series in (("host", telemetry.host or {}), ("device", telemetry.device or {})):
+        times = [as_float(t) for t in series.get("t_s", [])]
         for key, values in series.items():
-            if key == "t_s" or not isinstance(values, list) or not any(as_float(v) is not None for v in values):
+            if key == "t_s" or not any(v is not None for v in values):
                 continue
             label, unit = _field(key)
             m = fits.get((source, key))
-            if m is not None and m.get("label"):
-                label = str(m["label"])  # the CPU backend's "device" memory is the host's
+            if m is not None and m.label:
+                label = m.label  # the CPU backend's "device" memory is the host's
             points = list(zip(times, [as_float(v) for v in values], strict=False))
             chart = svg.sparkline(label, points, unit=unit, trend=_trend(m) if m else None,
                                   shade_until=warmup if m else None)
@@ -228,36 +228,32 @@ def _sparks(telemetry: dict[str, Any], memory: list[dict[str, Any]], warmup: flo
 
 def build_soak(c: CheckResult, status: Label, anchor: str, block: str, duration: str,
                records_base: str = "") -> SoakView:
-    """The view of one ``perf.soak`` result."""
-    d = as_dict(c.details)
-    soak = as_dict(d.get("soak"))
-    telemetry = as_dict(d.get("telemetry"))
-    memory = [m for m in as_list(d.get("memory")) if isinstance(m, dict)]
-    requests, errors = _requests(as_dict(d.get("requests")))
-    proc = as_dict(d.get("server_process"))
+    """The view of one ``perf.soak`` result (details that do not fit read as none)."""
+    d = c.evidence(SoakEvidence) or SoakEvidence()
+    soak = d.soak if d.soak is not None and _given(d.soak) else None
+    telemetry = d.telemetry or SoakTelemetry()
+    requests, errors = _requests(d.requests)
+    proc = d.server_process
     process = []
-    if proc:
-        pid = proc.get("pid")
-        process.append(Fact("server process", f"pid {format_value(pid)} ({proc.get('found_by') or '—'})" if pid
+    if proc is not None and _given(proc):
+        process.append(Fact("server process", f"pid {format_value(proc.pid)} ({proc.found_by or '—'})" if proc.pid
                             else "not found on this machine: server memory not sampled"))
-    counters = [Fact(str(x.get("counter")), f"{num(x.get('first'))} → {num(x.get('last'))}"
-                     + (" (rose during the soak)" if x.get("rose") is True else ""))
-                for x in as_list(d.get("counters")) if isinstance(x, dict)]
-    notes = [str(n) for n in as_list(telemetry.get("notes"))]
-    notes += [f"{e.get('source')}: {e.get('error')} ×{format_value(e.get('count'))} (first at "
-              f"{num(e.get('first_t_s'))} s)" for e in as_list(telemetry.get("errors")) if isinstance(e, dict)]
-    call = as_dict(telemetry.get("device_sample_s"))
-    sparks = _sparks(telemetry, memory, as_float(soak.get("warmup_s")))
+    counters = [Fact(x.counter, f"{num(x.first)} → {num(x.last)}" + (" (rose during the soak)" if x.rose else ""))
+                for x in d.counters]
+    notes = list(telemetry.notes)
+    notes += [f"{e.source}: {e.error} ×{format_value(e.count)} (first at {num(e.first_t_s)} s)"
+              for e in telemetry.errors]
+    call = telemetry.device_sample_s
+    sparks = _sparks(telemetry, d.memory, soak.warmup_s if soak else None)
     return SoakView(
         id=c.id, anchor=anchor, block=block, status=status, message=c.message, duration=duration,
-        offered=(_offered(soak) if soak else []) + _ran(as_dict(d.get("decision"))), requests=requests,
+        offered=(_offered(soak) if soak else []) + _ran(d.decision), requests=requests,
         errors=errors, process=process,
-        fits=[_fit_row(m) for m in memory],
-        bound=f"{num(soak.get('max_growth_mib_per_min'))} MiB/min" if soak else "",
+        fits=[_fit_row(m) for m in d.memory],
+        bound=f"{num(soak.max_growth_mib_per_min)} MiB/min" if soak else "",
         counters=counters, sparks=sparks, notes=notes,
-        records=records_link(d.get("records_file"), records_base),
+        records=records_link(d.records_file, records_base),
         no_data_note="" if sparks or status.key in ("skip", "na", "notrun") else "no telemetry recorded",
-        device_sample=(f"one device reading took {num(call.get('median'))} s (median), {num(call.get('max'))} s at most"
-                       if call else ""),
+        device_sample=(f"one device reading took {num(call.median)} s (median), {num(call.max)} s at most"
+                       if call is not None and _given(call) else ""),
     )
-

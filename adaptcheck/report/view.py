@@ -43,6 +43,11 @@ SLOWEST_SHOWN = 10
 _SEVERITY = ("error", "fail", "notrun", "skip", "pass", "na")
 
 
+def step_name(step: int) -> str:
+    """The standard name of a step ('step 7' for a step the standard ladders do not have)."""
+    return STEP_NAMES.get(step, f"step {step}")
+
+
 @dataclass
 class Ref:
     """A check id, with the in-page anchor of its result when it has one."""
@@ -260,25 +265,24 @@ def _check_view(c: CheckResult, anchor: str, description: str) -> CheckView:
     )
 
 
-def _parent(cid: str, planned: dict[str, PlannedCheck]) -> PlannedCheck | None:
-    rid = cid
-    while rid not in planned and "." in rid:
-        rid = rid.rsplit(".", 1)[0]
-    return planned.get(rid)
+def _parent(cid: str, planned: list[PlannedCheck]) -> PlannedCheck | None:
+    """The planned check a result belongs to: the longest planned id that is ``cid`` or a
+    dotted prefix of it (an expanded result's id is '<id>.<subid>', and subids may hold dots)."""
+    owners = [p for p in planned if cid == p.id or cid.startswith(p.id + ".")]
+    return max(owners, key=lambda p: len(p.id), default=None)
 
 
 def _check_groups(results: RunResults, anchors: dict[str, str]) -> list[CheckGroup]:
     """Every result plus every planned check without one, grouped by step in ladder order."""
-    planned = {p.id: p for p in results.planned}
     result_ids = {c.id for c in results.checks}
     by_step: dict[int, list[CheckView]] = defaultdict(list)
     for c in results.checks:
-        parent = _parent(c.id, planned)
+        parent = _parent(c.id, results.planned)
         by_step[c.step].append(_check_view(c, anchors[c.id], parent.description if parent else ""))
     for p in results.planned:
         if not _has_result(p, result_ids):
             by_step[p.step].append(_not_run_view(p, anchors[p.id], results))
-    return [CheckGroup(step=s, name=STEP_NAMES.get(s, f"step {s}"), anchor=f"step-{s}", checks=by_step[s])
+    return [CheckGroup(step=s, name=step_name(s), anchor=f"step-{s}", checks=by_step[s])
             for s in sorted(by_step)]
 
 
@@ -302,7 +306,7 @@ def _step_views(results: RunResults, groups: list[CheckGroup]) -> list[StepView]
         not_selected = s in results.grade.steps_not_run
         worst = next((k for k in _SEVERITY if counts[k]), "pass")
         views.append(StepView(
-            step=s, name=STEP_NAMES.get(s, f"step {s}"), anchor=f"step-{s}",
+            step=s, name=step_name(s), anchor=f"step-{s}",
             ran=not not_selected, label=_label("notrun" if not_selected or not total else worst),
             not_run_reason=_not_run_reason(s, results) if not_selected else "",
             counts=[Count(status=_label(k), count=n) for k, n in counts.items() if n], total=total,
@@ -411,6 +415,6 @@ def _left_out(results: RunResults) -> list[str]:
     out: list[tuple[int, str]] = []
     for pid in results.grade.left_out:
         statuses = [r.status for r in results.checks if r.id == pid or r.id.startswith(pid + ".")]
-        worst = min(statuses, key=lambda st: order.get(st, 0)) if statuses else None
-        out.append((order.get(worst, 4) if worst else 4, f"{pid} ({worst.value if worst else 'not run'})"))
+        worst = min(statuses, key=lambda st: order[st]) if statuses else None
+        out.append((order[worst] if worst else 4, f"{pid} ({worst.value if worst else 'not run'})"))
     return [text for _, text in sorted(out)]

@@ -1,19 +1,6 @@
-"""The step-3 reproducer: one operator, one dtype, the cases of one check, as a script.
-
-The script is :class:`OpsReproSpec` made standalone. It carries, inlined by
-:mod:`adaptcheck.repro.bundle` from the very code the check ran:
-
-* the op's input generator, fed the same case parameters and the same seed (a CPU
-  ``torch.Generator``), so the inputs are bit for bit the check's;
-* the float64 reference kernel (NumPy) and the conversion of inputs to float64/int64;
-* the call of the op under test as the provider makes it (the torch function, or vLLM's
-  adapter around ``torch.ops._C``, which imports ``vllm._custom_ops`` by name);
-* the comparison and the tolerance class limits, so the error figure is the check's.
-
-It prints one line per case and output (``ratio=…`` is the measured error as a fraction of
-the bound, ≤ 1 passes) and a last line worded like the check's message; it exits 1 when a
-case is out of tolerance or raises, 0 otherwise. ``--device`` runs it elsewhere,
-``--dump-inputs DIR`` saves each case's inputs (``torch.save``) for a kernel's own test.
+"""The step-3 reproducer: one operator, one dtype, the cases of one check, as a standalone
+script — :class:`OpsReproSpec` made text, the check's own code inlined by
+:mod:`adaptcheck.repro.bundle` (what it carries and prints: docs/ops.md, "Reproducers").
 """
 
 from __future__ import annotations
@@ -26,10 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from adaptcheck.repro.bundle import Bundle
 from adaptcheck.repro.files import write_script
+
+OutputTolerance = TypedDict("OutputTolerance", {"class": str, "mode": str, "limits": dict[str, float],
+                                                 "max_code_distance": int | None})
+"""One output's tolerance class as the script reads it (JSON in the script's ``OUTPUTS``)."""
 
 
 @dataclass
@@ -37,9 +28,10 @@ class OpsReproCase:
     """One case as the check ran it (after any shrink)."""
 
     name: str
-    params: dict[str, Any]
+    params: dict[str, object]
     """What the generator reads of the case (fields, ``name`` included, and computed
-    properties): plain values the script hands it as a namespace."""
+    properties): the op's own values, which the script hands it as a namespace;
+    :func:`_literal` refuses any that is not a plain Python literal."""
     seed: int
     observed: str = ""
     """What the check measured, shown in the script's header for comparison."""
@@ -62,8 +54,8 @@ class OpsReproSpec:
     compare: Callable[..., Any]
     precision: Callable[..., Any]
     """``full_fp32_precision(backend)``: TF32/HF32 off around the op, as in the check."""
-    outputs: list[tuple[str, dict[str, Any]]]
-    """(output name, tolerance: {"class", "mode", "limits", "max_code_distance"}) per output."""
+    outputs: list[tuple[str, OutputTolerance]]
+    """(output name, tolerance class) per output."""
     in_place: bool
     cases: list[OpsReproCase]
     device_type: str = "cpu"

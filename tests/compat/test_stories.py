@@ -22,6 +22,7 @@ from adaptcheck.backends.ascend import parse_cann_version_cfg, parse_driver_vers
 from adaptcheck.backends.hygon import parse_hy_smi_driver
 from adaptcheck.backends.musa import parse_musa_version_json
 from adaptcheck.base.schemas.environment import DeviceInfo, Environment
+from adaptcheck.base.schemas.matrix_evidence import BackendsCompared
 from adaptcheck.compat.assess import Assessment, assess
 from adaptcheck.compat.known_good import load_known_good
 from adaptcheck.compat.rules import load_rules
@@ -96,7 +97,7 @@ def test_healthy_ascend_stack_matches_its_entry() -> None:
     assert a.known_good.matched and a.known_good.entry is not None
     assert a.known_good.entry.id == "ascend-vllm-ascend-0.11.0"
     # The generic rules read this test venv's own metadata; every Ascend rule must hold.
-    ascend = [v for v in a.verdicts if v.verdict in ("incompatible", "warn") and v.compared.get("backends") is None
+    ascend = [v for v in a.verdicts if v.verdict in ("incompatible", "warn") and not isinstance(v.compared, BackendsCompared)
               and v.rule_id.startswith(("vllm_ascend", "torch_npu", "cann_"))]
     assert not ascend, [v.message for v in ascend]
 

@@ -28,7 +28,7 @@ def real_model() -> ResolvedModel:
 def reference_requests(model: ResolvedModel, seed: int = 0, **params: Any) -> list[GenRequest]:
     """What ``framework.reference`` asks the float64 reference with its default params, or
     with ``params`` (ReferenceParams fields: prompts, long_prompt_tokens, max_tokens …) instead."""
-    from adaptcheck.steps.frameworks.params import ReferenceParams
+    from adaptcheck.steps.frameworks.kinds.reference import ReferenceParams
     from adaptcheck.steps.frameworks.probes import Tok
     from adaptcheck.steps.frameworks.probes import reference_requests as requests
 

@@ -154,3 +154,15 @@ def test_ctrl_c_writes_incomplete_results_and_exits_130(tmp_path: Path, write_la
     assert results["complete"] is False and results["finished_at"] is None
     assert [c["id"] for c in results["checks"]] == ["first"]
     assert (run_dir / "report.html").exists()
+
+
+def test_a_journal_from_before_kind_labels_is_read_with_the_kinds_labels(tmp_path: Path) -> None:
+    # A run started before results 1.4 and resumed after the upgrade: its journal lines carry no
+    # kind label (results.json's upgrade never sees them), so reading fills them from the kind.
+    journal = tmp_path / "checks.jsonl"
+    old = {"id": "framework.vllm.concurrent", "step": 4, "kind": "framework.concurrent", "status": "pass"}
+    gone = {"id": "x.y", "step": 4, "kind": "plugin.gone", "status": "pass"}
+    journal.write_text(json.dumps({"spec_id": "c", "results": [old, gone]}) + "\n")
+    concurrent, orphan = JournalWriter(journal).read()["c"]
+    assert concurrent.kind_label == "alone vs batched" and concurrent.compares == "batched vs alone"
+    assert orphan.kind_label is None and orphan.compares is None  # a plugin gone since: as written

@@ -272,7 +272,7 @@ def test_the_derived_peak_holds_and_a_wrong_flops_per_cycle_is_caught(tmp_path: 
     assert wrong.flops["fp32"] < right.flops["fp32"] / 3
     t = gemm_flops(512, 512, 512) / rate
     row = make_row("prefill m=512 n=512 k=512", "fp32", {"m": 512, "n": 512, "k": 512},
-                   gemm_flops(512, 512, 512), 3 * 2 ** 20, summarize([t] * 8), wrong)
+                   gemm_flops(512, 512, 512), 3 * 2 ** 20, summarize([t] * 8), wrong).dump()
     assert row["efficiency"] > 1.05
     out = verdict(_ctx(tmp_path), "gemm", [row], wrong, {})
     assert out.status == Status.ERROR and "understates this device" in out.message
@@ -316,7 +316,7 @@ def _row_at(rate: float, peak: Peak) -> dict[str, Any]:
     """An fp32 GEMM row (compute-bound: 2048³) achieving ``rate`` FLOP/s, held to ``peak``."""
     flops = gemm_flops(2048, 2048, 2048)
     return make_row("prefill m=2048 n=2048 k=2048", "fp32", {"m": 2048, "n": 2048, "k": 2048}, flops,
-                    3 * 2048 * 2048 * 4, summarize([flops / rate] * 8), peak)
+                    3 * 2048 * 2048 * 4, summarize([flops / rate] * 8), peak).dump()
 
 
 @needs_x86

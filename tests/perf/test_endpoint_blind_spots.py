@@ -40,9 +40,9 @@ from adaptcheck.perf.workload import (
     prompt_factory,
     server_token_counter,
 )
-from adaptcheck.steps.frameworks.checks import ConcurrentCheck, SingleRequestCheck
+from adaptcheck.steps.frameworks.kinds.concurrent import ConcurrentCheck, ConcurrentParams
+from adaptcheck.steps.frameworks.kinds.single_request import SingleRequestCheck, SingleRequestParams
 from adaptcheck.steps.frameworks.lifecycle import release
-from adaptcheck.steps.frameworks.params import ConcurrentParams, SingleRequestParams
 from adaptcheck.steps.perf.serving import ServingCheck, ServingParams
 from tests.perf.misbehaving_server import misbehaving_server
 
@@ -137,7 +137,7 @@ def test_a_longer_answer_without_usage_is_caught_by_its_chunk_count(vllm_server:
     with misbehaving_server(vllm_server.base_url, "extra_tokens", "no_usage", "no_token_ids") as (url, _):
         gen, result = drive(url, None)
     assert not result.aborted and all(r.ok for r in result.measured)
-    facts = workload_facts([(1, [result])], gen)
+    facts = workload_facts([(1, [result])], gen).dump()
     assert facts["usage_missing"] == 3 and facts["output_lengths"] == "none"
     assert facts["long_outputs"] == 3
     assert "(e.g. 15 > 8, by content chunks)" in facts["problems"][0], facts["problems"]
@@ -174,7 +174,7 @@ def test_itl_per_token_of_two_token_chunks_uses_usage_over_chunks(vllm_server: M
     """Re-timed stream: first chunk at 80 ms, a 2-token chunk every 24 ms, no token ids."""
     with misbehaving_server(vllm_server.base_url, "merge_chunks", pace=(0.08, 0.024)) as (url, _):
         _, result = drive(url, None, output_tokens=16, requests=3)
-    summary = summarize_run(result.records)
+    summary = summarize_run(result.records).dump()
     assert summary["completed"] == 3 and summary["itl_basis"] == "usage_mean", summary
     assert all(r.output_tokens == 16 and len(r.itl_s) == 7 for r in result.measured)
     per_chunk, per_token = summary["itl_ms"]["median"], summary["itl_per_token_ms"]["median"]
@@ -185,7 +185,7 @@ def test_itl_per_token_of_two_token_chunks_uses_usage_over_chunks(vllm_server: M
 
 def test_itl_basis_says_token_ids_when_the_server_streams_them(vllm_server: ManagedServer, tokenizer: Any) -> None:
     _, result = drive(vllm_server.base_url, tokenizer)
-    summary = summarize_run(result.records)
+    summary = summarize_run(result.records).dump()
     assert summary["itl_basis"] == "token_ids"
     assert all(sum(r.chunk_tokens) == r.usage_tokens == 8 for r in result.measured)
 
@@ -193,7 +193,7 @@ def test_itl_basis_says_token_ids_when_the_server_streams_them(vllm_server: Mana
 def test_without_any_count_the_basis_says_chunks(vllm_server: ManagedServer) -> None:
     with misbehaving_server(vllm_server.base_url, "merge_chunks", "no_usage") as (url, _):
         _, result = drive(url, None)
-    summary = summarize_run(result.records)
+    summary = summarize_run(result.records).dump()
     assert summary["itl_basis"] == "chunks" and summary["token_source"] == "chunks"
     assert summary["itl_per_token_ms"] == summary["itl_ms"]  # no count: nothing better to say, and it says so
 
@@ -201,7 +201,7 @@ def test_without_any_count_the_basis_says_chunks(vllm_server: ManagedServer) -> 
 def test_transformers_serve_chunks_are_counted_not_assumed(transformers_server: ManagedServer, tokenizer: Any) -> None:
     """transformers serve gives usage but no token ids: the basis is usage (or a tokenizer split that adds up to it)."""
     _, result = drive(transformers_server.base_url, tokenizer, output_tokens=16)
-    summary = summarize_run(result.records)
+    summary = summarize_run(result.records).dump()
     assert summary["itl_basis"] in ("usage_mean", "tokenizer", "mixed"), summary["itl_basis"]
     for r in result.measured:
         if r.itl_basis == "tokenizer":
@@ -222,7 +222,7 @@ def test_prompt_lengths_are_exact_through_vllm_tokenize(vllm_server: ManagedServ
         assert counted == n and error == 0 and len(tokenizer(text).input_ids) == n
     gen, result = drive(vllm_server.base_url, None, input_tokens=100, factory=factory)
     assert all(r.input_tokens == r.input_tokens_sent == 100 for r in result.measured)  # usage.prompt_tokens agrees
-    facts = workload_facts([(1, [result])], gen)
+    facts = workload_facts([(1, [result])], gen).dump()
     assert facts["input_length_off"] == 0 and facts["problems"] == []
 
 

@@ -61,7 +61,7 @@ def test_a_host_driven_dispersion_is_explained_and_judged_stable() -> None:
     b = elasticity([(values, speeds)], sign=1)
     ha = judge(raw.verdict(0.1), values, speeds, b, 1, 0.1, CONF)
     assert ha is not None and ha.explained and ha.verdict == "stable" and ha.dispersion.cv < 0.05
-    assert 0.08 < ha.speed_cv < 0.2 and ha.to_dict()["cv"] == ha.dispersion.cv
+    assert 0.08 < ha.speed_cv < 0.2 and ha.evidence().cv == ha.dispersion.cv
 
 
 def test_every_other_run_twice_as_slow_is_not_explained_by_a_flat_reference() -> None:

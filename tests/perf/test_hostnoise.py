@@ -91,7 +91,7 @@ def test_off_linux_every_figure_is_none_and_says_so(monkeypatch: pytest.MonkeyPa
     report = sampler.stop()
     assert (report.steal_fraction, report.other_cores, report.own_cores, report.mhz_min) == (None,) * 4
     assert report.disturbed(HostLimits(max_other_cores=0.0, max_steal_fraction=0.0)) is None
-    assert "not sampled" in report.to_dict()["note"]
+    assert "not sampled" in str(report.evidence().note)
 
 
 BUSY = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
@@ -189,8 +189,8 @@ def test_short_lived_children_of_the_tree_count_as_own(stranger: int) -> None:
     assert (b.other_cores - a.other_cores) * a.wall_s == pytest.approx(own_ticks_s, abs=0.3)
 
 
-def test_to_dict_rounds_and_keeps_every_field() -> None:
-    d = HostReport(1.23456, 7, 0.012345, 0.333333, 1.0, 2596.15, 2600.0, cpus=2).to_dict()
+def test_the_record_rounds_and_keeps_every_field() -> None:
+    d = HostReport(1.23456, 7, 0.012345, 0.333333, 1.0, 2596.15, 2600.0, cpus=2).evidence().dump()
     assert d == {"wall_s": 1.235, "samples": 7, "cpus": 2, "steal_fraction": 0.0123, "other_cores": 0.333,
                  "own_cores": 1.0, "mhz_min": 2596.2, "mhz_max": 2600.0}
 

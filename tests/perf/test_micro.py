@@ -93,7 +93,7 @@ def test_gemm_callables_compute_the_product() -> None:
 def test_gemm_row_counts_the_work_it_timed() -> None:
     rate, size = probe_gemm_rate("fp32", CPU, 0, limit_s=0.001, max_size=128)
     assert rate > 0 and size == 128
-    row = bench_gemm("fp32", "tiny", 32, 48, 64, CPU, 0, PEAK, FAST, rate)
+    row = bench_gemm("fp32", "tiny", 32, 48, 64, CPU, 0, PEAK, FAST, rate).dump()
     assert set(row) == CONTRACT_KEYS and row["status"] == "ok"
     assert row["flops"] == counted(gemm_callable("fp32", 32, 48, 64, torch.device("cpu")))
     assert row["bytes"] == gemm_bytes(32, 48, 64, "fp32")
@@ -117,14 +117,14 @@ def test_fit_gemm_shape_shrinks_m_then_n_k() -> None:
 
 
 def test_a_too_slow_dtype_is_not_run_with_the_probed_rate() -> None:
-    row = bench_gemm("fp32", "prefill", 2048, 4096, 4096, CPU, 0, PEAK, FAST, rate=1e3)
+    row = bench_gemm("fp32", "prefill", 2048, 4096, 4096, CPU, 0, PEAK, FAST, rate=1e3).dump()
     assert row["status"] == "not_run" and "too slow at this size on this device" in row["reason"]
     assert "1 kFLOP/s" in row["reason"] and row["time_s"] is None
 
 
 def test_shrunk_row_says_so() -> None:
     row = bench_gemm("fp32", "prefill", 256, 256, 256, CPU, 0, PEAK,
-                     TimingOptions(warmup=1, min_reps=1, max_reps=1, budget_s=0.0, max_call_s=0.02), rate=1e9)
+                     TimingOptions(warmup=1, min_reps=1, max_reps=1, budget_s=0.0, max_call_s=0.02), rate=1e9).dump()
     assert row["status"] == "ok" and row["params"] == {"m": 128, "n": 256, "k": 256}
     assert row["extra"]["requested"] == {"m": 256, "n": 256, "k": 256} and "would take" in row["extra"]["shrunk"]
     assert row["name"].startswith(f"prefill m={row['params']['m']} ")
@@ -161,27 +161,27 @@ def test_fp8_gemm_operands_follow_the_backend_flavour(monkeypatch: pytest.Monkey
 
 def test_make_row_efficiency_is_against_the_row_dtype() -> None:
     t = summarize([0.5, 0.5, 0.5])
-    row = make_row("x", "fp32", {}, 5e10, 1.0, t, PEAK)  # 1e11 FLOP/s: compute-bound, 100 % of fp32
+    row = make_row("x", "fp32", {}, 5e10, 1.0, t, PEAK).dump()  # 1e11 FLOP/s: compute-bound, 100 % of fp32
     assert row["bound"] == "compute" and row["efficiency"] == pytest.approx(1.0)
-    row = make_row("x", "bf16", {}, 5e10, 1.0, t, PEAK)  # same rate is 25 % of bf16
+    row = make_row("x", "bf16", {}, 5e10, 1.0, t, PEAK).dump()  # same rate is 25 % of bf16
     assert row["efficiency"] == pytest.approx(0.25)
-    row = make_row("x", "fp32", {}, 5e10, 1.0, t, PEAK, peak_key="tf32")
+    row = make_row("x", "fp32", {}, 5e10, 1.0, t, PEAK, peak_key="tf32").dump()
     assert row["efficiency"] == pytest.approx(0.5) and row["extra"]["peak_dtype"] == "tf32"
-    wrong = make_row("x", "fp32", {}, 2 * 5e10, 1.0, t, PEAK)  # a doubled count shows as 200 %
+    wrong = make_row("x", "fp32", {}, 2 * 5e10, 1.0, t, PEAK).dump()  # a doubled count shows as 200 %
     assert wrong["efficiency"] == pytest.approx(2.0)
 
 
 def test_make_row_without_a_peak_or_with_a_broken_timing() -> None:
-    row = make_row("x", "fp32", {}, 1e9, 1e6, summarize([1.0]), None)
+    row = make_row("x", "fp32", {}, 1e9, 1e6, summarize([1.0]), None).dump()
     assert row["efficiency"] is None and row["bound"] is None and row["ridge_point"] is None
-    row = make_row("x", "fp32", {}, 1e9, 1e6, summarize([0.0]), PEAK)
+    row = make_row("x", "fp32", {}, 1e9, 1e6, summarize([0.0]), PEAK).dump()
     assert row["achieved"] == {"flops_per_s": None, "bytes_per_s": None} and row["efficiency"] is None
 
 
 # --- memory and host link --------------------------------------------------------------------------
 
 def test_copy_row_counts_read_and_write() -> None:
-    row = bench_copy(1 << 20, CPU, 0, PEAK, FAST)
+    row = bench_copy(1 << 20, CPU, 0, PEAK, FAST).dump()
     assert set(row) == CONTRACT_KEYS and row["status"] == "ok"
     assert row["bytes"] == 2 * (1 << 20) and row["flops"] is None and row["arithmetic_intensity"] is None
     assert row["bound"] == "memory"
@@ -199,7 +199,7 @@ def test_buffers_are_capped_by_free_memory_only() -> None:
 
 
 def test_host_device_row_is_link_bound() -> None:
-    row = bench_host_device(1 << 20, "h2d", CPU, 0, PEAK, FAST, pinned=False)
+    row = bench_host_device(1 << 20, "h2d", CPU, 0, PEAK, FAST, pinned=False).dump()
     assert row["bound"] == "link" and row["bytes"] == 1 << 20 and row["params"]["direction"] == "h2d"
     assert row["efficiency"] == pytest.approx(row["achieved"]["bytes_per_s"] / 5e9)
 
@@ -226,18 +226,18 @@ def test_attention_bytes() -> None:
 
 
 def test_attention_rows() -> None:
-    pre = bench_prefill("fp32", 1, 64, 4, 2, 16, CPU, 0, PEAK, FAST)
+    pre = bench_prefill("fp32", 1, 64, 4, 2, 16, CPU, 0, PEAK, FAST).dump()
     assert pre["status"] == "ok" and pre["params"]["causal"] and pre["flops"] == prefill_flops(1, 4, 64, 16)
-    dec = bench_decode("fp32", 2, 256, 4, 2, 16, CPU, 0, PEAK, FAST)
+    dec = bench_decode("fp32", 2, 256, 4, 2, 16, CPU, 0, PEAK, FAST).dump()
     assert dec["status"] == "ok" and dec["bound"] == "memory"  # a KV-cache read: intensity ≈ 2·hq/hkv
     assert dec["bytes"] == decode_bytes(2, 4, 2, 256, 16, 4)
-    bad = bench_prefill("fp32", 1, 64, 6, 4, 16, CPU, 0, PEAK, FAST)
+    bad = bench_prefill("fp32", 1, 64, 6, 4, 16, CPU, 0, PEAK, FAST).dump()
     assert bad["status"] == "not_run" and "multiple" in bad["reason"]
 
 
 def test_attention_shrinks_a_too_long_prefill() -> None:
     row = bench_prefill("fp32", 1, 4096, 4, 1, 16, CPU, 0, PEAK,
-                        TimingOptions(warmup=1, min_reps=1, max_reps=1, budget_s=0.0, max_call_s=1e-4))
+                        TimingOptions(warmup=1, min_reps=1, max_reps=1, budget_s=0.0, max_call_s=1e-4)).dump()
     assert row["status"] in ("ok", "not_run")
     if row["status"] == "ok":
         assert row["params"]["seq_len"] < 4096 and "shrunk" in row["extra"]
@@ -268,7 +268,7 @@ def test_full_tensor_sizes() -> None:
 
 def test_collective_row_algbw_busbw_and_efficiency() -> None:
     t = summarize([0.01, 0.01, 0.01])
-    row = collective_row("all_reduce", "bf16", 4, 1 << 20, 2, t, PEAK, rank_medians=[0.009, 0.01])
+    row = collective_row("all_reduce", "bf16", 4, 1 << 20, 2, t, PEAK, rank_medians=[0.009, 0.01]).dump()
     size = (1 << 20) * 2
     assert row["bytes"] == size and row["extra"]["algbw"] == pytest.approx(size / 0.01)
     assert row["extra"]["busbw"] == pytest.approx(size / 0.01 * 1.5)
@@ -347,13 +347,13 @@ def test_above_the_peak_is_flagged_and_beyond_noise_is_an_error(tmp_path: Any) -
 
     flops = 1e9  # PEAK fp32 = 1e11 FLOP/s: 10 ms per call is 100 %
     noisy = summarize([0.0098, 0.0085, 0.0099, 0.0120, 0.0097, 0.0130, 0.0099, 0.0125])  # median 9.9 ms: 101 %
-    row = make_row("g", "fp32", {}, flops, 1.0, noisy, PEAK)
+    row = make_row("g", "fp32", {}, flops, 1.0, noisy, PEAK).dump()
     assert row["efficiency"] > 1.0
     out = verdict(_ctx(tmp_path), "gemm", [row], PEAK, {})
     assert out.status.value == "pass" and "above 100 % of the peak within timing noise: g fp32" in out.message
     assert out.details["above_peak"] == ["g fp32"] and "understates" in row["extra"]["above_peak"]
     tight = summarize([0.0080, 0.0081, 0.0079, 0.0080, 0.0080, 0.0082, 0.0080, 0.0081])  # 125 %, CI within 1 %
-    out = verdict(_ctx(tmp_path), "gemm", [make_row("g", "fp32", {}, flops, 1.0, tight, PEAK)], PEAK, {})
+    out = verdict(_ctx(tmp_path), "gemm", [make_row("g", "fp32", {}, flops, 1.0, tight, PEAK).dump()], PEAK, {})
     assert out.status.value == "error" and "ran at 125% of the test peak" in out.message
 
 
@@ -384,4 +384,4 @@ def test_sampling_stops_once_the_median_is_settled_and_says_when_it_is_not() -> 
     assert loose.n == 6 and loose.settled and time.perf_counter() - began < 2.0  # 6: first n with a 95 % CI
     strict = time_callable(lambda: None, CPU, min_reps=3, max_reps=40, budget_s=5.0, ci_target=1e-12)
     assert strict.n == 40 and not strict.settled and any("not settled" in n for n in strict.notes)
-    assert strict.as_dict()["settled"] is False and strict.as_dict()["ci_target"] == 1e-12
+    assert strict.stats().dump()["settled"] is False and strict.stats().dump()["ci_target"] == 1e-12

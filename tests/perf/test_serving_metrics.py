@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from adaptcheck.base.schemas.serving_evidence import RunSummary
 from adaptcheck.perf import serving_metrics as sm
 from adaptcheck.perf.serving_metrics import RequestRecord
 
@@ -63,7 +64,7 @@ def check_summary(s: dict[str, Any]) -> None:
 
 
 def test_run_summary_matches_the_hand_computed_figures() -> None:
-    s = sm.summarize_run(records(), duration_s=2.0)
+    s = sm.summarize_run(records(), duration_s=2.0).dump()
     check_summary(s)
     assert list(s) == ["completed", "failed", "error_rate", "errors", "duration_s", "request_throughput",
                        "output_throughput", "total_input_tokens", "total_output_tokens", "token_source",
@@ -93,22 +94,22 @@ def wrong_itl_per_token_by_own_chunk(r: RequestRecord) -> list[float]:
 def test_a_wrong_formula_is_caught(monkeypatch: pytest.MonkeyPatch, name: str, wrong: Callable[..., Any]) -> None:
     monkeypatch.setattr(sm, name, wrong)
     with pytest.raises(AssertionError):
-        check_summary(sm.summarize_run(records(), duration_s=2.0))
+        check_summary(sm.summarize_run(records(), duration_s=2.0).dump())
 
 
 def test_goodput_counts_requests_meeting_every_slo() -> None:
-    s = sm.summarize_run(records(), duration_s=2.0, slo={"ttft_ms": 150, "tpot_ms": 160})
+    s = sm.summarize_run(records(), duration_s=2.0, slo={"ttft_ms": 150, "tpot_ms": 160}).dump()
     assert s["goodput"] == pytest.approx(0.5) and s["slo_attainment"] == pytest.approx(0.5)  # A only
     # TPOT counts as 0 for a 1-token answer (vLLM's rule): B meets a 100 ms TPOT SLO, A does not.
-    s = sm.summarize_run(records(), duration_s=2.0, slo={"tpot_ms": 100, "e2el_ms": None})
+    s = sm.summarize_run(records(), duration_s=2.0, slo={"tpot_ms": 100, "e2el_ms": None}).dump()
     assert s["goodput"] == pytest.approx(0.5)
-    assert sm.summarize_run(records(), duration_s=2.0, slo={"e2el_ms": 1000})["slo_attainment"] == 1.0
+    assert sm.summarize_run(records(), duration_s=2.0, slo={"e2el_ms": 1000}).dump()["slo_attainment"] == 1.0
     with pytest.raises(ValueError, match="unknown SLO"):
-        sm.summarize_run(records(), slo={"latency": 1.0})
+        sm.summarize_run(records(), slo={"latency": 1.0}).dump()
 
 
 def test_duration_defaults_to_first_send_to_last_completion() -> None:
-    s = sm.summarize_run(records())
+    s = sm.summarize_run(records()).dump()
     assert s["duration_s"] == pytest.approx(0.700)  # A: sent 0.010, done 0.710 (B: 0.504 to 0.704)
 
 
@@ -123,15 +124,15 @@ def test_percentile_is_numpys_linear_interpolation() -> None:
 
 
 def test_an_empty_run_has_null_figures() -> None:
-    s = sm.summarize_run([rec(0, error="EndpointUnreachable: refused")], duration_s=1.0)
+    s = sm.summarize_run([rec(0, error="EndpointUnreachable: refused")], duration_s=1.0).dump()
     assert s["completed"] == 0 and s["error_rate"] == 1.0 and s["output_throughput"] == 0.0
     assert s["ttft_ms"] == dict.fromkeys(sm.STAT_KEYS) and s["chunks_per_token"] is None
-    assert sm.summarize_run([], duration_s=None)["error_rate"] is None
+    assert sm.summarize_run([], duration_s=None).dump()["error_rate"] is None
 
 
 def test_errors_keep_the_ten_most_frequent_kinds() -> None:
     failed = [rec(i, error=f"kind {i % 12}") for i in range(30)]
-    errors = sm.summarize_run(failed, duration_s=1.0)["errors"]
+    errors = sm.summarize_run(failed, duration_s=1.0).dump()["errors"]
     assert len(errors) == 10 and sum(errors.values()) <= 30 and errors["kind 0"] == 3
 
 
@@ -143,22 +144,22 @@ def summary_with(throughput: float, ttft: float, tpot: float | None, errors: dic
 def test_spread_and_median_over_runs() -> None:
     runs = [summary_with(100.0, 10.0, 2.0, {"a": 1}), summary_with(110.0, 12.0, 2.0, {}),
             summary_with(90.0, 11.0, 2.2, {"a": 2, "b": 1})]
-    spread = sm.spread(runs)
+    spread = sm.spread([RunSummary.model_validate(r) for r in runs])
     assert spread["output_tok_per_s"] == pytest.approx(0.2)   # (110 - 90) / 100
     assert spread["ttft_ms_median"] == pytest.approx(2 / 11)  # (12 - 10) / 11
     assert spread["tpot_ms_median"] == pytest.approx(0.1)     # (2.2 - 2.0) / 2.0
-    median = sm.median_summary(runs)
-    assert list(median) == list(runs[0])
+    median = sm.median_summary([RunSummary.model_validate(r) for r in runs]).dump()
+    assert list(median) == list(RunSummary.model_validate(runs[0]).dump())  # RunSummary-shaped
     assert median["output_throughput"] == 100.0 and median["ttft_ms"]["p99"] == 22.0
     assert median["tpot_ms"] == {"median": 2.0, "p99": None}
     assert median["errors"] == {"a": 3, "b": 1} and median["token_source"] == "usage"
-    assert sm.spread(runs[:1])["output_tok_per_s"] is None  # one run: no spread to speak of
+    assert sm.spread([RunSummary.model_validate(runs[0])])["output_tok_per_s"] is None  # one run: no spread to speak of
     assert sm.relative_spread([None, 5.0, None]) is None
 
 
 def test_level_summary_and_distributions() -> None:
     first, second = records(), [rec(0, ttft=0.3, e2el=0.9, itl=[0.6], chunk_tokens=[1, 1], n=2, sent=0.0)]
-    level = sm.level_summary(LEVEL, [(first, 2.0), (second, 1.0)])
+    level = sm.level_summary(LEVEL, [(first, 2.0), (second, 1.0)]).dump()
     assert level["level"] == LEVEL and len(level["runs"]) == 2
     check_summary(level["runs"][0])
     dist = level["distributions"]
@@ -200,7 +201,7 @@ def test_same_figures_as_vllm_bench_calculate_metrics() -> None:
     ours.append(rec(40, error="boom"))
     metrics, _ = calculate_metrics(input_requests=[], outputs=theirs, dur_s=3.0, tokenizer=None,
                                    selected_percentiles=[50, 90, 99], goodput_config_dict={"ttft": 100.0, "tpot": 10.0})
-    s = sm.summarize_run(ours, duration_s=3.0, slo={"ttft_ms": 100.0, "tpot_ms": 10.0})
+    s = sm.summarize_run(ours, duration_s=3.0, slo={"ttft_ms": 100.0, "tpot_ms": 10.0}).dump()
     assert s["completed"] == metrics.completed and s["failed"] == metrics.failed
     assert s["output_throughput"] == pytest.approx(metrics.output_throughput)
     assert s["request_throughput"] == pytest.approx(metrics.request_throughput)

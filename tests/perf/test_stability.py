@@ -180,7 +180,7 @@ def test_runs_tilted_each_their_own_way_are_not_a_drift() -> None:
     # The same runs all tilted alike (+30 %, a server slowing down in every run) stay significant.
     alike = [_runs(1, 32, 0.3, 0.02, seed=i)[0] for i in range(3)]
     same = drift(alike)
-    assert same is not None and same.lo > 0.2 and same.to_dict()["run_drifts"] == list(same.run_drifts)
+    assert same is not None and same.lo > 0.2 and same.evidence(0.2).run_drifts == list(same.run_drifts)
 
 
 def test_drift_needs_enough_points() -> None:

@@ -242,10 +242,10 @@ def test_statistics_match_their_definitions() -> None:
     assert math.isclose(t.p10, deciles[0]) and math.isclose(t.p90, deciles[-1])
     assert t.min == 1.0 and t.mean == 5.5 and t.n == 10
     assert math.isclose(t.spread, (t.p90 - t.p10) / t.median)
-    assert set(t.as_dict()) == {"median", "min", "p10", "p90", "mean", "spread", "n", "median_ci", "ci_level",
+    assert set(t.stats().dump()) == {"median", "min", "p10", "p90", "mean", "spread", "n", "median_ci", "ci_level",
                                 "ci_rel_width", "ci_target", "settled"}
     # n = 10: the 95 % order-statistic CI of the median is [x_(2), x_(9)], coverage 1 - 2·11/1024.
-    assert t.as_dict()["median_ci"] == [2.0, 9.0] and math.isclose(t.as_dict()["ci_level"], 1 - 22 / 1024)
+    assert t.stats().dump()["median_ci"] == [2.0, 9.0] and math.isclose(t.stats().dump()["ci_level"], 1 - 22 / 1024)
 
 
 def test_quantile_edges_and_validity() -> None:

@@ -144,8 +144,8 @@ def test_too_few_samples_or_gaps_are_not_judged() -> None:
 def test_a_constant_series_has_zero_slope_and_no_r2() -> None:
     fit = fit_trend([float(i) for i in range(10)], [512.0] * 10)
     assert fit is not None and fit.slope_mib_per_min == 0.0 and fit.r2 is None and fit.outliers == 0
-    assert fit.to_dict()["slope_mib_per_min"] == 0.0
-    assert set(fit.to_dict()) == {"n", "outliers", "t_start_s", "t_end_s", "slope_mib_per_min",
+    assert fit.evidence().slope_mib_per_min == 0.0
+    assert set(fit.evidence().dump()) == {"n", "outliers", "t_start_s", "t_end_s", "slope_mib_per_min",
                                   "slope_stderr_mib_per_min", "intercept_mib", "r2", "residual_std_mib",
                                   "autocorrelation", "effective_n", "increment_slope_mib_per_min",
                                   "increment_stderr_mib_per_min", "increment_autocorrelation",
@@ -174,7 +174,7 @@ def test_the_30_second_warm_up_slope_of_issue_14_is_not_a_leak() -> None:
     assert verdict.bounds is not None and verdict.bounds[0] < 10.0 < verdict.bounds[1]
     assert "inconclusive: run longer (the slope's interval [" in verdict.reason
     assert "straddles the bound 10 MiB/min; about " in verdict.reason and " min would decide)" in verdict.reason
-    d = verdict.to_dict()
+    d = verdict.evidence(series="server_rss_mib", source="host", label="server RSS", bounded=True).dump()
     assert d["state"] == "inconclusive" and d["ok"] is None and len(d["slope_bounds_mib_per_min"]) == 2
     assert d["decide_duration_s"] > 40
 

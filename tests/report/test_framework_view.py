@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
+from adaptcheck.base.errors import UnknownNameError
 from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.ladder.check import Check
+from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.report.framework import (
     MAX_DIVERGENCES,
     FrameworkBlock,
@@ -73,7 +76,13 @@ def _not_loaded(name: str) -> dict[str, Any]:
 
 def _step4(cid: str, kind: str, status: Status = Status.PASS, *, details: dict[str, Any] | None = None,
            metrics: dict[str, Any] | None = None, message: str = "", applicable: bool = True) -> CheckResult:
+    """A step-4 result as the runner records it: with its kind's label and what it compares."""
+    try:
+        cls: type[Check] | None = get_check_class(kind)
+    except UnknownNameError:
+        cls = None
     return CheckResult(step=4, id=cid, kind=kind, status=status, applicable=applicable, message=message,
+                       kind_label=cls.label if cls else None, compares=cls.compares if cls else None,
                        details=details or {}, metrics=metrics or {}, duration_s=1.0)
 
 

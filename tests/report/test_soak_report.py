@@ -45,7 +45,7 @@ def memory_entry(tel: dict[str, Any], source: str, key: str, label: str, *, boun
                  bound: float = 10.0) -> dict[str, Any]:
     series = tel[source]
     verdict = memory_growth_verdict(zip(series["t_s"], series[key], strict=True), bound, warmup_s=5.0)
-    return {"series": key, "source": source, "label": label, "bounded": bounded, **verdict.to_dict()}
+    return verdict.evidence(series=key, source=source, label=label, bounded=bounded).dump()
 
 
 def soak_check(rss_slope: float = 0.5, *, status: Status = Status.PASS, message: str = "soak 30 s, 0 errors",

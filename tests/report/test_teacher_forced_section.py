@@ -407,6 +407,6 @@ def test_the_batched_vs_alone_figures_are_shown_with_their_bound() -> None:
     dist = {"kl_mean": 0.00012, "kl_max": 0.0093, "dlogprob_max": 0.07, "positions": 288, "ok": False,
             "vs_reference": {"alone": {"kl_mean": 0.00094}, "batched": {"kl_mean": 0.0081},
                              "bounds": {"kl_mean": {"value": 0.0081, "bound": 0.00209, "ok": False}}, "ok": False}}
-    view = distribution_view("framework.concurrent", Distribution.model_validate(dist))
+    view = distribution_view("batched vs alone", Distribution.model_validate(dist))
     assert view is not None
     assert "batched vs float64 KL mean 0.0081 against alone 9.400e-04 (bound 0.00209, exceeded)" in view.text

@@ -1,26 +1,11 @@
-"""What a results file certified: the model (name, source, digest, architecture, dtype) and the
-frameworks step 4 exercised, with their versions — the *certificate subject*.
-
-One typed view, derived from ``results.json`` alone, that every output naming the subject
-reads: the report's first screen (:mod:`adaptcheck.report.view`), ``adaptcheck grade
---format json`` and the JUnit grade suite (:mod:`adaptcheck.report.junit`). Nothing here is
-stored: the facts are the ones the run already recorded —
-
-* the model as step 4 loaded it: every step-4 check records ``details.model``
-  (``ResolvedModel.describe()``: name, path, source, architecture, layers, weights sha256, and
-  for a pretrained model its ``origin``: upstream, license, the distribution it came from);
-* the served dtype and the quantization from the ladder's ``model`` (``results.model``);
-* each framework a step-4 check loaded, from ``details.framework`` (its describe(): the
-  version of transformers / vLLM); a launched server does not report its version, so the
-  package version step 1 captured for the same interpreter (``environment.packages``) is used.
-
-Older files, or runs whose step 4 did not load a model, still give a subject: ``known`` is
-False and the model reads ``model: unknown``, with the name the ladder asked for beside it.
+"""What a results file certified, derived from ``results.json`` alone: the model and the frameworks
+step 4 exercised, with their versions — the *certificate subject* (docs/ci.md, "The certificate subject").
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -191,21 +176,22 @@ def subject_label(level: str) -> str:
 # ---------------------------------------------------------------------- reading results
 
 
-def _str(value: Any) -> str | None:
+def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def _dict(value: object) -> Mapping[str, object]:
+    # Stored details, read back: each fact is checked by _str/_int where it is read.
     return value if isinstance(value, dict) else {}
 
 
-def _recorded_model(results: RunResults) -> dict[str, Any]:
+def _recorded_model(results: RunResults) -> Mapping[str, object]:
     """The model facts step 4 recorded: the first check's with a weights digest, else the first at all."""
-    found: dict[str, Any] = {}
+    found: Mapping[str, object] = {}
     for c in results.checks:
         model = _dict(c.details.get("model")) if c.step == FRAMEWORK_STEP else {}
         if model.get("weights_sha256"):
@@ -239,7 +225,7 @@ def _model(results: RunResults) -> ModelSubject:
     )
 
 
-def _framework(name: str, facts: dict[str, Any], packages: dict[str, str | None]) -> FrameworkSubject:
+def _framework(name: str, facts: Mapping[str, object], packages: dict[str, str | None]) -> FrameworkSubject:
     package, mode, dists = _PACKAGES.get(name, (name, _IN_PROCESS, ()))
     # transformers' describe() says {"transformers": "5.19.0"}, vLLM's {"vllm": "0.32.0"}; a plugin 'version'.
     version = next((_str(facts.get(k)) for k in (name, *dists, "version") if _str(facts.get(k))), None)

@@ -1,11 +1,6 @@
-"""Schema of the step-4 model-numerics bounds (the ``model_numerics`` part of matrices/tolerances.yaml).
-
-A device's teacher-forced divergence from the float64 reference is held to
-``multiple x (the CPU control's divergence at the served dtype) + floor``: the control
-measures what a correct set of kernels at that dtype costs on this very model and these
-very sequences, the multiple allows for a different (correct) kernel choice on the
-device, and the floor keeps the bound meaningful where the control is ~0 (fp32). Every
-rule carries the reason for its numbers, because a bound nobody can explain is a guess.
+"""Schema of the step-4 model-numerics bounds (the ``model_numerics`` part of
+matrices/tolerances.yaml): ``figure <= multiple x control + floor[dtype]``, each rule with the
+reason for its numbers (docs/step4-numerics.md).
 """
 
 from __future__ import annotations

@@ -32,7 +32,10 @@ from adaptcheck.base.schemas.upgrade import upgrade_results
 #      is one object in every outcome ({name, loaded, facts…}), never a bare name. Older files are
 #      upgraded on load (models.upgrade). A minor bump: an older reader still validates a 1.3 file
 #      (details is a JSON object) and read the framework from its dict form already.
-SCHEMA_VERSION = "1.3"
+# 1.4: every check and planned check records its kind's report label (``kind_label``) and, for a
+#      kind comparing two runs of one framework, what the two runs are (``compares``), so the report
+#      needs no table of kinds. Older files get the labels of the kinds of their time on load.
+SCHEMA_VERSION = "1.4"
 
 E = TypeVar("E", bound=Evidence)
 
@@ -63,6 +66,10 @@ class CheckResult(BaseModel):
     step: int = Field(ge=1, le=5, description="Ladder step 1-5 the check belongs to.")
     id: str = Field(description="Unique check id within the ladder, e.g. 'smoke.matmul'.")
     kind: str = Field(description="Check kind from the registry that produced it.")
+    kind_label: str | None = Field(default=None, description="The kind's short name as the report shows it "
+                                   "(``Check.label``, e.g. 'alone vs batched'); None: the report shows the kind.")
+    compares: str | None = Field(default=None, description="For a kind that compares two runs of one framework: what "
+                                 "the two runs are (``Check.compares``, e.g. 'batched vs alone'); None otherwise.")
     status: Status = Field(description="pass | fail | error | skip.")
     applicable: bool = Field(
         default=True,
@@ -160,6 +167,8 @@ class PlannedCheck(BaseModel):
     id: str = Field(description="Check id.")
     step: int = Field(ge=1, le=5, description="Step it belongs to.")
     kind: str = Field(description="Check kind.")
+    kind_label: str | None = Field(default=None, description="The kind's short name as the report shows it "
+                                   "(``Check.label``); None: the report shows the kind.")
     description: str = Field(default="", description="What it proves.")
     tags: list[str] = Field(default_factory=list, description="Tags (used by grade conditions).")
     timeout_s: float = Field(gt=0, description="Its time limit in seconds.")

@@ -74,8 +74,48 @@ def _framework_1_3(raw: dict[str, Any]) -> None:
                 details["framework"] = {"name": name, "loaded": False}
 
 
+KIND_LABELS_1_3: dict[str, str] = {
+    "framework.load": "load",
+    "framework.single_request": "single requests",
+    "framework.reference": "vs CPU reference",
+    "framework.concurrent": "alone vs batched",
+    "framework.kv_cache": "KV cache",
+    "framework.compile": "compile on vs off",
+    "framework.tensor_parallel": "tensor parallel vs one device",
+    "framework.collectives": "collectives",
+}
+"""The report's short names of the kinds before 1.4 (frozen: they describe the files of that time)."""
+COMPARES_1_3: dict[str, str] = {
+    "framework.concurrent": "batched vs alone",
+    "framework.kv_cache": "prefix-cache hit vs recompute",
+    "framework.compile": "compile on vs off",
+}
+"""What the two runs of a same-framework kind were, before 1.4 (frozen likewise)."""
+
+
+def _kind_labels_1_4(raw: dict[str, Any]) -> None:
+    """1.4: checks and planned checks record their kind's label (and the two runs it compares).
+
+    Before, the report held these in tables of its own; a kind it did not list showed its name,
+    which is what a missing label still means.
+    """
+    for key in ("checks", "planned"):
+        items = raw.get(key)
+        if not isinstance(items, list):
+            continue
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            kind = item.get("kind")
+            if isinstance(kind, str) and kind in KIND_LABELS_1_3 and "kind_label" not in item:
+                item["kind_label"] = KIND_LABELS_1_3[kind]
+            if key == "checks" and isinstance(kind, str) and kind in COMPARES_1_3 and "compares" not in item:
+                item["compares"] = COMPARES_1_3[kind]
+
+
 UPGRADES: list[tuple[tuple[int, int], Callable[[dict[str, Any]], None]]] = [
     ((1, 3), _framework_1_3),
+    ((1, 4), _kind_labels_1_4),
 ]
 """(version that introduced the shape, in-place upgrade of the parsed file), oldest first."""
 

@@ -28,6 +28,8 @@ class CollectivesCheck(Check):
     description = ("Collectives through torch.distributed and the backend's collective library, one process per "
                    "device, give exact results on every rank.")
     params_model = CollectivesParams
+    label = "collectives"
+    typical_s = 10.0
 
     def run(self, ctx: CheckContext, params: CollectivesParams) -> Outcome:
         backend = ctx.backend

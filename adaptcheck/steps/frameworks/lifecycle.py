@@ -87,9 +87,11 @@ def framework_dir(ctx: CheckContext) -> Path:
 
 
 def config_for(ctx: CheckContext) -> FrameworkConfig:
-    ep = ctx.endpoint or {}
-    return FrameworkConfig(log_dir=framework_dir(ctx), endpoint_url=ep.get("url"), endpoint_model=ep.get("model"),
-                           endpoint_reference=bool(ep.get("reference")))
+    ep = ctx.endpoint
+    if ep is None:
+        return FrameworkConfig(log_dir=framework_dir(ctx))
+    return FrameworkConfig(log_dir=framework_dir(ctx), endpoint_url=ep["url"], endpoint_model=ep["model"],
+                           endpoint_reference=ep["reference"])
 
 
 def _key(name: str, model: str, opts: dict[str, Any]) -> str:

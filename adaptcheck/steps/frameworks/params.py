@@ -1,8 +1,10 @@
-"""Strict parameter models of the step-4 checks (what a ladder may set, each field described)."""
+"""The parameters every step-4 kind shares: which framework and how to load it, the float64
+teacher's size (each kind's own params model is in its module under ``kinds/``;
+docs/adding-a-check-kind.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -13,6 +15,17 @@ DEFAULT_TIE_MARGIN = {"fp32": 0.05, "fp16": 0.25, "bf16": 0.5}
 framework answers one prompt differently in two runs (alone vs batched, cached vs not).
 bf16 carries ~3 significant digits, so logits of a few units differ by ~0.1 between
 batch shapes; a confident token (gap of several nats) must never flip."""
+
+
+class LoadOverrides(TypedDict, total=False):
+    """Keyword arguments of ``lifecycle.acquire`` beyond the framework: what selects the loaded instance."""
+
+    model: str | None
+    dtype: FloatDtype | None
+    max_model_len: int | None
+    compile: bool | None
+    enable_prefix_caching: bool | None
+    tensor_parallel_size: int
 
 
 class FrameworkParams(BaseModel):
@@ -37,22 +50,10 @@ class FrameworkParams(BaseModel):
 
         return validate_name(v)
 
-    def load_overrides(self) -> dict[str, Any]:
+    def load_overrides(self) -> LoadOverrides:
         """The keyword arguments that select the loaded instance (shared by checks that agree)."""
         return {"model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len, "compile": self.compile,
                 "enable_prefix_caching": self.prefix_caching}
-
-
-class LoadParams(FrameworkParams):
-    """``framework.load``: nothing beyond the framework."""
-
-
-class SingleRequestParams(FrameworkParams):
-    """``framework.single_request``."""
-
-    output_lengths: list[int] = Field(default=[1, 8, 32], min_length=1, description="max_tokens values for the short prompt.")
-    long_prompt_tokens: int = Field(default=700, gt=0, description="Length of the long prompt, in tokens.")
-    long_max_tokens: int = Field(default=16, gt=0, description="max_tokens for the long prompt.")
 
 
 class TeacherSize(BaseModel):
@@ -81,56 +82,9 @@ class TeacherSized(FrameworkParams):
                                  "framework.reference sizes so one float64 teacher serves every check.")
 
 
-class ReferenceParams(FrameworkParams, TeacherSize):
-    """``framework.reference``: its own size fields are the teacher's requests."""
-
-    top_k: int = Field(default=20, ge=1, le=20, description="Alternatives per position in the teacher-forced comparison "
-                       "(the KL estimator's buckets; vLLM's default cap is 20).")
-    greedy: bool = Field(default=True, description="Also compare greedy answers with the reference's (the visible "
-                         "symptom; the whole verdict where the framework cannot score a given sequence).")
-
-    @property
-    def teacher(self) -> TeacherSize:
-        return TeacherSize(prompts=self.prompts, long_prompt_tokens=self.long_prompt_tokens, chat=self.chat,
-                           max_tokens=self.max_tokens, top_n=self.top_n)
-
-
-class ConcurrentParams(TeacherSized):
-    """``framework.concurrent``."""
-
-    batch: int = Field(default=8, ge=2, description="Requests sent together.")
-    max_tokens: int = Field(default=24, gt=0, description="Tokens per request (varied ±50% across the batch).")
-    top_n: int = Field(default=5, ge=1, le=20, description="Logprobs requested per position.")
-    tie_margin: float | None = Field(default=None, ge=0, description="Tie margin in nats; default by dtype "
-                                     f"{DEFAULT_TIE_MARGIN}.")
-    stream: bool = Field(default=True, description="Endpoints: also compare streamed with non-streamed answers.")
-
-
-class KvCacheParams(TeacherSized):
-    """``framework.kv_cache``."""
-
-    rounds: int = Field(default=4, ge=2, description="Rounds of the same batch after one warm-up round.")
-    batch: int = Field(default=6, ge=1, description="Requests per round.")
-    prefix_tokens: int = Field(default=256, ge=0, description="Shared prefix length (exercises prefix caching).")
-    max_tokens: int = Field(default=16, gt=0, description="Tokens per request.")
-    memory_growth_mib: float = Field(default=64.0, ge=0, description="Largest process memory growth (RSS) allowed "
-                                     "after the rounds, where no KV-cache gauge is readable.")
-    compare_prefix_off: bool = Field(default=False, description="Also load the framework with prefix caching off "
-                                     "and compare (frameworks with prefix caching only).")
-    top_n: int = Field(default=5, ge=1, le=20, description="Logprobs per position for the comparisons.")
-    tie_margin: float | None = Field(default=None, ge=0, description="Tie margin in nats; default by dtype.")
-
-
-class CompileParams(TeacherSized):
-    """``framework.compile``: graph capture / compile on vs off."""
-
-    prompts: int = Field(default=4, ge=1, description="Short prompts compared.")
-    max_tokens: int = Field(default=24, gt=0, description="Tokens per prompt.")
-    top_n: int = Field(default=5, ge=1, le=20, description="Top-N rule at the first divergence.")
-
-
-class TensorParallelParams(TeacherSized):
-    """``framework.tensor_parallel``: TP over every device vs one device."""
+class VariantsParams(TeacherSized):
+    """A kind that loads the framework two ways and compares their greedy answers
+    (``framework.compile``, ``framework.tensor_parallel``)."""
 
     prompts: int = Field(default=4, ge=1, description="Short prompts compared.")
     max_tokens: int = Field(default=24, gt=0, description="Tokens per prompt.")

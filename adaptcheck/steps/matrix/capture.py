@@ -1,14 +1,8 @@
-"""Capture the compatibility matrix of this machine into an :class:`Environment`.
+"""Capture the compatibility matrix of this machine into an :class:`Environment`: separate,
+guarded probes (a failure leaves ``None`` and a note), versions from distribution metadata
+without importing device extensions, secrets redacted.
 
-Every piece is a separate, guarded probe: a missing file, a hung SMI tool or a broken
-package metadata leaves ``None`` in its field and the reason in ``notes``, never an
-exception. Versions come from distribution metadata (``importlib.metadata``) so that device
-extensions and vLLM are *not imported* — importing torch_npu or vllm can initialise a
-device or spawn processes, which is not what an inventory should do.
-
-Secrets never enter the result: environment variables go through :func:`redact_env`, and
-the finished document is passed through :func:`scrub_text` once more, so a secret value
-that leaked into some other field (a path, a tool's output) is removed too.
+Why it is built this way: docs/matrix.md (Capture).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from adaptcheck.base.redact import redact_env, scrub_text
 from adaptcheck.base.schemas.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
@@ -192,78 +186,78 @@ def capture_environment(backend: Backend, model: ModelSpec | None,
     env_map = os.environ if environ is None else environ
     notes: dict[str, str] = {}
     facts = _probe(notes, "backends", vendor_facts, VendorFacts({}, GENERIC_TOOLS, GENERIC_ENV_PREFIXES))
-    data: dict[str, Any] = {
-        "hostname": _probe(notes, "hostname", socket.gethostname, "unknown"),
-        "os": _probe(notes, "os", _os_pretty_name, platform.platform()),
-        "kernel": platform.release() or "unknown",
-        "arch": platform.machine() or "unknown",
-        "cpu_model": _probe(notes, "cpu_model", _cpu_model, None),
-        "cpu_count": _probe(notes, "cpu_count", _cpu_count, None),
-        "memory_total_gib": _probe(notes, "memory_total_gib", _memory_total_gib, None),
-        "backend": getattr(backend, "name", type(backend).__name__),
-        "python": platform.python_version(),
-        "python_executable": sys.executable,
-    }
+    hostname = _probe(notes, "hostname", socket.gethostname, "unknown")
+    os_name = _probe(notes, "os", _os_pretty_name, platform.platform())
+    cpu_model = _probe(notes, "cpu_model", _cpu_model, None)
+    cpu_count = _probe(notes, "cpu_count", _cpu_count, None)
+    memory_total_gib = _probe(notes, "memory_total_gib", _memory_total_gib, None)
 
     no_devices: tuple[list[DeviceInfo], str] = ([], "")
     devices, source = _probe(notes, "accelerators", backend.inventory, no_devices)
     devices = [d for d in devices if isinstance(d, DeviceInfo)]
-    data["accelerators"] = devices
     if source:
         notes.setdefault("accelerators", f"inventory {source}")
     if not devices:
         notes.setdefault("accelerators", "the backend reported no devices")
     first = devices[0] if devices else None
-    data["driver_version"] = first.driver_version if first else None
-    data["firmware_version"] = first.firmware_version if first else None
-    if data["driver_version"] is None:
+    driver_version = first.driver_version if first else None
+    firmware_version = first.firmware_version if first else None
+    if driver_version is None:
         notes["driver_version"] = "not reported by the backend's inventory" if first else "no device to ask"
-    if data["firmware_version"] is None:
+    if firmware_version is None:
         notes["firmware_version"] = "not reported by the backend's inventory" if first else "no device to ask"
 
     no_runtimes: dict[str, str | None] = {}
-    runtimes = _probe(notes, "runtimes", backend.runtime_versions, no_runtimes)
-    data["runtimes"] = {str(k): (None if v is None else str(v)) for k, v in dict(runtimes or {}).items()}
-    if not data["runtimes"]:
+    found_runtimes = _probe(notes, "runtimes", backend.runtime_versions, no_runtimes)
+    runtimes = {str(k): (None if v is None else str(v)) for k, v in dict(found_runtimes or {}).items()}
+    if not runtimes:
         notes.setdefault("runtimes", "the backend reported no runtime versions")
 
     no_archs: tuple[str | None, list[str]] = (None, [])
     device_arch, torch_archs = _probe(notes, "torch_archs", backend.build_archs, no_archs) or no_archs
-    data["device_arch"] = None if device_arch is None else str(device_arch)
-    data["torch_archs"] = [str(a) for a in torch_archs or []]
 
-    data["torch"] = _probe(notes, "torch", _torch_version, None)
-    if data["torch"] is None:
+    torch = _probe(notes, "torch", _torch_version, None)
+    if torch is None:
         notes.setdefault("torch", "torch is not installed")
-    data["torch_device_extension"] = {
+    extensions = {
         module: _probe(notes, f"torch_device_extension.{module}", partial(dist_version, dist), None)
         for module, dist in facts.extensions.items()
     }
 
     vllm_filter = env_map.get("VLLM_PLUGINS")
-    data["vllm_plugins_filter"] = vllm_filter
     no_plugins: list[PluginInfo] = []
     plugins = _probe(notes, "vllm_plugins", partial(find_vllm_plugins, vllm_filter), no_plugins)
-    data["vllm_plugins"] = plugins
     names = set(PACKAGES) | {p.distribution for p in plugins if p.distribution}
     no_providers: list[str] = []
     names |= set(_probe(notes, "packages", partial(_providers_of, "vllm"), no_providers))
-    data["packages"] = {n: _probe(notes, f"packages.{n}", partial(dist_version, n), None) for n in sorted(names)}
+    packages = {n: _probe(notes, f"packages.{n}", partial(dist_version, n), None) for n in sorted(names)}
 
+    model_facts = None
     if model is not None:
-        data["model"] = _probe(notes, "model", partial(model_info, model), None)
+        model_facts = _probe(notes, "model", partial(model_info, model), None)
     else:
         notes["model"] = "no model given"
-    data["tools"] = {t: shutil.which(t) for t in facts.tools}
+    tools = {t: shutil.which(t) for t in facts.tools}
     no_env: dict[str, str] = {}
-    data["env_vars"] = _probe(notes, "env_vars", partial(relevant_env, env_map, facts.env_prefixes), no_env)
-    data["notes"] = notes
+    env_vars = _probe(notes, "env_vars", partial(relevant_env, env_map, facts.env_prefixes), no_env)
+
+    def assemble(accelerators: list[DeviceInfo], runtimes: dict[str, str | None],
+                 plugins: list[PluginInfo]) -> Environment:
+        return Environment(
+            hostname=hostname, os=os_name, kernel=platform.release() or "unknown",
+            arch=platform.machine() or "unknown", cpu_model=cpu_model, cpu_count=cpu_count,
+            memory_total_gib=memory_total_gib, backend=getattr(backend, "name", type(backend).__name__),
+            python=platform.python_version(), python_executable=sys.executable, accelerators=accelerators,
+            driver_version=driver_version, firmware_version=firmware_version, runtimes=runtimes,
+            device_arch=None if device_arch is None else str(device_arch),
+            torch_archs=[str(a) for a in torch_archs or []], torch=torch, torch_device_extension=extensions,
+            vllm_plugins_filter=vllm_filter, vllm_plugins=plugins, packages=packages, model=model_facts,
+            tools=tools, env_vars=env_vars, notes=notes)
 
     try:
-        env = Environment.model_validate(data)
+        env = assemble(devices, runtimes, plugins)
     except Exception as exc:  # noqa: BLE001 - a backend returned something off-schema: keep the rest
         notes["environment"] = f"part of the capture was dropped: {type(exc).__name__}: {exc}"
-        data.update(accelerators=[], runtimes={}, vllm_plugins=[])
-        env = Environment.model_validate(data)
+        env = assemble([], {}, [])
     # Last line of defence: a secret value that reached any other field is scrubbed too.
     return Environment.model_validate(json.loads(scrub_text(env.model_dump_json(), env_map)))

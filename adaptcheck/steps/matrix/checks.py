@@ -1,31 +1,28 @@
-"""Step-1 check kinds: capture the compatibility matrix and judge it.
+"""Step-1 check kinds: capture the compatibility matrix (``matrix.capture``) and judge it
+(``matrix.rules``, ``matrix.telemetry``, ``matrix.known_good``), each in-process and never
+raising for a missing tool.
 
-=================  ==============  ==========================================================
-kind               class           proves
-=================  ==============  ==========================================================
-matrix.capture     CaptureCheck    what exactly is installed (the Environment, secrets redacted)
-matrix.rules       RulesCheck      no rule of ``matrices/rules.yaml`` finds the stack incompatible
-matrix.telemetry   TelemetryCheck  basic monitoring (device memory at least) is readable
-matrix.known_good  KnownGoodCheck  the stack matches a known-good entry (``matrices/`` + ``$ADAPTCHECK_KNOWN_GOOD``)
-=================  ==============  ==========================================================
-
-All four capture in-process (the runner already isolates each check in a worker) and
-never raise for a missing tool: a probe that cannot read something leaves a note instead.
-The captured environment is cached in ``ctx.scratch`` so that the checks after
-``matrix.capture`` in the same worker judge exactly what was recorded.
+What each proves: docs/matrix.md.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from adaptcheck.base.hostfacts import host_sample
 from adaptcheck.base.schemas.environment import Environment
+from adaptcheck.base.schemas.matrix_evidence import (
+    CaptureEvidence,
+    KnownGoodEntryFacts,
+    KnownGoodEvidence,
+    RuleEvidence,
+    TelemetryEvidence,
+)
 from adaptcheck.compat.known_good import (
     KNOWN_GOOD_ENV,
     extra_known_good_files,
@@ -86,7 +83,10 @@ class CaptureCheck(Check):
     def run(self, ctx: CheckContext, params: NoParams) -> Outcome:
         env = capture_environment(ctx.backend, ctx.model)
         ctx.scratch[_SCRATCH_KEY] = env
-        return Outcome.passed(summarize(env), details={"environment": env.model_dump(mode="json")})
+        # Validated from the full dump, so every field counts as set and the stored object keeps
+        # the defaults too (dump() leaves out fields never set).
+        evidence = CaptureEvidence.model_validate({"environment": env.model_dump(mode="json")})
+        return Outcome.passed(summarize(env), details=evidence.dump())
 
 
 class RulesParams(BaseModel):
@@ -99,13 +99,13 @@ class RulesParams(BaseModel):
 
 def verdict_outcome(v: Verdict, description: str) -> Outcome:
     """One rule's verdict as a check outcome (subid = rule id)."""
-    details: dict[str, Any] = {"verdict": v.verdict, "rule": description, "source": v.source,
-                               "compared": v.compared}
+    evidence = RuleEvidence(verdict=v.verdict, rule=description, source=v.source, compared=v.compared)
     if v.advice:
         # The fix travels with the verdict: the report's matrix section and `adaptcheck env
         # --check` print it from here.
-        details["advice"] = v.advice
+        evidence.advice = v.advice
         v = replace(v, message=f"{v.message} — to fix: {'; '.join(v.advice)}")
+    details = evidence.dump()
     if v.error is not None:
         return Outcome.errored(v.message, details=details, subid=v.rule_id)
     if v.verdict == "ok":
@@ -141,9 +141,9 @@ class TelemetryParams(BaseModel):
     cpu_interval_s: float = Field(default=0.25, gt=0, le=5, description="Window for the CPU utilisation sample.")
 
 
-def _guarded(fn: Any, *args: Any) -> tuple[dict[str, float], str | None]:
+def _guarded(fn: Callable[[int], Mapping[str, float] | None], index: int) -> tuple[dict[str, float], str | None]:
     try:
-        return {k: float(v) for k, v in dict(fn(*args) or {}).items()}, None
+        return {k: float(v) for k, v in dict(fn(index) or {}).items()}, None
     except Exception as exc:  # noqa: BLE001 - a broken SMI tool is a finding, not a crash
         return {}, f"{type(exc).__name__}: {exc}"
 
@@ -160,21 +160,21 @@ class TelemetryCheck(Check):
         stats, stats_error = _guarded(ctx.backend.memory_stats, ctx.device_index)
         sample, sample_error = _guarded(ctx.backend.telemetry_sample, ctx.device_index)
         host = host_sample(params.cpu_interval_s)
-        metrics: dict[str, Any] = {f"memory_{k}_bytes": v for k, v in stats.items()}
+        metrics: dict[str, float] = {f"memory_{k}_bytes": v for k, v in stats.items()}
         metrics.update(sample)
         metrics.update({f"host_{k}": v for k, v in host.items()})
         if not ctx.backend.is_accelerator and "cpu_utilization_pct" in host:
             # On the CPU backend the host *is* the device.
             metrics.setdefault("utilization_pct", host["cpu_utilization_pct"])
         errors = {k: e for k, e in (("memory_stats", stats_error), ("telemetry_sample", sample_error)) if e}
-        details = {"memory_stats": stats, "telemetry": sample, "host": host, "errors": errors}
+        details = TelemetryEvidence(memory_stats=stats, telemetry=sample, host=host, errors=errors).dump()
         if not stats and "memory_used_mib" not in sample:
             why = "; ".join(f"{k}: {e}" for k, e in errors.items()) or "the backend reported none"
             return Outcome.failed(f"no device memory figure is readable ({why})", metrics=metrics, details=details)
         return Outcome.passed(self._message(stats, sample, metrics), metrics=metrics, details=details)
 
     @staticmethod
-    def _message(stats: dict[str, float], sample: dict[str, float], metrics: dict[str, Any]) -> str:
+    def _message(stats: dict[str, float], sample: dict[str, float], metrics: dict[str, float]) -> str:
         parts: list[str] = []
         if "total" in stats:
             parts.append(f"memory {stats['total'] / 2**30:.1f} GiB total")
@@ -216,10 +216,11 @@ class KnownGoodCheck(Check):
         result = match_known_good(env, sources.known)
         entry = result.entry
         assert entry is not None  # every file holds at least one entry (validated)
-        details = {"entry": entry.model_dump(mode="json"), "entry_file": str(sources.origin[entry.id]),
-                   "files": [str(f) for f in sources.files], "extra_files_env": KNOWN_GOOD_ENV,
-                   "differences": result.differences, "changes": result.changes, "advice": result.advice(),
-                   "stack": {k: stack_value(env, k) for k in entry.versions}}
+        details = KnownGoodEvidence(
+            entry=KnownGoodEntryFacts.model_validate(entry.model_dump(mode="json")),
+            entry_file=str(sources.origin[entry.id]), files=[str(f) for f in sources.files],
+            extra_files_env=KNOWN_GOOD_ENV, differences=result.differences, changes=result.changes,
+            advice=result.advice(), stack={k: stack_value(env, k) for k in entry.versions}).dump()
         if result.matched:
             return Outcome.passed(f"matches known-good entry {entry.id!r} ({entry.basis}, {entry.date}; source: "
                                   f"{entry.source})", details=details)

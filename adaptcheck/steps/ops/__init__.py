@@ -1,8 +1,6 @@
-"""Step 3: every LLM operator on the device against CPU float64 reference kernels.
-
-* :mod:`.opdef` — what an operator is: its case model, input generator, reference, tolerance class.
-* :mod:`.catalog` — every operator, collected from :mod:`.families`.
-* :mod:`.providers` — implementations under test (torch, vLLM, plugins, ``--ops``).
-* :mod:`.tolerance` / :mod:`.compare` — the tolerance policy (data in matrices/) and the metrics.
-* :mod:`.harness` / :mod:`.checks` — run one op over cases × dtypes; the ``ops.op`` check kind.
+"""Step 3: every LLM operator on the device against CPU float64 reference kernels — operator
+definitions (:mod:`.opdef`, :mod:`.families`, :mod:`.catalog`), providers under test
+(:mod:`.providers`), the tolerance policy (:mod:`.tolerance`), the comparison (:mod:`.judge`),
+the runner and the ``ops.op`` check kind (:mod:`.harness`, :mod:`.checks`). Docs: docs/ops.md;
+adding an operator: docs/adding-an-op.md.
 """

@@ -1,7 +1,6 @@
-"""Every operator step 3 knows, collected from the family modules.
-
-Unknown names are answered with "did you mean …". The catalog is also the documented list
-of op names and signatures that providers implement (``adaptcheck ops`` prints it).
+"""Every operator step 3 knows, collected from the family modules: the documented list of op
+names and signatures providers implement (``adaptcheck ops`` prints it; docs/ops.md), with
+"did you mean …" for unknown names.
 """
 
 from __future__ import annotations

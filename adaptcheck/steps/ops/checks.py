@@ -1,18 +1,17 @@
-"""The ``ops.op`` check kind: one operator, one provider, several dtypes and cases.
-
-Outcomes are one per dtype (``ops.gemm.bf16``) so the report can draw an op × dtype matrix
-and the grade can demand exactly the model's dtype. A dtype the backend does not claim, a
-provider that is not installed here, or a provider lacking the op give ``skip`` marked not
-applicable with the reason — never ``pass``. A case whose kernel raises is an ``error``.
+"""The ``ops.op`` check kind: one operator, one provider, one outcome per dtype from its cases,
+recorded as :class:`~adaptcheck.base.schemas.ops_evidence.OpEvidence` (outcomes, skips and
+errors: docs/ops.md, "How an op is checked").
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from adaptcheck.base.schemas.ops_evidence import OpEvidence, OpMetrics, ToleranceSpec
 from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.steps.ops.catalog import get_op
@@ -32,7 +31,8 @@ class OpCheckParams(BaseModel):
     op: str = Field(description="Operator name (``adaptcheck ops`` lists them).")
     provider: str = Field(default="torch", description="Provider name or 'module:object'; --ops overrides it.")
     dtypes: list[str] = Field(min_length=1, description="Dtypes to check.")
-    cases: list[dict[str, Any]] = Field(min_length=1, description="Cases; fields depend on the op.")
+    # Ladder YAML as read: each case is validated into the op's own case model below.
+    cases: list[Mapping[str, object]] = Field(min_length=1, description="Cases; fields depend on the op.")
     budget_s: float = Field(default=20.0, gt=0, description="Time budget; cases are shrunk to fit it.")
 
     @model_validator(mode="after")
@@ -62,63 +62,69 @@ def _finite(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)
 
 
-def summarize(op: OpDef, provider: str, dtype: str, results: list[CaseResult]) -> Outcome:
-    """One outcome for one dtype from its case results."""
+def summarize(op: OpDef, provider: OpProvider, dtype: str, results: list[CaseResult],
+              fp8_flavour: str | None) -> tuple[Outcome, OpEvidence]:
+    """One outcome for one dtype from its case results, and its evidence (stored as the
+    outcome's details; a caller that adds to it stores it again)."""
     outputs = [o for r in results for o in r.outputs]
     worst = max(results, key=lambda r: r.ratio)
     compared = [o.ratio for r in results if not r.error for o in r.outputs]
-    metrics: dict[str, Any] = {
-        "cases": len(results),
-        "cases_failed": sum(1 for r in results if not r.passed),
-        "ratio_to_tolerance": _finite(worst.ratio),
+    metrics = OpMetrics(
+        cases=len(results),
+        cases_failed=sum(1 for r in results if not r.passed),
+        ratio_to_tolerance=_finite(worst.ratio),
         # Worst ratio over the cases that produced outputs (a raising case makes the one above ∞).
-        "measured_ratio": _finite(max(compared)) if compared else None,
-        "max_abs_error": max((o.max_abs for o in outputs), default=0.0),
-        "max_rel_error": max((o.max_rel for o in outputs), default=0.0),
-        "mismatch_fraction": max((o.mismatch_fraction for o in outputs), default=0.0),
-        "op_s": sum(r.op_s for r in results),
-        "reference_s": sum(r.reference_s for r in results),
-        "inputs_s": sum(r.inputs_s for r in results),
-        "compare_s": sum(r.compare_s for r in results),
-    }
+        measured_ratio=_finite(max(compared)) if compared else None,
+        max_abs_error=max((o.max_abs for o in outputs), default=0.0),
+        max_rel_error=max((o.max_rel for o in outputs), default=0.0),
+        mismatch_fraction=max((o.mismatch_fraction for o in outputs), default=0.0),
+        op_s=sum(r.op_s for r in results),
+        reference_s=sum(r.reference_s for r in results),
+        inputs_s=sum(r.inputs_s for r in results),
+        compare_s=sum(r.compare_s for r in results),
+    )
     cosines = [o.cosine for o in outputs if o.cosine is not None]
     if cosines:
-        metrics["min_cosine"] = min(cosines)
+        metrics.min_cosine = min(cosines)
     ulps = [o.max_ulp for o in outputs if o.max_ulp is not None]
     if ulps:
-        metrics["max_ulp"] = max(ulps)
+        metrics.max_ulp = max(ulps)
     policy = load_policy()
-    details = {
-        "op": op.name, "provider": provider, "dtype": dtype, "signature": op.signature,
-        "tolerance": {out: _tolerance_details(policy, k, dtype) for out, k in zip(op.outputs, op.tolerance, strict=False)},
-        "cases": [r.as_dict() for r in results],
-        "worst_case": worst.case,
-    }
+    evidence = OpEvidence(
+        op=op.name, provider=provider.name, dtype=dtype, signature=op.signature,
+        tolerance={out: _tolerance_spec(policy, k, dtype) for out, k in zip(op.outputs, op.tolerance, strict=False)},
+        cases=[r.evidence() for r in results],
+        worst_case=worst.case,
+        provider_description=provider.description,
+        fp8_flavour=fp8_flavour,  # what a reproducer written later needs
+    )
     errors = [r for r in results if r.error]
     failed = [r for r in results if not r.passed and not r.error]
     if failed:
         w = max(failed, key=lambda r: r.ratio)
         reason = next((o.reason for o in w.outputs if not o.passed), "")
-        return Outcome.failed(f"{len(failed)}/{len(results)} cases out of tolerance; worst '{w.case}'"
-                              f" ({_ratio_text(w.ratio)} of tolerance): {reason}", subid=dtype, metrics=metrics,
-                              details=details)
-    if errors:
-        return Outcome.errored(f"case '{errors[0].case}' raised {errors[0].error}", subid=dtype, metrics=metrics,
-                               details=details)
-    return Outcome.passed(f"{len(results)} case{'s' if len(results) != 1 else ''} within tolerance (worst '{worst.case}' at"
-                          f" {_ratio_text(worst.ratio)} of tolerance)", subid=dtype, metrics=metrics, details=details)
+        outcome = Outcome.failed(f"{len(failed)}/{len(results)} cases out of tolerance; worst '{w.case}'"
+                                 f" ({_ratio_text(w.ratio)} of tolerance): {reason}", subid=dtype)
+    elif errors:
+        outcome = Outcome.errored(f"case '{errors[0].case}' raised {errors[0].error}", subid=dtype)
+    else:
+        outcome = Outcome.passed(f"{len(results)} case{'s' if len(results) != 1 else ''} within tolerance (worst"
+                                 f" '{worst.case}' at {_ratio_text(worst.ratio)} of tolerance)", subid=dtype)
+    outcome.metrics, outcome.details = metrics.dump(), evidence.dump()
+    return outcome, evidence
 
 
-def _tolerance_details(policy: TolerancePolicy, klass_name: str, dtype: str) -> dict[str, Any]:
+def _tolerance_spec(policy: TolerancePolicy, klass_name: str, dtype: str) -> ToleranceSpec:
     klass = policy.get(klass_name)
-    out: dict[str, Any] = {"class": klass_name, "mode": klass.mode, **klass.limit_for(dtype).model_dump(exclude_none=True)}
+    spec = ToleranceSpec.model_validate({"class": klass_name, "mode": klass.mode,
+                                         **klass.limit_for(dtype).model_dump(exclude_none=True)})
     if klass.max_code_distance is not None:
-        out["max_code_distance"] = klass.max_code_distance
-    return out
+        spec.max_code_distance = klass.max_code_distance
+    return spec
 
 
-def _attach_repro(ctx: CheckContext, op: OpDef, fn: Any, provider: OpProvider, dtype: str,
-                  results: list[CaseResult], outcome: Outcome) -> None:
+def _attach_repro(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], provider: OpProvider, dtype: str,
+                  results: list[CaseResult], evidence: OpEvidence) -> None:
     """Write repro/<check id>.py for a failing dtype; a script that cannot be written is noted,
     never a change of the verdict. Outside a run (no check id: a test calling run() directly)
     there is no run folder to write into."""
@@ -126,9 +132,9 @@ def _attach_repro(ctx: CheckContext, op: OpDef, fn: Any, provider: OpProvider, d
         return
     check_id = f"{ctx.check_id}.{dtype}"
     try:
-        outcome.details["repro"] = write_check_repro(ctx, op, fn, provider, dtype, results, check_id)
+        evidence.repro = write_check_repro(ctx, op, fn, provider, dtype, results, check_id)
     except Exception as exc:  # noqa: BLE001 - the op's verdict stands whatever the writer meets
-        outcome.details["repro_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        evidence.repro_error = f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _ratio_text(ratio: float) -> str:
@@ -157,7 +163,7 @@ class OpCheck(Check):
 
         def not_applicable(reason: str, dtype: str) -> Outcome:
             return Outcome.skipped(reason, applicable=False, subid=dtype,
-                                   details={"op": op.name, "provider": provider.name, "dtype": dtype})
+                                   details=OpEvidence(op=op.name, provider=provider.name, dtype=dtype).dump())
 
         ok, why = provider.available()
         if not ok:
@@ -194,14 +200,13 @@ class OpCheck(Check):
                 res.scaled = scaled
                 results.append(res)
                 done_cases += 1
-            outcome = summarize(op, provider.name, dtype, results)
-            outcome.details["provider_description"] = provider.description
-            outcome.details["fp8_flavour"] = ctx.backend.fp8_flavour  # what a reproducer written later needs
+            outcome, evidence = summarize(op, provider, dtype, results, ctx.backend.fp8_flavour)
             hint = provider.failure_hint(op.name, dtype) if outcome.status is Status.FAIL else None
             if hint:
                 outcome.message += f"; likely cause: {hint}"
-                outcome.details["likely_cause"] = hint
+                evidence.likely_cause = hint
             if outcome.status in (Status.FAIL, Status.ERROR):
-                _attach_repro(ctx, op, fn, provider, dtype, results, outcome)
+                _attach_repro(ctx, op, fn, provider, dtype, results, evidence)
+            outcome.details = evidence.dump()
             outcomes.append(outcome)
         return outcomes

@@ -8,6 +8,17 @@ from __future__ import annotations
 
 import sys
 
+from adaptcheck.base.schemas.evidence import Evidence
+from adaptcheck.base.schemas.ops_evidence import (
+    CaseEvidence,
+    CaseSeconds,
+    OpEvidence,
+    OpMetrics,
+    OutputEvidence,
+    ScaledCase,
+    ToleranceSpec,
+    WorstElement,
+)
 from adaptcheck.steps.ops.catalog import all_ops
 from adaptcheck.steps.ops.tolerance import load_policy
 
@@ -50,6 +61,123 @@ adaptcheck ops                                # which provider implements which 
 """
 
 
+CHECKING = """
+## How an op is checked
+
+One result per op and dtype (`ops.gemm.bf16`), so the report can draw an op × dtype matrix and
+the grade can demand exactly the model's dtype. For each dtype, inputs are generated on the
+CPU in that dtype from a seed derived from the run seed, the op, the case and the dtype; the
+provider gets device copies (clones when the op works in place), the reference gets
+float64/int64 NumPy copies of the very same values. Cases are shrunk (never skipped) when the
+device or the reference would be too slow for the check's time budget (`budget_s`), and the
+shrink is recorded. TF32/HF32 are off while ops run, so fp32 means fp32.
+
+A dtype the backend does not claim, a provider that is not installed here, or a provider
+lacking the op give `skip` marked not applicable with the reason, never `pass`. A case whose
+kernel raises is an `error`; a case out of tolerance fails its dtype, and the message names
+the worst case (plus a known likely cause when the provider names one, e.g. a host ISA limit).
+
+## What is measured
+
+Every output of every case is compared with its reference the same way, whatever the mode:
+max absolute error, max relative error (denominator guarded, so that near-zero references do
+not explode it), the fraction of elements outside the element-wise tolerance, cosine
+similarity, the ULP distance in the output dtype where that means something (allclose mode on
+floats: a cancelling dot product has huge ULP distances), non-finite counts, and the worst
+element (index, got, expected). Where the reference is non-finite (masked logits = -inf), the
+device must agree exactly; a non-finite value where the reference is finite is a failure
+whatever the mode. `ratio` is the measured error as a fraction of the limit: ≤ 1 passes, ∞ is
+an exact-mode mismatch or a non-finite surprise. The modes:
+
+* `allclose`: element-wise `|got − ref| ≤ atol + rtol·|ref|`; ratio = the largest
+  `|got − ref| / (atol + rtol·|ref|)`;
+* `normalized` (reductions): `max|Δ| / max|ref|` against `max_normalized` and the cosine
+  against `min_cosine`; ratio = the larger of the two shortfalls;
+* `exact`: identical values (ratio 0 or ∞);
+* `codes`: quantized codes within `max_code_distance` steps (ULPs of the output dtype).
+
+## Reading the report
+
+Each `ops.op` result is one (op, provider, dtype) cell of the step-3 matrix. The cell says its
+status in text and glyph (never colour alone) and the measured error as a fraction of the
+tolerance, so a reader sees at a glance both *whether* an op passed and *how close* it came
+to the limit: `0.9×` passes but is worth a look on the next driver, `∞` is an exact-mode
+mismatch or a non-finite surprise. A ratio just above 1 never prints as `1×`. An errored
+result shows the worst ratio its compared outputs measured: a case that raised measured
+nothing, and counts as no ratio rather than ∞. Each op then gets a detail block with the tolerance policy of every output
+beside the worst measured figures, and every case with its worst element, its shrink and
+where its time went. A result without details (a worker that crashed, a provider that is
+missing, an older or hand-edited results file) shows as what is known, never breaks the page.
+
+**Kernels the served model did not use.** vLLM's layer classes (`CustomOp`) run either a
+platform path (`forward_cpu`, `forward_cuda` …: the `_C` kernels the `vllm` provider checks)
+or `forward_native` (plain torch ops). On x86 CPUs, for instance, RMSNorm and GELUTanh run
+`forward_native`, so a passing (or failing) `ops.vllm.rms_norm` says nothing about the served
+model there. Step 4 records what each layer type really ran
+(`details.teacher_forced.implementations`); a vLLM-provider op whose layer class ran
+`forward_native` without naming the kernel is marked "not used by the served model here",
+with that evidence. Which op each layer class runs, under which kernel name, is one table,
+`adaptcheck.frameworks.vllm_ops.VLLM_OPS`, which the `vllm` provider maps its ops by too, so
+an op added there is marked without another change.
+
+## The vllm provider
+
+The catalog's signatures are mapped onto vLLM's compiled ops (`torch.ops._C` through
+`vllm._custom_ops`) and, where vLLM has no kernel but its own Python code path is what a
+served model runs (MoE routing, top-k/top-p masking), onto that code. The adapters only
+reshape and allocate: every number is computed by vLLM. vLLM's kernels write into an `out`
+tensor or in place, and its CPU attention keeps the KV cache in a packed per-ISA layout, so
+the adapters allocate outputs and convert the catalog's plain cache layout
+`[num_blocks, block_size, Hk, D]` into vLLM's layout and back by explicit permutations
+(checked exact by the tests). vLLM is imported lazily; `available()` says why it cannot be
+used and never raises, and ops the installed build has no kernel for are skipped with the
+reason. Whether the current platform dispatches a layer class to its kernel or to
+`forward_native` is stated in the provider's description, so a report says when the kernel
+under test is not what the layer would run.
+
+## Reproducers
+
+A dtype that fails or errors writes `repro/<check id>.py` into the run folder
+(`details.repro`; `details.repro_error` says why it could not be written, never changing the
+verdict); `adaptcheck repro RESULTS CHECK_ID` writes one for any recorded `ops.op` result
+(every case, failing ones first, so a passing check shows its margin). The script needs torch
+and NumPy (plus the vendor's extension), not adaptcheck: it carries, copied from the very code
+the check ran, the op's input generator fed the same case parameters and seed (so the inputs
+are bit for bit the check's), the float64 reference kernel, the provider's call of the op, the
+comparison and the tolerance limits. It prints one line per case and output (`ratio=…`, ≤ 1
+passes) and a last line worded like the check's message, and exits 1 when a case is out of
+tolerance or raises. `--device` runs it elsewhere, `--dump-inputs DIR` saves each case's
+inputs (`torch.save`) for a kernel's own test. Results recorded before reproducers existed
+carry no seeds and parameters: `adaptcheck repro` says so.
+"""
+
+
+def _evidence_tables() -> list[str]:
+    """The ``details`` (and ``metrics``) of an ``ops.op`` result, from the evidence models' descriptions."""
+    records: list[tuple[str, str, type[Evidence]]] = [
+        ("details", "one op of one provider in one dtype (a not-applicable skip has op, provider and dtype only)",
+         OpEvidence),
+        ("details.tolerance[output]", "the tolerance class applied to an output", ToleranceSpec),
+        ("details.cases[]", "one case", CaseEvidence),
+        ("details.cases[].scaled", "the shrink (empty when the case ran as written)", ScaledCase),
+        ("details.cases[].seconds", "where the case's time went", CaseSeconds),
+        ("details.cases[].outputs[]", "one output of the case", OutputEvidence),
+        ("details.cases[].outputs[].worst", "its worst element", WorstElement),
+        ("metrics", "sums and worst values over the cases", OpMetrics),
+    ]
+    lines = ["", "## Evidence: what an `ops.op` result records", "",
+             "Written and read through the models in `adaptcheck/base/schemas/ops_evidence.py`. Measured",
+             "numbers that can be non-finite are stored as the strings `inf`, `-inf` or `nan` (JSON has",
+             "none). An op's own case fields and input notes are kept as it writes them, so a new op",
+             "needs no change here."]
+    for where, what, model in records:
+        lines += ["", f"`{where}`: {what}.", "", "| field | meaning |", "|---|---|"]
+        for name, info in model.model_fields.items():
+            meaning = (info.description or "").replace("|", "\\|")
+            lines.append(f"| `{info.alias or name}` | {meaning} |")
+    return lines
+
+
 def render() -> str:
     lines = [INTRO]
     lines += ["| op | family | signature | outputs (tolerance class) | dtypes | needs | in place |",
@@ -66,6 +194,7 @@ def render() -> str:
         if klass.max_code_distance is not None:
             limits = f"max code distance {klass.max_code_distance}"
         lines.append(f"| {name} | {klass.mode} | {limits or 'identical values'} | {klass.source} |")
+    lines += [CHECKING.rstrip("\n"), *_evidence_tables()]
     return "\n".join(lines) + "\n"
 
 

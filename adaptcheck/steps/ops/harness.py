@@ -1,11 +1,6 @@
-"""Run one operator over its cases × dtypes on the device and judge it against the reference.
-
-For each dtype: inputs are generated on the CPU in that dtype from a seed derived from the
-run seed, the op, the case and the dtype; the provider gets device copies (clones when the
-op works in place), the reference gets float64/int64 NumPy copies of the very same values.
-Cases are shrunk (never skipped) when the device or the reference would be too slow for
-the check's time budget, and the shrink is recorded. TF32/HF32 are off while ops run, so
-fp32 means fp32.
+"""Run one case of an operator on the device and judge each output against the float64
+reference, shrinking cases to the check's time budget (seeding, shrinking and fp32 precision:
+docs/ops.md, "How an op is checked").
 """
 
 from __future__ import annotations
@@ -18,8 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from pydantic import JsonValue
+from pydantic_core import to_jsonable_python
 
 from adaptcheck.base.dtypes import is_fnuz, torch_dtype
+from adaptcheck.base.schemas.ops_evidence import (
+    CaseEvidence,
+    CaseSeconds,
+    OutputEvidence,
+    ScaledCase,
+    ToleranceLimits,
+    WorstElement,
+)
 from adaptcheck.steps.ops.judge import OutputComparison, compare
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef
 from adaptcheck.steps.ops.tolerance import TolerancePolicy
@@ -40,11 +45,12 @@ class CaseResult:
     passed: bool
     outputs: list[OutputComparison] = field(default_factory=list)
     error: str = ""
-    scaled: dict[str, Any] = field(default_factory=dict)
-    notes: dict[str, Any] = field(default_factory=dict)
+    scaled: ScaledCase = field(default_factory=ScaledCase)
+    """The shrink that made the case fit the budget (empty when it ran as written)."""
+    notes: dict[str, JsonValue] = field(default_factory=dict)
     seed: int = 0
     """Seed of the CPU generator the inputs came from (a reproducer rebuilds them from it)."""
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, JsonValue] = field(default_factory=dict)
     """The case's fields as run (after any shrink): with the seed, all a reproducer needs."""
     op_s: float = 0.0
     reference_s: float = 0.0
@@ -57,15 +63,32 @@ class CaseResult:
             return math.inf
         return max((o.ratio for o in self.outputs), default=math.inf)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "case": self.case, "dtype": self.dtype, "passed": self.passed, "error": self.error,
-            "ratio": self.ratio if math.isfinite(self.ratio) else str(self.ratio),
-            "outputs": [o.as_dict() for o in self.outputs], "scaled": self.scaled, "notes": self.notes,
-            "seed": self.seed, "params": self.params,
-            "seconds": {"op": self.op_s, "reference": self.reference_s, "inputs": self.inputs_s,
-                        "compare": self.compare_s},
-        }
+    def evidence(self) -> CaseEvidence:
+        """The case as ``details.cases`` records it."""
+        return CaseEvidence(
+            case=self.case, dtype=self.dtype, passed=self.passed, error=self.error, ratio=_figure(self.ratio),
+            outputs=[output_evidence(o) for o in self.outputs], scaled=self.scaled, notes=self.notes,
+            seed=self.seed, params=self.params,
+            seconds=CaseSeconds(op=self.op_s, reference=self.reference_s, inputs=self.inputs_s,
+                                compare=self.compare_s),
+        )
+
+
+def _figure(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)  # JSON has no inf/nan
+
+
+def output_evidence(o: OutputComparison) -> OutputEvidence:
+    """One output's comparison as ``details.cases[].outputs`` records it (every field, None included)."""
+    worst = WorstElement() if o.worst is None else WorstElement(
+        index=o.worst.index, got=o.worst.got, expected=o.worst.expected, abs_error=o.worst.abs_error)
+    return OutputEvidence(
+        output=o.output, mode=o.mode, passed=o.passed, ratio=_figure(o.ratio),
+        limits=ToleranceLimits.model_validate(o.limits), max_abs=_figure(o.max_abs), max_rel=_figure(o.max_rel),
+        mismatch_fraction=_figure(o.mismatch_fraction), cosine=o.cosine,
+        normalized=None if o.normalized is None else _figure(o.normalized), max_ulp=o.max_ulp,
+        nonfinite_got=o.nonfinite_got, nonfinite_ref=o.nonfinite_ref, elements=o.elements, worst=worst,
+        reason=o.reason)
 
 
 def to_numpy(value: Any) -> Any:
@@ -104,7 +127,8 @@ def _run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBa
     gen = torch.Generator(device="cpu")
     gen.manual_seed(result.seed)
     inputs = op.make_inputs(case, dtype, gen)
-    result.notes = dict(inputs.notes)
+    # The op's own facts as the JSON they are stored as (str for anything else, as the worker's wire does).
+    result.notes = to_jsonable_python(inputs.notes, fallback=str)
     ref_args = {k: to_numpy(v) for k, v in inputs.kwargs.items()}
     dev_args = {k: (v.clone() if op.in_place else v).to(ctx.device) if isinstance(v, torch.Tensor) else v
                 for k, v in inputs.kwargs.items()}
@@ -178,15 +202,16 @@ def measure_speed(ctx: CheckContext, dtypes: list[str]) -> SpeedModel:
     return SpeedModel(rates, 2 * n**3 / max(time.perf_counter() - t0, 1e-7))
 
 
-def fit_case(case: CaseBase, dtype: str, speed: SpeedModel, budget_s: float) -> tuple[CaseBase, dict[str, Any]]:
-    """Shrink ``case`` until its estimated device + reference time fits ``budget_s``."""
+def fit_case(case: CaseBase, dtype: str, speed: SpeedModel, budget_s: float) -> tuple[CaseBase, ScaledCase]:
+    """Shrink ``case`` until its estimated device + reference time fits ``budget_s`` (the shrink
+    is empty when it fits as written)."""
     work = case.work()
     device_rate = speed.device_flops.get(dtype) or min(speed.device_flops.values(), default=1e9)
     estimate = work / device_rate + work / speed.reference_flops
     if estimate <= budget_s:
-        return case, {}
+        return case, ScaledCase()
     smaller = case.scaled(budget_s / estimate)
     if smaller.model_dump() == case.model_dump():
-        return case, {}
-    return smaller, {"from": case.model_dump(), "to": smaller.model_dump(),
-                     "why": f"estimated {estimate:.1f}s > budget {budget_s:.1f}s on this device"}
+        return case, ScaledCase()
+    return smaller, ScaledCase.model_validate({"from": case.model_dump(mode="json"), "to": smaller.model_dump(mode="json"),
+                                               "why": f"estimated {estimate:.1f}s > budget {budget_s:.1f}s on this device"})

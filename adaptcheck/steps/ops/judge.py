@@ -1,17 +1,12 @@
-"""Compare one op output with its float64 reference and say by how much it is off.
-
-Every comparison records the same evidence, whatever the mode: max abs error, max relative
-error (denominator guarded so that near-zero references do not explode it), the fraction of
-elements outside the element-wise tolerance, cosine similarity, the ULP distance in the
-output dtype where that means something, non-finite counts, and the worst element (index,
-got, expected). ``ratio`` is the measured error as a fraction of the limit: ≤ 1 passes.
+"""Compare one op output with its float64 reference and say by how much it is off (the figures
+and the modes: docs/ops.md, "What is measured"). Reproducers copy this code, so it uses
+torch, NumPy and plain dataclasses only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,6 +14,16 @@ import torch
 from adaptcheck.steps.ops.tolerance import ToleranceClass
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass
+class Worst:
+    """The element furthest off (a non-finite surprise first); non-finite values as strings."""
+
+    index: list[int]
+    got: float | str
+    expected: float | str
+    abs_error: float | str
 
 
 @dataclass
@@ -30,7 +35,8 @@ class OutputComparison:
     passed: bool
     ratio: float
     """Measured error / limit (inf for an exact mismatch or a non-finite surprise)."""
-    limits: dict[str, Any]
+    limits: dict[str, float | None]
+    """The limits applied, by name (those of the class's mode; ``max_code_distance`` in codes mode)."""
     max_abs: float = 0.0
     max_rel: float = 0.0
     mismatch_fraction: float = 0.0
@@ -40,16 +46,9 @@ class OutputComparison:
     nonfinite_got: int = 0
     nonfinite_ref: int = 0
     elements: int = 0
-    worst: dict[str, Any] = field(default_factory=dict)
+    worst: Worst | None = None
+    """None when nothing was compared (a shape mismatch)."""
     reason: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        for key in ("ratio", "max_abs", "max_rel", "mismatch_fraction", "normalized"):
-            value = out[key]
-            if isinstance(value, float) and not math.isfinite(value):
-                out[key] = str(value)  # JSON has no inf/nan
-        return out
 
 
 def _ordered_bits(t: torch.Tensor) -> np.ndarray:
@@ -92,7 +91,7 @@ def _compare(
 ) -> OutputComparison:
     """Judge ``got`` (any device, any dtype) against ``ref`` (float64 / int64 NumPy)."""
     limit = klass.limit_for(dtype)
-    limits = {k: v for k, v in limit.model_dump().items() if v is not None}
+    limits: dict[str, float | None] = {k: v for k, v in limit.model_dump().items() if v is not None}
     if klass.mode == "codes":
         limits["max_code_distance"] = klass.max_code_distance
     got_cpu = got.detach().cpu()
@@ -177,11 +176,11 @@ def _compare(
     worst_pool = np.where(surprise | special_bad, np.inf, diff)
     flat = int(np.argmax(worst_pool)) if worst_pool.size else 0
     full_index = np.argwhere(mask)[flat] if mask is not None else np.unravel_index(flat, r.shape)
-    res.worst = {"index": [int(i) for i in full_index], "got": _num(g_f[flat]), "expected": _num(r_f[flat]),
-                 "abs_error": _num(abs(g_f[flat] - r_f[flat]) if np.isfinite(g_f[flat] - r_f[flat]) else math.inf)}
+    res.worst = Worst(index=[int(i) for i in full_index], got=_num(g_f[flat]), expected=_num(r_f[flat]),
+                      abs_error=_num(abs(g_f[flat] - r_f[flat]) if np.isfinite(g_f[flat] - r_f[flat]) else math.inf))
     if not res.passed and not res.reason:
-        res.reason = (f"{int(bad.sum())} of {bad.size} elements out of tolerance; worst at {res.worst['index']}:"
-                      f" got {res.worst['got']} expected {res.worst['expected']}")
+        res.reason = (f"{int(bad.sum())} of {bad.size} elements out of tolerance; worst at {res.worst.index}:"
+                      f" got {res.worst.got} expected {res.worst.expected}")
     return res
 
 

@@ -1,30 +1,14 @@
-"""What an operator is, for step 3.
-
-An :class:`OpDef` ties together, for one operator name:
-
-* a strict **case model** (pydantic, ``name`` plus shape fields) that ladder YAML fills;
-* **make_inputs(case, dtype, generator)** → :class:`OpInputs`: CPU tensors in the target
-  dtype (plus int index tensors and plain scalars), generated from a seeded generator;
-* a **reference** in :mod:`reference_kernels` that receives the same arguments as float64 /
-  int64 NumPy arrays and returns the expected outputs;
-* its **native** implementation: device-generic torch, the path a model takes without custom
-  kernels (vLLM's ``CustomOp.forward_native``). It is what the ``torch`` provider runs: the
-  provider's table is read from the OpDefs, so an op and its device path are written side by
-  side in the family module and cannot drift apart;
-* a **tolerance class** (``matrices/tolerances.yaml``) per output;
-* the provider **signature** every implementation under test must follow: it receives the
-  same keyword arguments as tensors on the device (scalars unchanged) and returns one
-  tensor or a tuple in the order of ``outputs``.
-
-Adding an op (the three files it touches, a worked example): docs/adding-an-op.md.
+"""What an operator is, for step 3: an :class:`OpDef` ties together its case model, input
+generator, float64 reference, device-generic torch implementation, tolerance class per output
+and the provider signature (each part, and adding an op: docs/adding-an-op.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,14 +37,19 @@ class CaseBase(BaseModel):
         return 1.0
 
 
+OpArg: TypeAlias = "torch.Tensor | torch.dtype | bool | int | float | str | None"
+"""One keyword argument of an op call: a tensor, a dtype (an output dtype) or a plain scalar."""
+
+
 @dataclass
 class OpInputs:
     """Arguments of one op call. Tensors are on the CPU in their final dtype."""
 
-    kwargs: dict[str, Any]
+    kwargs: dict[str, OpArg]
     """Keyword arguments: torch tensors and plain Python scalars."""
-    notes: dict[str, Any] = field(default_factory=dict)
-    """What is special about these inputs (shown in the report)."""
+    notes: Mapping[str, object] = field(default_factory=dict)
+    """What is special about these inputs (shown in the report): the op's own facts, any
+    JSON-able values (the harness stores them as JSON)."""
     compare_mask: torch.Tensor | None = None
     """Optional bool mask over the first output: only these positions are compared (e.g. rows
     of a greedy sample whose top-1/top-2 gap is clear)."""

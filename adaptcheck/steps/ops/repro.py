@@ -1,22 +1,21 @@
-"""Step 3's side of the reproducers: from an op check (live, or as results.json recorded it)
-to an :class:`~adaptcheck.repro.ops.OpsReproSpec`.
-
-The check calls :func:`write_check_repro` for an outcome that failed or errored; ``adaptcheck
-repro`` calls :func:`write_recorded_repro` for a check that has no script yet. Both hand the
-writer the very objects the check uses (the op's generator, its reference kernel, the
-provider's callable, the harness's comparison), so the script is the check's code.
+"""Step 3's side of the reproducers: from an op check, live (:func:`write_check_repro`, for an
+outcome that failed or errored) or as results.json recorded it (:func:`write_recorded_repro`,
+for ``adaptcheck repro``), to an :class:`~adaptcheck.repro.ops.OpsReproSpec` holding the very
+objects the check used, so the script is the check's code (docs/ops.md, "Reproducers").
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adaptcheck import __version__
 from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.schemas.ops_evidence import CaseEvidence, OpEvidence
 from adaptcheck.repro.files import repro_relpath
-from adaptcheck.repro.ops import OpsReproCase, OpsReproSpec, write_ops_repro
+from adaptcheck.repro.ops import OpsReproCase, OpsReproSpec, OutputTolerance, write_ops_repro
 from adaptcheck.steps.ops.harness import CaseResult, to_numpy
 from adaptcheck.steps.ops.judge import compare
 from adaptcheck.steps.ops.opdef import OpDef
@@ -39,10 +38,10 @@ def _fp8_override(flavour: str | None) -> dict[tuple[str, str], str]:
     return {(_FP8_MODULE, "current_fp8_flavour"): f"def current_fp8_flavour():\n{body}"}
 
 
-def tolerances(op: OpDef, dtype: str) -> list[tuple[str, dict[str, Any]]]:
+def tolerances(op: OpDef, dtype: str) -> list[tuple[str, OutputTolerance]]:
     """(output, tolerance class as the script needs it) for each output of ``op``."""
     policy = load_policy()
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[tuple[str, OutputTolerance]] = []
     for name, klass_name in zip(op.outputs, op.tolerance, strict=False):
         klass = policy.get(klass_name)
         out.append((name, {"class": klass_name, "mode": klass.mode,
@@ -51,12 +50,12 @@ def tolerances(op: OpDef, dtype: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def case_namespace(op: OpDef, params: dict[str, Any]) -> dict[str, Any]:
+def case_namespace(op: OpDef, params: Mapping[str, object]) -> dict[str, object]:
     """What the generator reads of a case: its fields plus its computed properties
     (``rotary``, ``qk_gain`` …), as plain values — the script hands the generator a plain
     namespace instead of the pydantic case model."""
     case = op.case_model.model_validate(params)
-    out = case.model_dump()
+    out: dict[str, object] = case.model_dump()
     for name in dir(type(case)):
         if name.startswith(("_", "model_")):
             continue
@@ -65,12 +64,12 @@ def case_namespace(op: OpDef, params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _observed(case: dict[str, Any]) -> str:
-    if case.get("error"):
-        return f"raised {case['error']}"
-    parts = [f"{o['output']}: ratio {o['ratio']} max_abs {o['max_abs']}"
-             + (f" normalized {o['normalized']}" if o.get("normalized") is not None else "")
-             for o in case.get("outputs", [])]
+def _observed(case: CaseEvidence) -> str:
+    if case.error:
+        return f"raised {case.error}"
+    parts = [f"{o.output}: ratio {o.ratio} max_abs {o.max_abs}"
+             + (f" normalized {o.normalized}" if o.normalized is not None else "")
+             for o in case.outputs]
     return "; ".join(parts)
 
 
@@ -92,7 +91,7 @@ def write_check_repro(ctx: Any, op: OpDef, fn: Callable[..., Any], provider: Any
     """Write the script for the cases of ``results`` that did not pass; the relative path."""
     bad = [r for r in results if not r.passed] or results
     backend = ctx.backend
-    cases = [OpsReproCase(r.case, case_namespace(op, r.params), r.seed, _observed(r.as_dict())) for r in bad]
+    cases = [OpsReproCase(r.case, case_namespace(op, r.params), r.seed, _observed(r.evidence())) for r in bad]
     spec = build_spec(check_id=check_id, op=op, fn=fn, provider=provider.name,
                       provider_description=getattr(provider, "description", ""), dtype=dtype,
                       device=str(ctx.device), device_type=backend.device_type, torch_module=backend.torch_module,
@@ -101,9 +100,10 @@ def write_check_repro(ctx: Any, op: OpDef, fn: Callable[..., Any], provider: Any
     return repro_relpath(check_id)
 
 
-def write_recorded_repro(run_dir: Path, check_id: str, details: dict[str, Any], device: str,
+def write_recorded_repro(run_dir: Path, check_id: str, details: Mapping[str, object], device: str,
                          backend_name: str) -> Path:
-    """Write the script for a step-3 check from what results.json recorded of it.
+    """Write the script for a step-3 check from what results.json recorded of it (its ``details``,
+    read as :class:`OpEvidence`; details that do not fit raise :class:`EvidenceError`).
 
     Every case of the check is included (failing ones first): for a passing check the script
     shows the margin. Cases recorded before reproducers existed carry no seed/parameters:
@@ -113,15 +113,16 @@ def write_recorded_repro(run_dir: Path, check_id: str, details: dict[str, Any], 
     from adaptcheck.steps.ops.catalog import get_op
     from adaptcheck.steps.ops.providers.registry import load_provider
 
-    op = get_op(str(details.get("op", "")))
-    dtype = str(details.get("dtype", ""))
-    recorded = [c for c in details.get("cases", []) if isinstance(c, dict)]
-    missing = [str(c.get("case", "?")) for c in recorded if "seed" not in c or "params" not in c]
+    evidence = OpEvidence.parse(details, where=f"{check_id}: details")
+    op = get_op(evidence.op or "")
+    dtype = evidence.dtype or ""
+    recorded = list(evidence.cases)
+    missing = [c.case or "?" for c in recorded if c.seed is None or c.params is None]
     if not recorded or missing:
         raise InvalidInputError(f"{check_id}: results.json does not record the seed and parameters of case(s)"
                                 f" {', '.join(missing) or '(none recorded)'}",
                                 hint="run the check again with this adaptcheck; it records them")
-    provider = load_provider(str(details.get("provider", "torch")))
+    provider = load_provider(evidence.provider or "torch")
     ok, why = provider.available()
     fn = provider.get(op.name) if ok else None
     if fn is None:
@@ -129,12 +130,14 @@ def write_recorded_repro(run_dir: Path, check_id: str, details: dict[str, Any], 
                                 f" ({why or provider.lacks_reason(op.name)})",
                                 hint="install the provider the check ran with")
     backend = get_backend(backend_name)
-    recorded.sort(key=lambda c: bool(c.get("passed")))
-    cases = [OpsReproCase(str(c["case"]), case_namespace(op, c["params"]), int(c["seed"]), _observed(c))
-             for c in recorded]
+    recorded.sort(key=lambda c: c.passed)
+    cases = [OpsReproCase(c.case, case_namespace(op, c.params or {}), c.seed or 0, _observed(c)) for c in recorded]
+    # A flavour recorded as null means the backend declared none; one not recorded (older files) is the backend's.
+    fp8 = evidence.fp8_flavour if "fp8_flavour" in evidence.model_fields_set else backend.fp8_flavour
     spec = build_spec(check_id=check_id, op=op, fn=fn, provider=provider.name,
-                      provider_description=str(details.get("provider_description", provider.description)),
+                      provider_description=(provider.description if evidence.provider_description is None
+                                            else evidence.provider_description),
                       dtype=dtype, device=device, device_type=backend.device_type,
                       torch_module=backend.torch_module, extension_module=backend.extension_module,
-                      fp8_flavour=details.get("fp8_flavour", backend.fp8_flavour), cases=cases)
+                      fp8_flavour=fp8, cases=cases)
     return write_ops_repro(run_dir, spec)

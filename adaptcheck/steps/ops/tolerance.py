@@ -1,7 +1,5 @@
-"""The step-3 tolerance policy, loaded from ``matrices/tolerances.yaml`` (data, with sources).
-
-Modes: ``allclose`` (element-wise rtol/atol), ``normalized`` (max|Δ|/max|ref| plus cosine,
-for reductions), ``exact`` (identical values), ``codes`` (quantized codes within N steps).
+"""The step-3 tolerance policy, loaded from ``matrices/tolerances.yaml`` (data, with sources;
+the classes and modes: docs/ops.md).
 """
 
 from __future__ import annotations

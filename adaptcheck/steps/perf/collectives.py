@@ -1,32 +1,26 @@
-"""``perf.collectives``: algbw / busbw of the collectives vLLM uses, timed by rank processes.
-
-Reuses step 4's launcher (:func:`adaptcheck.collectives.launch.launch`: one process
-per rank, loopback rendezvous, deadline, no rank left behind) with the worker's bench mode
-(:func:`~adaptcheck.collectives.worker.run_bench_case`). On a host CPU, 2
-gloo ranks share the machine (a stand-in that exercises the whole path); on an accelerator,
-one rank per device, and one device means not applicable.
-
-Rows follow nccl-tests (:mod:`adaptcheck.collectives.bandwidth`): ``bytes`` is the full tensor
-``S``, ``achieved.bytes_per_s`` is algbw, ``extra`` holds algbw and busbw, efficiency is
-busbw over the interconnect, bound ``network``. A rank that crashed or hung makes the check
-an ``error`` naming it; an op the library does not support is a ``not_run`` row.
+"""``perf.collectives``: algbw and busbw of the collectives vLLM uses, timed by rank processes
+through step 4's launcher in bench mode, as micro-benchmark rows (bound ``network``, efficiency
+busbw over the interconnect). Definitions and status: docs/cluster.md ("How collectives are
+checked and timed") and docs/perf.md ("Micro-benchmark outcome").
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
 from adaptcheck.base.dtypes import ITEMSIZE, FloatDtype
 from adaptcheck.base.plugins import class_ref, import_root
+from adaptcheck.base.schemas.micro_evidence import MicroEvidence, MicroRow, RankRecord
 from adaptcheck.collectives.bandwidth import collective_row, elements_for_bytes
-from adaptcheck.collectives.launch import LaunchResult, launch
+from adaptcheck.collectives.launch import BenchSettings, LaunchResult, WorkerConfig, launch
 from adaptcheck.collectives.plan import resolve_world_size
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
-from adaptcheck.perf.micro import MIB, not_run_row
+from adaptcheck.perf.micro import MIB, Params, not_run_row
+from adaptcheck.perf.peaks import Peak
 from adaptcheck.perf.timing import SYNC, summarize
 from adaptcheck.steps.perf.common import TimedParams, headline, resolve_peak, verdict
 
@@ -84,29 +78,29 @@ def rank_failures(launched: LaunchResult) -> str:
 
 
 def bench_rows(cases: list[tuple[str, str, int]], launched: LaunchResult, world_size: int,
-               peak: Any) -> list[dict[str, Any]]:
+               peak: Peak | None) -> list[MicroRow]:
     """One row per case from every rank's ``bench`` record (the slowest rank's median)."""
-    by_key: dict[str, dict[int, dict[str, Any]]] = {}
+    by_key: dict[str | None, dict[int, RankRecord]] = {}
     for rank, recs in launched.records.items():
         for rec in recs:
-            if rec.get("event") == "bench":
-                by_key.setdefault(rec["key"], {})[rank] = rec
+            if rec.event == "bench":
+                by_key.setdefault(rec.key, {})[rank] = rec
     rows = []
     for op, dtype, n in cases:
         got = by_key.get(f"{op}/{dtype}/{n}", {})
-        params = {"op": op, "world_size": world_size, "elements_per_rank": n}
+        params: Params = {"op": op, "world_size": world_size, "elements_per_rank": n}
         name = f"{op} {dtype} {n} elements/rank"
-        errors = [r for r in got.values() if r.get("status") != "ok"]
+        errors = [r for r in got.values() if r.status != "ok"]
         if errors:
-            raised = any(r.get("status") == "raised" for r in errors)
+            raised = any(r.status == "raised" for r in errors)
             rows.append(not_run_row(name, dtype, params, ("" if raised else "not supported: ")
-                                    + str(errors[0].get("error", "?")), raised=raised))
+                                    + (errors[0].error or "?"), raised=raised))
         elif len(got) < world_size:
             rows.append(not_run_row(name, dtype, params, f"ranks {sorted(set(range(world_size)) - set(got))} "
                                                          "never reported it (died or hung there)", raised=True))
         else:
-            timings = {rank: summarize(rec["samples"], inner=int(rec.get("inner", 1)), warmup=int(rec.get("warmup", 0)),
-                                       timer=SYNC) for rank, rec in got.items()}
+            timings = {rank: summarize(rec.samples or [], inner=rec.inner or 1, warmup=rec.warmup or 0, timer=SYNC)
+                       for rank, rec in got.items()}
             slowest = max(timings.values(), key=lambda t: t.median)
             rows.append(collective_row(op, dtype, world_size, n, ITEMSIZE[dtype], slowest, peak,
                                        rank_medians=[timings[r].median for r in sorted(timings)]))
@@ -127,10 +121,10 @@ class CollectivesBenchCheck(Check):
         ws, why = resolve_world_size(backend, ctx.device_count, params.world_size)
         if ws is None:
             return Outcome.skipped(why, applicable=params.world_size is not None,
-                                   details={"benchmark": "collectives", "device_count": ctx.device_count})
+                                   details=MicroEvidence(benchmark="collectives", device_count=ctx.device_count).dump())
         peak = resolve_peak(ctx, params.peaks_file)
         sizes = params.sizes_mib or ([1, 256] if backend.is_accelerator else [1, 32])
-        rows: list[dict[str, Any]] = []
+        rows: list[MicroRow] = []
         cases: list[tuple[str, str, int]] = []
         for op in params.ops:
             for dtype in params.dtypes:
@@ -145,32 +139,33 @@ class CollectivesBenchCheck(Check):
         if cases:
             ref = class_ref(type(backend))
             root = import_root(ref.partition(":")[0])
-            config = {"mode": "bench", "backend": backend.name, "backend_class": ref, "ops": list(params.ops),
-                      "dtypes": list(params.dtypes), "elements": [], "cases": cases, "impl": None,
-                      "timeout_s": params.timeout_s,
-                      "bench": {"warmup": params.warmup, "min_reps": params.min_reps, "max_reps": params.max_reps,
-                                "budget_s": params.budget_s}}
+            config = WorkerConfig(mode="bench", backend=backend.name, backend_class=ref, ops=list(params.ops),
+                                  dtypes=list(params.dtypes), elements=[], cases=cases, impl=None,
+                                  timeout_s=params.timeout_s,
+                                  bench=BenchSettings(warmup=params.warmup, min_reps=params.min_reps,
+                                                      max_reps=params.max_reps, budget_s=params.budget_s))
             ctx.run_dir.mkdir(parents=True, exist_ok=True)
             logs = Path(tempfile.mkdtemp(prefix="perf-collectives-", dir=ctx.run_dir))
             launched = launch(config, ws, timeout_s=params.timeout_s, crash_grace_s=5, logs_dir=logs,
                               extra_pythonpath=[root] if root else [])
             rows = bench_rows(cases, launched, ws, peak) + rows
-        metrics: dict[str, Any] = {"world_size": ws, "library": backend.collective_library}
-        largest: dict[tuple[str, str], dict[str, Any]] = {}
+        metrics: dict[str, float | str] = {"world_size": ws, "library": backend.collective_library}
+        largest: dict[tuple[str | None, str | None], MicroRow] = {}
         for row in rows:
-            if row["status"] == "ok":
-                key = (row["extra"]["op"], row["dtype"])
-                if key not in largest or row["bytes"] > largest[key]["bytes"]:
+            if row.status == "ok":
+                key = (row.extra.op, row.dtype)
+                if key not in largest or (row.bytes or 0) > (largest[key].bytes or 0):
                     largest[key] = row
         for (op_name, dtype_name), row in largest.items():
-            headline(metrics, f"{op_name}_{dtype_name}", row)
-            metrics[f"{op_name}_{dtype_name}_busbw_gbps"] = row["extra"]["busbw"] / 1e9
+            headline(metrics, f"{op_name}_{dtype_name}", row.dump())
+            if row.extra.busbw is not None:  # None: the timing was unusable (the verdict fails the row)
+                metrics[f"{op_name}_{dtype_name}_busbw_gbps"] = row.extra.busbw / 1e9
         notes = [(f"{ws} {backend.collective_library} ranks; algbw = S/t, busbw = algbw × 2(n-1)/n (all_reduce) "
                   "or (n-1)/n (all_gather, reduce_scatter, all_to_all); t = the slowest rank's median")]
         if launched is not None:
             metrics["wall_s"] = round(launched.wall_s, 3)
             crash = rank_failures(launched)
             if crash:
-                out = verdict(ctx, "collectives", rows, peak, metrics, notes, timer=SYNC)
+                out = verdict(ctx, "collectives", [row.dump() for row in rows], peak, metrics, notes, timer=SYNC)
                 return Outcome.errored(crash, metrics=metrics, details={**out.details, "logs_dir": launched.logs_dir})
-        return verdict(ctx, "collectives", rows, peak, metrics, notes, timer=SYNC)
+        return verdict(ctx, "collectives", [row.dump() for row in rows], peak, metrics, notes, timer=SYNC)

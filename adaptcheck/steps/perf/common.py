@@ -1,27 +1,7 @@
-"""What the step-5 micro-benchmark checks share: timing params, the peak they are held to,
-and the status policy of ``docs/perf.md``.
-
-Status policy (one Outcome per check):
-
-* ``error`` — a row raised an error that is not "unsupported" (the benchmark crashed);
-* ``fail`` — a measured row's timing is non-finite or non-positive (a broken timer/device);
-* ``skip`` — nothing could be measured (every row not_run, with the reasons), or no peak is
-  known for the device or for a measured dtype: efficiency is the point, so the message
-  says how to add one to ``matrices/peaks.yaml``; not-applicable skips are the checks' own;
-* ``pass`` — every row that could run ran and has an efficiency and a bound class. Rows
-  ``not_run`` for a stated reason (dtype unsupported here, too slow at any size) are
-  listed in the message and details, and do not fail the check.
-
-Rows held to no peak: a memory-bound row whose footprint is under ``DRAM_FACTOR`` × the
-last-level cache measures the cache: it gets ``bound: cache``, no efficiency, and
-``extra.cache`` says why (:func:`hold_to_memory`).
-
-Above 100 %: an efficiency above 1 is a defect of the ceiling (a clock or per-cycle figure
-too low, a wrong peaks entry, a cache-resident problem), never evidence for the device.
-Every such row is listed in ``details.above_peak`` and the message; when even the slow end
-of the row's median CI is above ``OVER_PEAK`` — above the peak beyond timing noise and the
-few percent a turbo clock moves between the clock measurement and the row — the check is an
-``error`` (it cannot judge the device against a ceiling that is wrong), with what to fix.
+"""What the step-5 micro-benchmark checks share: the peak they are held to (raised or
+re-measured when a row shows it too low), the memory rows held to the cache instead, and the
+status policy of one micro-benchmark outcome. Policy and shapes: docs/perf.md,
+"Micro-benchmark outcome", "Above 100 %" and "Memory rows and the last-level cache".
 """
 
 from __future__ import annotations
@@ -212,8 +192,12 @@ def describe_row(row: dict[str, Any]) -> str:
     return f"{row_label(row)}: {figure}{eff}{' (' + row['bound'] + ')' if row.get('bound') else ''}"
 
 
+Metrics = dict[str, float | int | str | None]
+"""An outcome's flat metrics: numbers, and a few words (a collective's library)."""
+
+
 def verdict(ctx: CheckContext, benchmark: str, rows: list[dict[str, Any]], peak: Peak | None,
-            metrics: dict[str, Any], notes: list[str] | None = None, timer: str | None = None) -> Outcome:
+            metrics: Metrics, notes: list[str] | None = None, timer: str | None = None) -> Outcome:
     """The Outcome of a micro-benchmark check (see the module docstring)."""
     details: dict[str, Any] = {"benchmark": benchmark, "timer": timer or timer_name(ctx.backend),
                                "peak": peak.as_dict() if peak else None, "rows": rows}
@@ -272,7 +256,7 @@ def verdict(ctx: CheckContext, benchmark: str, rows: list[dict[str, Any]], peak:
     return Outcome.passed(f"{shown}{basis}{cache_note}{over_note}{skipped_note}", metrics=metrics, details=details)
 
 
-def headline(metrics: dict[str, Any], prefix: str, row: dict[str, Any]) -> None:
+def headline(metrics: Metrics, prefix: str, row: dict[str, Any]) -> None:
     """Flat metrics of one row: ``<prefix>_tflops`` / ``_gbps`` / ``_efficiency``."""
     ach = row.get("achieved") or {}
     if ach.get("flops_per_s"):

@@ -1,32 +1,27 @@
-"""Step-5 micro-benchmark check kinds: GEMM, memory copy, host↔device, attention, collectives.
-
-Each kind measures rows with :mod:`adaptcheck.perf` (timing, sizing, FLOP/byte formulas),
-holds them to the device's peak (``matrices/peaks.yaml``, or the CPU peak derived from
-``/proc/cpuinfo``) and returns one Outcome in the shape of ``docs/perf.md``; the status
-policy is :mod:`adaptcheck.steps.perf.common`'s. ``perf.collectives`` lives in
-:mod:`adaptcheck.steps.perf.collectives` and is re-exported here (its entry point names
-this module).
-
-Defaults are sized so that the five checks take about 20-30 s together on a 2-core CPU
-(GEMM ~9-13 s, memory ~2 s, attention ~3 s, collectives ~5-10 s with rank start-up) and
-still mean something on an accelerator: shapes are upper bounds that the sizing probes
-shrink where a slow device cannot do one call in ``max_call_s`` (the row says so).
+"""Step-5 micro-benchmark check kinds: ``perf.gemm``, ``perf.memory_bandwidth``, ``perf.host_device``
+and ``perf.attention`` (``perf.collectives`` is re-exported from
+:mod:`adaptcheck.steps.perf.collectives`, as its entry point names this module): each measures
+its rows with :mod:`adaptcheck.perf`, holds them to the device's peak and returns one Outcome
+whose details are a :class:`~adaptcheck.base.schemas.micro_evidence.MicroEvidence`. Shapes,
+sizing, defaults and the status policy: docs/perf.md ("Micro-benchmark outcome").
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adaptcheck.base.dtypes import FloatDtype, GemmDtype
+from adaptcheck.base.schemas.micro_evidence import MicroEvidence, MicroRow
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.attention import bench_decode, bench_prefill
 from adaptcheck.perf.caches import residency
 from adaptcheck.perf.micro import (
     GEMM_DTYPES,
     MIB,
+    Params,
     bench_copy,
     bench_gemm,
     bench_host_device,
@@ -82,11 +77,25 @@ and hardware constraints (m > 16, dims divisible by 16, compute capability …) 
 plain RuntimeErrors: for these, any refusal is "not supported here", not a crash."""
 
 
-def _failed_row(name: str, dtype: str | None, params: dict[str, Any], exc: BaseException) -> dict[str, Any]:
+def _failed_row(name: str, dtype: str | None, params: Params, exc: BaseException) -> MicroRow:
     """A row whose measurement raised: 'unsupported' is a reason, anything else an error."""
     if is_unsupported(exc) or (dtype in PRIVATE_OP_DTYPES and isinstance(exc, (RuntimeError, TypeError))):
         return not_run_row(name, dtype, params, f"not supported on this device at this shape: {error_text(exc)}")
     return not_run_row(name, dtype, params, error_text(exc), raised=True)
+
+
+def _held_verdict(ctx: CheckContext, benchmark: str, rows: list[MicroRow], heads: dict[int, str], peak: Peak | None,
+                  peaks_file: str | None, notes: list[str] | None = None) -> Outcome:
+    """The verdict of rows that may be compute-bound: each held to the memory peak or labelled
+    cache-resident, the CPU clock re-measured where one ran above the peak, then the headline
+    metrics (``heads``: row index → metric prefix) against the final peak."""
+    stored = [hold_to_memory(ctx, row.dump()) for row in rows]
+    peak = recheck_clock(ctx, peak, stored, peaks_file)
+    metrics: dict[str, float] = {}
+    for i, prefix in heads.items():
+        if rows[i].status == "ok":
+            headline(metrics, prefix, stored[i])
+    return verdict(ctx, benchmark, stored, peak, metrics, notes)
 
 
 # --- GEMM ------------------------------------------------------------------------------------
@@ -143,12 +152,11 @@ class GemmBenchCheck(Check):
         # The probe never needs a cube larger than the largest problem asked for.
         largest = max(s.m * s.n * s.k for s in params.shapes)
         probe_cap = min(2048, max(128, 1 << math.ceil(math.log2(largest) / 3)))
-        rows: list[dict[str, Any]] = []
+        rows: list[MicroRow] = []
         heads: dict[int, str] = {}  # row index → headline metric prefix
-        metrics: dict[str, Any] = {}
         for dtype in dtypes:
-            shape_rows = [(s, f"{s.label} m={s.m} n={s.n} k={s.k}", {"m": s.m, "n": s.n, "k": s.k})
-                          for s in params.shapes]
+            shape_rows: list[tuple[GemmShape, str, Params]] = [
+                (s, f"{s.label} m={s.m} n={s.n} k={s.k}", {"m": s.m, "n": s.n, "k": s.k}) for s in params.shapes]
             if dtype not in backend.dtypes:
                 rows += [not_run_row(name, dtype, p, f"{backend.name} does not declare {dtype}")
                          for _, name, p in shape_rows]
@@ -163,14 +171,10 @@ class GemmBenchCheck(Check):
                     row = bench_gemm(dtype, shape.label, shape.m, shape.n, shape.k, backend, idx, peak, opts, rate)
                 except Exception as exc:  # noqa: BLE001 - e.g. int8 at m ≤ 16 on some devices
                     row = _failed_row(name, dtype, p, exc)
-                rows.append(hold_to_memory(ctx, row))
+                rows.append(row)
                 heads[len(rows) - 1] = f"gemm_{dtype}_{shape.label}"
                 backend.empty_cache()
-        peak = recheck_clock(ctx, peak, rows, params.peaks_file)
-        for i, prefix in heads.items():  # after the recheck: headline efficiencies against the final peak
-            if rows[i]["status"] == "ok":
-                headline(metrics, prefix, rows[i])
-        return verdict(ctx, "gemm", rows, peak, metrics)
+        return _held_verdict(ctx, "gemm", rows, heads, peak, params.peaks_file)
 
 
 # --- memory copy -----------------------------------------------------------------------------
@@ -215,21 +219,22 @@ class MemoryBandwidthCheck(Check):
             if params.dram_row and all(residency(2.0 * s, llc) for s in sizes):
                 sizes.append(dram_copy_bytes(llc))
                 notes.append(f"copy {sizes[-1] / MIB:g} MiB added: no listed size is well beyond the cache")
-        rows: list[dict[str, Any]] = []
+        measured: list[MicroRow] = []
         for size in sizes:
             try:
-                rows.append(hold_to_memory(ctx, bench_copy(size, ctx.backend, ctx.device_index, peak,
-                                                           params.timing())))
+                measured.append(bench_copy(size, ctx.backend, ctx.device_index, peak, params.timing()))
             except Exception as exc:  # noqa: BLE001
-                rows.append(_failed_row(f"copy {size / MIB:g} MiB", None, {"bytes": size}, exc))
+                measured.append(_failed_row(f"copy {size / MIB:g} MiB", None, {"bytes": size}, exc))
             ctx.backend.empty_cache()
+        rows = [hold_to_memory(ctx, row.dump()) for row in measured]
         peak = raise_reference(ctx, peak, rows)
-        metrics: dict[str, Any] = {}
-        ok = [r for r in rows if r["status"] == "ok"]
+        metrics: dict[str, float] = {}
+        ok = [(row, held) for row, held in zip(measured, rows, strict=True) if row.status == "ok"]
         if ok:
-            # The headline is DRAM's: the largest copy held to the memory peak, else the largest.
-            dram = [r for r in ok if r["bound"] != "cache"] or ok
-            headline(metrics, "memory_copy", max(dram, key=lambda r: r["params"]["bytes"]))
+            # The headline is DRAM's: the largest copy held to the memory peak, else the largest
+            # (the bound class is the one hold_to_memory gave the stored row).
+            dram = [pair for pair in ok if pair[1]["bound"] != "cache"] or ok
+            headline(metrics, "memory_copy", max(dram, key=lambda pair: float(pair[0].params["bytes"]))[1])
         return verdict(ctx, "memory_bandwidth", rows, peak, metrics, notes)
 
 
@@ -258,10 +263,10 @@ class HostDeviceCheck(Check):
         backend = ctx.backend
         if not backend.is_accelerator:
             return Outcome.skipped(f"{backend.display_name} is the host: there is no host↔device link to measure",
-                                   applicable=False, details={"benchmark": "host_device"})
+                                   applicable=False, details=MicroEvidence(benchmark="host_device").dump())
         peak = resolve_peak(ctx, params.peaks_file)
-        rows: list[dict[str, Any]] = []
-        metrics: dict[str, Any] = {}
+        rows: list[MicroRow] = []
+        metrics: dict[str, float] = {}
         for size in params.sizes_mib:
             for direction in params.directions:
                 try:
@@ -270,10 +275,10 @@ class HostDeviceCheck(Check):
                 except Exception as exc:  # noqa: BLE001
                     row = _failed_row(f"{direction} {size:g} MiB", None, {"direction": direction}, exc)
                 rows.append(row)
-                if row["status"] == "ok":
-                    headline(metrics, direction, row)
+                if row.status == "ok":
+                    headline(metrics, direction, row.dump())
                 backend.empty_cache()
-        return verdict(ctx, "host_device", rows, peak, metrics)
+        return verdict(ctx, "host_device", [row.dump() for row in rows], peak, metrics)
 
 
 # --- attention -------------------------------------------------------------------------------
@@ -324,17 +329,17 @@ class AttentionBenchCheck(Check):
         backend, idx = ctx.backend, ctx.device_index
         peak = resolve_peak(ctx, params.peaks_file)
         opts = params.timing()
-        rows: list[dict[str, Any]] = []
+        rows: list[MicroRow] = []
         heads: dict[int, str] = {}  # row index → headline metric prefix
-        metrics: dict[str, Any] = {}
         for dtype in params.dtypes:
             for kind in ("prefill", "decode"):
                 shape = getattr(params, kind)
                 if shape is None:
                     continue
-                name = f"{kind} " + " ".join(f"{k}={v}" for k, v in shape.model_dump().items())
+                problem: Params = shape.model_dump()
+                name = f"{kind} " + " ".join(f"{k}={v}" for k, v in problem.items())
                 if dtype not in backend.dtypes:
-                    rows.append(not_run_row(name, dtype, shape.model_dump(), f"{backend.name} does not declare {dtype}"))
+                    rows.append(not_run_row(name, dtype, problem, f"{backend.name} does not declare {dtype}"))
                     continue
                 try:
                     if kind == "prefill":
@@ -344,14 +349,10 @@ class AttentionBenchCheck(Check):
                         row = bench_decode(dtype, shape.batch, shape.kv_len, shape.q_heads, shape.kv_heads,
                                            shape.head_dim, backend, idx, peak, opts)
                 except Exception as exc:  # noqa: BLE001
-                    row = _failed_row(name, dtype, shape.model_dump(), exc)
-                rows.append(hold_to_memory(ctx, row))
+                    row = _failed_row(name, dtype, problem, exc)
+                rows.append(row)
                 heads[len(rows) - 1] = f"attention_{dtype}_{kind}"
                 backend.empty_cache()
-        peak = recheck_clock(ctx, peak, rows, params.peaks_file)
-        for i, prefix in heads.items():  # after the recheck: headline efficiencies against the final peak
-            if rows[i]["status"] == "ok":
-                headline(metrics, prefix, rows[i])
         notes = [("FLOPs count QKᵀ and P·V (2 per multiply-add; causal prefill halves them), not softmax; bytes "
                   "are the minimum traffic (Q, K, V read once, O written once)")]
-        return verdict(ctx, "attention", rows, peak, metrics, notes)
+        return _held_verdict(ctx, "attention", rows, heads, peak, params.peaks_file, notes)

@@ -1,21 +1,9 @@
-"""Check kind ``perf.regression``: this run against an earlier baseline of the same machine (L5).
-
-The baseline is the copy ``adaptcheck run --baseline RESULTS.json`` left in the run folder
-(``baseline.json``); this run's results are rebuilt from the journal (``checks.jsonl``) the
-way the session assembles results.json, so the check must come last in the ladder — after
-every check whose figures it should compare. :func:`adaptcheck.compare.compare_results`
-does the comparing; docs/compare.md states its rules.
-
-Outcomes: ``pass`` when the runs are comparable and nothing regressed; ``fail`` listing the
-regressions; ``skip`` (blocking L5) without a baseline, when the baseline is from another
-device, or — with ``require_perf`` — when no performance figure could be compared, since a
-regression check that compared no performance says nothing about it. ``details`` is the
-whole comparison (JSON), ``metrics`` its counts.
-
-The copy is verified against its digest when the check runs: a baseline admitted with
-``adaptcheck run --allow-unverified`` (edited after its run, or without digest) is marked in
-the evidence — the message starts with "UNVERIFIED baseline", ``details.baseline.verified``
-is false and ``metrics.baseline_verified`` is 0 — so nobody reads the verdict as vouched for.
+"""Check kind ``perf.regression``: this run against the earlier baseline of the same machine that
+``adaptcheck run --baseline`` copied into the run folder (verified against its digest when the
+check runs; an unverified one is marked in the evidence), compared by
+:func:`adaptcheck.compare.compare_results`; its details are the whole
+:class:`~adaptcheck.compare.model.Comparison`. Rules, outcomes and the last-check requirement:
+docs/compare.md ("Check kind perf.regression").
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""Check kind ``perf.serving``: one serving scenario, repeated, against the server of step 4.
-
-One ladder check per scenario (single short, single long, concurrent short, concurrent long,
-mixed lengths, stability — their sizes are ladder data). The check takes the framework
-step 4 loaded with the same load options (``vllm_serve`` by default; also
-``transformers_serve``, or ``endpoint`` for ``--endpoint``), so a launched server is reused,
-not restarted; drives it with :mod:`adaptcheck.perf.loadgen` at every level, from
-``min_runs`` to ``max_runs`` times (adaptive: :mod:`adaptcheck.perf.stability` decides after
-each run whether the run-to-run dispersion is settled); samples the host during every run
-(:mod:`adaptcheck.perf.hostnoise`: a run disturbed from outside is kept in the records,
-marked, left out of the statistics and repeated); writes every request to
-``<run_dir>/perf/serving/<scenario>.jsonl``; and returns the outcome in the shape
-``docs/perf.md`` fixes.
-
-Status (docs/perf.md, "Run-to-run stability"): ``fail`` when a run's error rate exceeds
-``max_error_rate``, a level's run-to-run CV of the median TTFT, median TPOT or output tok/s
-is significantly above ``max_cv`` (its lower confidence bound is), a per-request latency
-drifts within a run significantly beyond ``max_drift``, the served load was not the load
-asked for, or a run had to stop (server dead or hung); ``error`` when nothing could be
-measured, or when the host stayed too noisy to collect ``min_runs`` undisturbed runs at a
-level (never a pass, never the server's fail); ``pass`` otherwise — with every level's
-interval recorded, "not significant" where the runs could not settle it; ``skip`` (not
-applicable) without a server.
+"""Check kind ``perf.serving``: one serving scenario, repeated at each level until its
+run-to-run dispersion is settled, against the server step 4 loaded (reused, not restarted);
+disturbed runs are marked and repeated, every request is written to
+``perf/serving/<scenario>.jsonl``, and the outcome's details are a
+:class:`~adaptcheck.base.schemas.serving_evidence.ServingEvidence`. Method, status policy and
+shapes: docs/perf.md, "Serving outcome" and "Run-to-run stability".
 """
 
 from __future__ import annotations
@@ -30,7 +13,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +21,24 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adaptcheck.base.procs import tree_rss_mib
+from adaptcheck.base.schemas.serving_evidence import (
+    ClientCost,
+    DriftFigures,
+    HostLimitsEcho,
+    HostSpeed,
+    LatencyStats,
+    LevelStability,
+    MeasuredRun,
+    MetricStability,
+    MixedShapeEcho,
+    RunHost,
+    Saturated,
+    ScenarioEcho,
+    ServerMemory,
+    ServingEvidence,
+    ServingLevel,
+    SloEcho,
+)
 from adaptcheck.frameworks.endpoint_fw import EndpointFramework, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.arrival import Arrival
@@ -50,7 +51,9 @@ from adaptcheck.perf.loadgen import LoadGenerator, RunConfig, RunResult
 from adaptcheck.perf.monitors import client_verdict, local_server_pid
 from adaptcheck.perf.serving_metrics import SPREAD_METRICS as HEADLINE
 from adaptcheck.perf.serving_metrics import (
+    RequestRecord,
     distributions,
+    headline,
     median_summary,
     spread,
     tpot_s,
@@ -327,29 +330,34 @@ def _scenario(ctx: CheckContext, active: Active, params: ServingParams) -> Outco
     levels = [_level_entry(lv, params, slo, b) for lv in measured.levels]
     by_level = [(lv.level, lv.runs) for lv in measured.levels]
     kv = [res.kv_cache_peak for _, runs in by_level for res in runs if res.kv_cache_peak is not None]
-    details: dict[str, Any] = {
-        "scenario": {"name": params.scenario, "arrival": params.arrival.value, "levels": params.levels,
-                     "input_tokens": params.input_tokens, "output_tokens": params.output_tokens,
-                     "mixed": [m.model_dump() for m in params.mixed] if params.mixed else None,
-                     "num_requests": params.num_requests, "duration_s": params.duration_s,
-                     "warmup_requests": params.warmups(), "min_runs": params.min_runs,
-                     "warmup_requests_by_level": {f"{lv:g}": params.warmups(lv) for lv in params.levels},
-                     "max_runs": params.max_runs, "max_cv": params.max_cv, "confidence": params.confidence,
-                     "budget_s": params.budget_s, "max_drift": params.max_drift,
-                     "max_disturbed_runs": params.max_disturbed_runs, "host": params.host.model_dump(),
-                     "slo": slo},
-        "server": framework_facts(active),
-        "levels": levels,
-        "records_file": rel.as_posix(),
-        "client": _client(by_level, levels),
-        "server_memory": {"rss_mib_before": rss_before, "rss_mib_after": rss_after,
-                          "kv_cache_usage": max(kv) if kv else None},
-        "workload": workload_facts(by_level, gen),
-        "host_speed": {"probe": "fixed CPU workload timed around every run (adaptcheck.perf.hostspeed)",
-                       "unavailable": (probe.unavailable if probe else "the server is not on this host"),
-                       "cores": probe.cores if probe else [], "elasticity": b},
-    }
+    details = ServingEvidence(
+        scenario=_echo(params), server=framework_facts(active), levels=levels, records_file=rel.as_posix(),
+        client=_client(by_level, levels),
+        server_memory=ServerMemory(rss_mib_before=rss_before, rss_mib_after=rss_after,
+                                   kv_cache_usage=max(kv) if kv else None),
+        workload=workload_facts(by_level, gen),
+        host_speed=HostSpeed(probe="fixed CPU workload timed around every run (adaptcheck.perf.hostspeed)",
+                             unavailable=(probe.unavailable if probe else "the server is not on this host"),
+                             cores=probe.cores if probe else [], elasticity=b),
+    )
     return _verdict(params, levels, details, measured.stopped, measured.noisy)
+
+
+def _echo(params: ServingParams) -> ScenarioEcho:
+    """``details.scenario``: the params, echoed."""
+    slo = params.slo
+    return ScenarioEcho(
+        name=params.scenario, arrival=params.arrival.value, levels=params.levels, input_tokens=params.input_tokens,
+        output_tokens=params.output_tokens,
+        mixed=[MixedShapeEcho(input_tokens=m.input_tokens, output_tokens=m.output_tokens, weight=m.weight)
+               for m in params.mixed] if params.mixed else None,
+        num_requests=params.num_requests, duration_s=params.duration_s, warmup_requests=params.warmups(),
+        min_runs=params.min_runs, warmup_requests_by_level={f"{lv:g}": params.warmups(lv) for lv in params.levels},
+        max_runs=params.max_runs, max_cv=params.max_cv, confidence=params.confidence, budget_s=params.budget_s,
+        max_drift=params.max_drift, max_disturbed_runs=params.max_disturbed_runs,
+        host=HostLimitsEcho(max_other_cores=params.host.max_other_cores,
+                            max_steal_fraction=params.host.max_steal_fraction),
+        slo=SloEcho(ttft_ms=slo.ttft_ms, tpot_ms=slo.tpot_ms, e2el_ms=slo.e2el_ms) if slo else None)
 
 
 @dataclass
@@ -358,7 +366,7 @@ class _Level:
 
     level: float
     runs: list[RunResult] = field(default_factory=list)
-    hosts: list[dict[str, Any]] = field(default_factory=list)
+    hosts: list[RunHost] = field(default_factory=list)
     disturbed: list[str | None] = field(default_factory=list)
     """Per run: why the host disturbed it, or None (a run the statistics use)."""
     walls: list[float] = field(default_factory=list)
@@ -373,15 +381,12 @@ class _Level:
 
     def values(self) -> dict[str, list[float]]:
         """Each headline metric over the undisturbed runs."""
-        out: dict[str, list[float]] = {}
-        for key, path in HEADLINE.items():
-            vals = [v for res in self.kept if (v := _at(res.summary(), path)) is not None]
-            out[key] = vals
-        return out
+        heads = [headline(res.run_summary()) for res in self.kept]
+        return {key: [v for h in heads if (v := h[key]) is not None] for key in HEADLINE}
 
     def kept_speeds(self) -> list[float] | None:
         """The host-speed reference of every undisturbed run, or None where one is missing."""
-        speeds = [h.get("speed_ms") for h, d in zip(self.hosts, self.disturbed, strict=True) if d is None]
+        speeds = [h.speed_ms for h, d in zip(self.hosts, self.disturbed, strict=True) if d is None]
         return None if any(v is None for v in speeds) else [float(v) for v in speeds if v is not None]
 
 
@@ -424,8 +429,10 @@ def _measure(ctx: CheckContext, params: ServingParams, gen: LoadGenerator, path:
             lv.walls.append(time.monotonic() - t0)
             reason = host.disturbed(limits)
             lv.runs.append(result)
-            lv.hosts.append({**host.to_dict(), "speed_before_ms": before, "speed_after_ms": after,
-                             "speed_ms": math.sqrt(before * after) if before and after else None})
+            figures = host.evidence()
+            figures.speed_before_ms, figures.speed_after_ms = before, after
+            figures.speed_ms = math.sqrt(before * after) if before and after else None
+            lv.hosts.append(figures)
             lv.disturbed.append(reason)
             with path.open("a", encoding="utf-8") as f:  # written as it goes: a killed check keeps its records
                 f.writelines(json.dumps(rec.to_dict()) + "\n" for rec in result.records)
@@ -479,46 +486,47 @@ def _decide(lv: _Level, params: ServingParams, b: dict[str, float | None]
 def _noisy(lv: _Level, params: ServingParams, limits: HostLimits) -> str:
     """The 'host too noisy' message: which level, how many runs, the figures, what to do."""
     reasons = [d for d in lv.disturbed if d is not None]
-    other = [h["other_cores"] for h, d in zip(lv.hosts, lv.disturbed, strict=True)
-             if d is not None and h.get("other_cores") is not None]
+    other = [h.other_cores for h, d in zip(lv.hosts, lv.disturbed, strict=True)
+             if d is not None and h.other_cores is not None]
     figures = f"other processes used {min(other):.2f}-{max(other):.2f} cores" if other else reasons[-1]
     return (f"host too noisy to certify L4: level {lv.level:g}: {len(reasons)} of {len(lv.runs)} runs disturbed "
             f"({figures}; last: {reasons[-1]}); only {len(lv.kept)} undisturbed run(s), {params.min_runs} needed; "
             "stop other work on this machine (or move the check to a machine no other job shares) and run again")
 
 
-def _level_entry(lv: _Level, params: ServingParams, slo: dict[str, Any] | None,
-                 b: dict[str, float | None] | None = None) -> dict[str, Any]:
+def _level_entry(lv: _Level, params: ServingParams, slo: Mapping[str, float | None] | None,
+                 b: dict[str, float | None] | None = None) -> ServingLevel:
     """One level of the outcome: every run (disturbed ones marked), medians, spread and distributions
     over the undisturbed runs, the stability decision and the within-run drift."""
-    summaries = [res.summary(slo) for res in lv.runs]
+    summaries = [res.run_summary(slo) for res in lv.runs]
     kept = [s for s, d in zip(summaries, lv.disturbed, strict=True) if d is None]
     base = kept or summaries  # a level of disturbed runs only (host too noisy): shown, not judged
-    entry: dict[str, Any] = {
-        "level": lv.level, "runs": summaries, "median": median_summary(base), "spread": spread(base),
-        "distributions": distributions([r for res in (lv.kept or lv.runs) for r in res.records]),
-    }
-    for s, d, h in zip(summaries, lv.disturbed, lv.hosts, strict=True):
-        s["disturbed"], s["host"] = d, h
+    runs = [MeasuredRun.model_validate(s, from_attributes=True).model_copy(update={"disturbed": d, "host": h})
+            for s, d, h in zip(summaries, lv.disturbed, lv.hosts, strict=True)]
     values = lv.values()
     decision, adjusted = _decide(lv, params, b or {})  # on the final runs, with the scenario's elasticities
-    metrics = {k: {**d.to_dict(), "verdict": d.verdict(params.max_cv), "values": values[k]}
+    metrics = {k: MetricStability(n=d.n, cv=d.cv, lo=d.lo, hi=d.hi, verdict=d.verdict(params.max_cv),
+                                  values=values[k])
                for k, d in decision.metrics.items()}
     for key, ha in adjusted.items():
-        metrics[key]["host_adjusted"] = ha.to_dict()
+        metrics[key].host_adjusted = ha.evidence()
         if ha.explained:  # significant raw, not once the host's speed is out: the host's, not the server's
-            metrics[key]["verdict"], metrics[key]["explained_by_host"] = ha.verdict, True
+            metrics[key].verdict, metrics[key].explained_by_host = ha.verdict, True
     for key in values.keys() - metrics.keys():  # shown with its interval, not judged
         if (shown := dispersion(values[key], params.confidence)) is not None:
-            metrics[key] = {**shown.to_dict(), "verdict": shown.verdict(params.max_cv), "values": values[key],
-                            "judged": False, "why_not_judged": OPEN_LOOP_TTFT}
-    entry["stability"] = {
-        "verdict": decision.verdict if decision.verdict != "too_few" else "undecided",
-        "decided": decision.decided, "runs": len(lv.kept), "disturbed_runs": len(lv.runs) - len(lv.kept),
-        "stop": lv.stop, "bound": params.max_cv, "confidence": params.confidence, "worst": decision.worst,
-        "metrics": metrics,
-    }
-    entry["drift"] = _drift(lv, params)
+            metrics[key] = MetricStability(n=shown.n, cv=shown.cv, lo=shown.lo, hi=shown.hi,
+                                           verdict=shown.verdict(params.max_cv), values=values[key], judged=False,
+                                           why_not_judged=OPEN_LOOP_TTFT)
+    entry = ServingLevel(
+        level=lv.level, runs=runs, median=median_summary(base), spread=spread(base),
+        distributions=distributions([r for res in (lv.kept or lv.runs) for r in res.records]),
+        stability=LevelStability(
+            verdict=decision.verdict if decision.verdict != "too_few" else "undecided",
+            decided=decision.decided, runs=len(lv.kept), disturbed_runs=len(lv.runs) - len(lv.kept),
+            stop=lv.stop, bound=params.max_cv, confidence=params.confidence, worst=decision.worst,
+            metrics=metrics),
+        drift=_drift(lv, params),
+    )
     _mark_saturated(entry, params)
     return entry
 
@@ -542,7 +550,7 @@ def _judged(values: dict[str, list[float]], params: ServingParams) -> dict[str, 
     return {k: v for k, v in values.items() if k != "ttft_ms_median"}
 
 
-def _mark_saturated(entry: dict[str, Any], params: ServingParams) -> None:
+def _mark_saturated(entry: ServingLevel, params: ServingParams) -> None:
     """An open-loop level the server cannot keep up with: its TTFT is queueing time, not the server's.
 
     With Poisson arrivals a server slower than the offered rate falls behind for the whole
@@ -554,27 +562,28 @@ def _mark_saturated(entry: dict[str, Any], params: ServingParams) -> None:
     but not judged. TPOT and output tok/s, which a saturated server still delivers at its
     capacity, are judged as at any level, so a server that slows down still fails.
     """
-    ttft = entry["drift"].get("ttft_ms")
-    if not params.arrival.open_loop or not ttft or not ttft["significant"]:
+    drift = entry.drift.get("ttft_ms")
+    stab = entry.stability
+    if not params.arrival.open_loop or drift is None or not drift.significant or stab is None:
         return
-    served = entry["median"].get("request_throughput")
-    entry["saturated"] = {
-        "offered_req_per_s": entry["level"], "served_req_per_s": served,
-        "reason": (f"level {entry['level']:g}: saturated (served {_fmt(served)} req/s of {entry['level']:g} offered, "
-                   f"TTFT grows {ttft['drift']:+.0%} over a run as the queue builds): TTFT not judged at this level"),
-    }
-    ttft["significant"], ttft["judged"] = False, False
-    metric = entry["stability"]["metrics"].get("ttft_ms_median")
+    level = float(entry.level or 0)
+    served = entry.median.request_throughput
+    entry.saturated = Saturated(
+        offered_req_per_s=entry.level or 0, served_req_per_s=served,
+        reason=(f"level {level:g}: saturated (served {_fmt(served)} req/s of {level:g} offered, "
+                f"TTFT grows {drift.drift or 0:+.0%} over a run as the queue builds): TTFT not judged at this level"),
+    )
+    drift.significant, drift.judged = False, False
+    metric = stab.metrics.get("ttft_ms_median")
     if metric is not None:
-        metric["judged"] = False
-        if metric["verdict"] == "unstable":
-            metric["verdict"] = "undecided"
-    stab = entry["stability"]
-    if stab["verdict"] == "unstable" and not any(m["verdict"] == "unstable" for m in stab["metrics"].values()):
-        stab["verdict"] = "undecided"
+        metric.judged = False
+        if metric.verdict == "unstable":
+            metric.verdict = "undecided"
+    if stab.verdict == "unstable" and not any(m.verdict == "unstable" for m in stab.metrics.values()):
+        stab.verdict = "undecided"
 
 
-def _steady(res: RunResult, params: ServingParams) -> list[Any]:
+def _steady(res: RunResult, params: ServingParams) -> list[RequestRecord]:
     """A run's requests that show its steady state, for the drift.
 
     A closed loop's first wave starts on an idle server, its requests queue behind each other
@@ -611,129 +620,141 @@ def _turns(points: list[tuple[float, float]], slots: int) -> list[tuple[float, f
     return out
 
 
-def _drift(lv: _Level, params: ServingParams) -> dict[str, Any]:
+def _drift(lv: _Level, params: ServingParams) -> dict[str, DriftFigures | None]:
     """Per-request TTFT and TPOT against the request's place in its run, pooled over the undisturbed runs
     (each run's steady state only: see :func:`_steady`; a closed loop's by turns: :func:`_turns`)."""
-    out: dict[str, Any] = {}
+    out: dict[str, DriftFigures | None] = {}
     slots = max(1, math.ceil(lv.level)) if params.arrival.closed_loop else 1
     for key, value in (("ttft_ms", lambda r: r.ttft_s), ("tpot_ms", tpot_s)):
         runs = [_turns([(r.sent_s, v) for r in _steady(res, params)
                         if r.ok and r.sent_s is not None and (v := value(r)) is not None], slots)
                 for res in lv.kept]
         d = drift(runs, params.confidence)
-        out[key] = None if d is None else {**d.to_dict(), "bound": params.max_drift,
-                                           "significant": d.lo > params.max_drift}
+        out[key] = None if d is None else d.evidence(params.max_drift)
     return out
 
 
-def _at(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
-    value: Any = summary
-    for key in path:
-        value = value.get(key) if isinstance(value, dict) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _client(by_level: list[tuple[float, list[RunResult]]], levels: list[dict[str, Any]]) -> dict[str, Any]:
+def _client(by_level: list[tuple[float, list[RunResult]]], levels: list[ServingLevel]) -> ClientCost:
     """The client's cost at the highest level, and whether it limited any level."""
-    verdicts = []
+    verdicts: list[tuple[float, ClientCost]] = []
     for (level, runs), summary in zip(by_level, levels, strict=True):
-        measured = [(res.client, s) for res, s in zip(runs, summary["runs"], strict=True) if res.client is not None]
+        measured = [(res.client, s) for res, s in zip(runs, summary.runs, strict=True) if res.client is not None]
         if not measured:
             continue
         cpu = statistics.median(c.cpu_percent for c, _ in measured)
-        per_token = [v for c, s in measured if (v := c.overhead_us_per_token(s["total_output_tokens"])) is not None]
+        per_token = [v for c, s in measured if (v := c.overhead_us_per_token(int(s.total_output_tokens or 0)))
+                     is not None]
         lag = max(c.lag_p99_ms() for c, _ in measured)
         lag_mean = max(c.lag_mean_ms() for c, _ in measured)  # any run the client held back counts
-        bottleneck, warning = client_verdict(cpu, lag_mean, lag, summary["median"]["itl_ms"]["median"])
-        verdicts.append((level, {"cpu_percent": round(cpu, 1),
-                                 "overhead_us_per_token": round(statistics.median(per_token), 1) if per_token else None,
-                                 "loop_lag_ms_p99": round(lag, 3), "bottleneck": bottleneck,
-                                 "warning": f"level {level:g}: {warning}" if warning else ""}))
+        bottleneck, warning = client_verdict(cpu, lag_mean, lag, _median_of(summary.median.itl_ms))
+        verdicts.append((level, ClientCost(cpu_percent=round(cpu, 1),
+                                           overhead_us_per_token=(round(statistics.median(per_token), 1)
+                                                                  if per_token else None),
+                                           loop_lag_ms_p99=round(lag, 3), bottleneck=bottleneck,
+                                           warning=f"level {level:g}: {warning}" if warning else "")))
     if not verdicts:
-        return {"cpu_percent": None, "overhead_us_per_token": None, "loop_lag_ms_p99": None, "bottleneck": False,
-                "warning": ""}
-    top = dict(max(verdicts, key=lambda v: v[0])[1])
-    flagged = [v for _, v in verdicts if v["bottleneck"]]
-    if flagged and not top["bottleneck"]:
-        top["bottleneck"], top["warning"] = True, flagged[0]["warning"]
+        return ClientCost(cpu_percent=None, overhead_us_per_token=None, loop_lag_ms_p99=None, bottleneck=False,
+                          warning="")
+    top = max(verdicts, key=lambda v: v[0])[1]
+    flagged = [v for _, v in verdicts if v.bottleneck]
+    if flagged and not top.bottleneck:
+        top = top.model_copy(update={"bottleneck": True, "warning": flagged[0].warning})
     return top
 
 
-def _verdict(params: ServingParams, levels: list[dict[str, Any]], details: dict[str, Any],
+def _median_of(stats: LatencyStats | None) -> float | None:
+    return stats.median if stats is not None else None
+
+
+def _p99_of(stats: LatencyStats | None) -> float | None:
+    return stats.p99 if stats is not None else None
+
+
+def _dispersion(m: MetricStability) -> Dispersion:
+    """A metric's dispersion as :func:`adaptcheck.perf.stability.describe` words it (this step set every figure)."""
+    assert m.n is not None and m.cv is not None and m.lo is not None and m.hi is not None
+    return Dispersion(m.n, m.cv, m.lo, m.hi)
+
+
+def _verdict(params: ServingParams, levels: list[ServingLevel], details: ServingEvidence,
              stopped: str | None, noisy: str | None = None) -> Outcome:
     name = params.scenario
-    runs = [run for lv in levels for run in lv["runs"]]
+    runs = [run for lv in levels for run in lv.runs]
     metrics = _metrics(levels, details)
-    if not any(run["completed"] for run in runs):
-        errors: dict[str, int] = next((run["errors"] for run in runs if run["errors"]), {})
+    stored = details.dump()
+    if not any(run.completed for run in runs):
+        errors = next((run.errors for run in runs if run.errors), {})
         why = stopped or (next(iter(errors)) if errors else "no request completed")
-        return Outcome.errored(f"{name}: nothing measured: {why}", details=details, metrics=metrics)
+        return Outcome.errored(f"{name}: nothing measured: {why}", details=stored, metrics=metrics)
     problems = [f"stopped at {stopped}"] if stopped else []
     for lv in levels:
-        at = f"level {lv['level']:g}"
-        for i, run in enumerate(lv["runs"], 1):
-            rate = run["error_rate"]
+        at = f"level {lv.level:g}"
+        for i, run in enumerate(lv.runs, 1):
+            rate = run.error_rate
             # A disturbed run is not the server's evidence (its timeouts may be the host's).
-            if run.get("disturbed") is None and rate is not None and rate > params.max_error_rate:
-                top = next(iter(run["errors"]), "")
-                problems.append(f"{at} run {i}: error rate {rate:.0%} > {params.max_error_rate:.0%} ({top})")
-        stab = lv["stability"]
-        for key, m in stab["metrics"].items():
-            if m["verdict"] == "unstable" and m.get("judged", True):
-                problems.append(f"{at}: {describe(key, Dispersion(m['n'], m['cv'], m['lo'], m['hi']))} "
-                                f"> bound {params.max_cv:.0%}")
-        for key, d in lv["drift"].items():
-            if d is not None and d["significant"]:
-                problems.append(f"{at}: {DRIFT_NAMES[key]} drifts {d['drift']:+.0%} [{d['lo']:+.0%}, {d['hi']:+.0%}] "
+            if run.disturbed is None and rate is not None and rate > params.max_error_rate:
+                first = next(iter(run.errors), "")
+                problems.append(f"{at} run {i}: error rate {rate:.0%} > {params.max_error_rate:.0%} ({first})")
+        for key, m in _stab(lv).metrics.items():
+            if m.verdict == "unstable" and m.is_judged:
+                problems.append(f"{at}: {describe(key, _dispersion(m))} > bound {params.max_cv:.0%}")
+        for key, d in lv.drift.items():
+            if d is not None and d.significant:
+                problems.append(f"{at}: {DRIFT_NAMES[key]} drifts {d.drift:+.0%} [{d.lo:+.0%}, {d.hi:+.0%}] "
                                 f"over a run > bound {params.max_drift:.0%}")
-    problems += details["workload"].get("problems", [])
-    warning = details["client"]["warning"]
+    problems += details.workload.problems if details.workload is not None else []
+    warning = details.client.warning if details.client is not None else ""
     if problems:
         more = f" (+{len(problems) - 2} more)" if len(problems) > 2 else ""
         return Outcome.failed(f"{name}: " + "; ".join(problems[:2]) + more
-                              + (f"; WARNING {warning}" if warning else ""), details=details, metrics=metrics)
+                              + (f"; WARNING {warning}" if warning else ""), details=stored, metrics=metrics)
     if noisy:
-        return Outcome.errored(f"{name}: {noisy}", details=details, metrics=metrics)
-    top = levels[-1]["median"]
-    kept = sum(lv["stability"]["runs"] for lv in levels)
-    disturbed = sum(lv["stability"]["disturbed_runs"] for lv in levels)
+        return Outcome.errored(f"{name}: {noisy}", details=stored, metrics=metrics)
+    top = levels[-1].median
+    kept = sum(_stab(lv).runs or 0 for lv in levels)
+    disturbed = sum(_stab(lv).disturbed_runs or 0 for lv in levels)
     return Outcome.passed(
         f"{name}: {len(levels)} level(s), {kept} runs" + (f" (+{disturbed} disturbed, repeated)" if disturbed else "")
-        + f"; at {params.arrival} {levels[-1]['level']:g}: TTFT p50 {_fmt(top['ttft_ms']['median'])} ms, "
-        f"TPOT p50 {_fmt(top['tpot_ms']['median'])} ms, {_fmt(top['output_throughput'])} tok/s; "
+        + f"; at {params.arrival} {levels[-1].level:g}: TTFT p50 {_fmt(_median_of(top.ttft_ms))} ms, "
+        f"TPOT p50 {_fmt(_median_of(top.tpot_ms))} ms, {_fmt(top.output_throughput)} tok/s; "
         + _stability_line(levels, params) + _host_line(levels)
-        + "".join(f"; {lv['saturated']['reason']}" for lv in levels if lv.get("saturated"))
+        + "".join(f"; {lv.saturated.reason}" for lv in levels if lv.saturated)
         + (f"; WARNING {warning}" if warning else ""),
-        details=details, metrics=metrics)
+        details=stored, metrics=metrics)
+
+
+def _stab(lv: ServingLevel) -> LevelStability:
+    """The level's stability verdict (this step records one at every level)."""
+    assert lv.stability is not None
+    return lv.stability
 
 
 DRIFT_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT"}
 
 
-def _stability_line(levels: list[dict[str, Any]], params: ServingParams) -> str:
+def _stability_line(levels: list[ServingLevel], params: ServingParams) -> str:
     """A passing scenario's stability in a few words: settled, or the widest interval left open."""
-    open_ = [(lv, key, m) for lv in levels for key, m in lv["stability"]["metrics"].items()
-             if m["verdict"] != "stable" and m.get("judged", True)]
+    open_ = [(lv, key, m) for lv in levels for key, m in _stab(lv).metrics.items()
+             if m.verdict != "stable" and m.is_judged]
     if not open_:
-        worst = max((m["hi"] for lv in levels for m in lv["stability"]["metrics"].values() if m.get("judged", True)),
+        worst = max((m.hi for lv in levels for m in _stab(lv).metrics.values() if m.is_judged and m.hi is not None),
                     default=0.0)
         return f"run-to-run CV within {params.max_cv:.0%} at every level (upper bounds ≤ {worst:.0%})"
-    lv, key, m = max(open_, key=lambda x: x[2]["cv"])
+    lv, key, m = max(open_, key=lambda x: x[2].cv or 0.0)
     return (f"run-to-run CV not significant vs bound {params.max_cv:.0%} at {len({id(x[0]) for x in open_})} "
-            f"level(s), largest level {lv['level']:g}: "
-            f"{describe(key, Dispersion(m['n'], m['cv'], m['lo'], m['hi']))} after {m['n']} runs")
+            f"level(s), largest level {lv.level:g}: {describe(key, _dispersion(m))} after {m.n} runs")
 
 
-def _host_line(levels: list[dict[str, Any]]) -> str:
+def _host_line(levels: list[ServingLevel]) -> str:
     """'; the host's speed explains level 1's TPOT CV 29% [20%, 55%]: 11% [7%, 31%] host-adjusted (…)', or ''."""
     parts = []
     for lv in levels:
-        for key, m in lv["stability"]["metrics"].items():
-            if m.get("explained_by_host"):
-                ha = m["host_adjusted"]
-                parts.append(f"level {lv['level']:g} {describe(key, Dispersion(m['n'], m['cv'], m['lo'], m['hi']))}"
-                             f" is {ha['cv']:.0%} [{ha['lo']:.0%}, {ha['hi']:.0%}] host-adjusted "
-                             f"(reference CV {ha['speed_cv']:.0%}, elasticity {ha['elasticity']:.1f})")
+        for key, m in _stab(lv).metrics.items():
+            ha = m.host_adjusted
+            if m.explained_by_host and ha is not None:
+                parts.append(f"level {lv.level:g} {describe(key, _dispersion(m))}"
+                             f" is {ha.cv:.0%} [{ha.lo:.0%}, {ha.hi:.0%}] host-adjusted "
+                             f"(reference CV {ha.speed_cv:.0%}, elasticity {ha.elasticity:.1f})")
     if not parts:
         return ""
     more = f" (+{len(parts) - 2} more)" if len(parts) > 2 else ""
@@ -744,22 +765,28 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
-def _metrics(levels: list[dict[str, Any]], details: dict[str, Any]) -> dict[str, Any]:
+Metrics = dict[str, float | int | None]
+"""An outcome's flat headline numbers."""
+
+
+def _metrics(levels: list[ServingLevel], details: ServingEvidence) -> Metrics:
     """Flat headline numbers: the highest level's medians, and each level's throughput."""
-    top = levels[-1]["median"] if levels else {}
-    if not top:
+    if not levels or not levels[-1].median.model_fields_set:
         return {}
-    out: dict[str, Any] = {
-        "ttft_ms_median": top["ttft_ms"]["median"], "tpot_ms_median": top["tpot_ms"]["median"],
-        "itl_ms_median": top["itl_ms"]["median"], "e2el_ms_median": top["e2el_ms"]["median"],
-        "ttft_ms_p99": top["ttft_ms"]["p99"], "output_tok_per_s": top["output_throughput"],
-        "request_per_s": top["request_throughput"], "error_rate": top["error_rate"], "goodput": top["goodput"],
-        "max_cv": max((m["cv"] for lv in levels for m in lv["stability"]["metrics"].values()), default=None),
-        "max_cv_upper": max((m["hi"] for lv in levels for m in lv["stability"]["metrics"].values()), default=None),
-        "disturbed_runs": sum(lv["stability"]["disturbed_runs"] for lv in levels),
-        "client_cpu_percent": details["client"]["cpu_percent"],
-        "client_overhead_us_per_token": details["client"]["overhead_us_per_token"],
+    top = levels[-1].median
+    judged = [m for lv in levels for m in _stab(lv).metrics.values()]
+    client = details.client or ClientCost()
+    out: Metrics = {
+        "ttft_ms_median": _median_of(top.ttft_ms), "tpot_ms_median": _median_of(top.tpot_ms),
+        "itl_ms_median": _median_of(top.itl_ms), "e2el_ms_median": _median_of(top.e2el_ms),
+        "ttft_ms_p99": _p99_of(top.ttft_ms), "output_tok_per_s": top.output_throughput,
+        "request_per_s": top.request_throughput, "error_rate": top.error_rate, "goodput": top.goodput,
+        "max_cv": max((m.cv for m in judged if m.cv is not None), default=None),
+        "max_cv_upper": max((m.hi for m in judged if m.hi is not None), default=None),
+        "disturbed_runs": sum(_stab(lv).disturbed_runs or 0 for lv in levels),
+        "client_cpu_percent": client.cpu_percent,
+        "client_overhead_us_per_token": client.overhead_us_per_token,
     }
     for lv in levels:
-        out[f"level{lv['level']:g}_output_tok_per_s"] = lv["median"].get("output_throughput")
+        out[f"level{lv.level:g}_output_tok_per_s"] = lv.median.output_throughput
     return out

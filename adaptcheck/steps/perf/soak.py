@@ -1,38 +1,8 @@
-"""Check kind ``perf.soak``: serve mixed traffic for a while, watch telemetry the whole time (L5).
-
-The check takes the server step 4 loaded (same load options; ``framework: auto`` as for
-``perf.serving``), drives it with mixed request lengths through
-:mod:`adaptcheck.perf.loadgen` (a closed loop of ``level`` requests in flight, or Poisson
-arrivals at ``level`` req/s), and meanwhile samples, every ``sample_interval_s``, the
-server's process-tree RSS, host CPU utilisation and frequency, and the backend's device
-telemetry (:mod:`adaptcheck.perf.telemetry`). Every request is written to
-``<run_dir>/perf/soak/<check id>.jsonl``.
-
-How long: like step 5's serving runs, until the evidence decides. At ``looks`` times evenly
-spaced from ``duration_s`` to ``max_duration_s`` (seconds since the soak started; one look
-when they are equal, the default) a thread beside the load fits each memory trend on the
-samples so far (:class:`adaptcheck.perf.trend.SequentialRule`) and stops the load at the
-first look where every bounded series is decided (or one is over the bound); requests in
-flight then finish. Each look's bounds are at the confidence ``1 − (1 − confidence)/looks``
-(Bonferroni), so that looking several times does not raise the rate of wrong decisions
-above ``1 − confidence`` per side. The verdict is the stopping look's: its fits cover the
-samples up to that look (the drain after it is shown, not fitted). ``details.decision``
-says when it stopped, why, and what each look found.
-
-Status (docs/perf.md, "Soak"): ``pass`` only when no request failed (``max_error_rate``,
-default 0) and the least-squares memory trend after ``warmup_s``
-(:func:`adaptcheck.perf.trend.memory_growth_verdict`) is significantly within
-``max_growth_mib_per_min`` (the upper confidence bound of the slope at most the bound) for
-every memory series sampled — server RSS, and device memory used on an accelerator (on the
-CPU backend the "device" memory is the whole host's, moved by every process: it is shown,
-not bounded) — and no uncorrectable-error counter of the device rose. ``fail`` names the
-series, its slope, interval and the bound (its lower confidence bound above the bound), or
-the errors. ``error`` when at the last look (``max_duration_s`` spent) a slope's interval
-still straddles the bound ("inconclusive: run longer", with the duration that would
-decide): the soak measured, but too briefly to say, which is neither a pass nor a fault of
-the server — and, unlike a skip, shows as an error in CI (JUnit) and blocks L5. ``skip`` when there is no server to soak, or when no memory
-series could be sampled: a soak without memory evidence is not a pass, and the skip stays
-*applicable* (L5 still lacks its soak). ``error`` also when no request completed at all.
+"""Check kind ``perf.soak`` (L5): serve mixed traffic to the step-4 server while telemetry is
+sampled, look at the memory trends at the rule's looks until they are decided or the budget is
+spent, and judge errors, memory growth and device error counters; the details are a
+:class:`~adaptcheck.base.schemas.serving_evidence.SoakEvidence`. Method, status policy and
+shapes: docs/perf.md, "Soak outcome" and "A soak that decides".
 """
 
 from __future__ import annotations
@@ -42,11 +12,22 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, model_validator
 
 from adaptcheck.base.schemas.results import Status
+from adaptcheck.base.schemas.serving_evidence import (
+    CounterRise,
+    MemoryTrend,
+    MixedShapeEcho,
+    ServerProcess,
+    SoakDecision,
+    SoakEcho,
+    SoakEvidence,
+    SoakLook,
+    SoakRequests,
+    SoakTelemetry,
+)
 from adaptcheck.frameworks.endpoint_fw import ServedEndpoint, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.arrival import TIMED, Arrival
@@ -200,24 +181,26 @@ def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
         telemetry = sampler.stop()
     with path.open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(rec.to_dict()) + "\n" for rec in result.records)
-    decision = looker.decision(telemetry, ran_s=ran_s, aborted=result.aborted)
-    details: dict[str, Any] = {
-        "soak": {"duration_s": params.duration_s, "max_duration_s": params.budget_s, "looks": len(params.rule().times()),
-                 "arrival": params.arrival.value, "level": params.level,
-                 "mixed": [m.model_dump() for m in params.mixed], "sample_interval_s": params.sample_interval_s,
-                 "warmup_s": params.warmup_s, "max_growth_mib_per_min": params.max_growth_mib_per_min,
-                 "confidence": params.confidence,
-                 "max_error_rate": params.max_error_rate, "request_timeout_s": params.request_timeout_s},
-        "server": framework_facts(active),
-        "server_process": {"pid": pid, "found_by": found_by, "on_this_host": local},
-        "requests": _requests(result),
-        "records_file": rel.as_posix(),
-        "telemetry": telemetry.to_dict(),
-        "memory": decision.pop("memory"),
-        "decision": decision,
-        "counters": _counters(telemetry),
-        "kv_cache_peak": result.kv_cache_peak,
-    }
+    decision, memory = looker.decision(telemetry, ran_s=ran_s, aborted=result.aborted)
+    details = SoakEvidence(
+        soak=SoakEcho(duration_s=params.duration_s, max_duration_s=params.budget_s, looks=len(params.rule().times()),
+                      arrival=params.arrival.value, level=params.level,
+                      mixed=[MixedShapeEcho(input_tokens=m.input_tokens, output_tokens=m.output_tokens,
+                                            weight=m.weight) for m in params.mixed],
+                      sample_interval_s=params.sample_interval_s, warmup_s=params.warmup_s,
+                      max_growth_mib_per_min=params.max_growth_mib_per_min, confidence=params.confidence,
+                      max_error_rate=params.max_error_rate, request_timeout_s=params.request_timeout_s),
+        server=framework_facts(active),
+        server_process=ServerProcess(pid=pid, found_by=found_by, on_this_host=local),
+        requests=_requests(result),
+        records_file=rel.as_posix(),
+        # The sampler's own JSON form, validated into the model (adaptcheck.perf.telemetry writes it).
+        telemetry=SoakTelemetry.model_validate(telemetry.to_dict()),
+        memory=memory,
+        decision=decision,
+        counters=_counters(telemetry),
+        kv_cache_peak=result.kv_cache_peak,
+    )
     return soak_verdict(params, details)
 
 
@@ -242,8 +225,8 @@ class Looker:
         self.stop_load = threading.Event()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="adaptcheck-soak-looks", daemon=True)
-        self.looks: list[dict[str, Any]] = []
-        self.memory: list[dict[str, Any]] | None = None
+        self.looks: list[SoakLook] = []
+        self.memory: list[MemoryTrend] | None = None
         """The memory entries of the latest look."""
         self.stop: str | None = None
         """decided | budget | nothing to judge (no bounded series could be judged), once a look stopped the load."""
@@ -265,10 +248,10 @@ class Looker:
                 if self._closed.wait(max(0.0, at + settle - self.sampler.elapsed_s)):
                     return  # the load ended before this look
                 memory = _memory(self.sampler.snapshot(), self.params, accelerator=self.accelerator, until_s=at)
-                states = {m["series"]: m["state"] for m in memory}
-                self.looks.append({"at_s": round(at, 3), "states": states})
+                states = {str(m.series): str(m.state) for m in memory}
+                self.looks.append(SoakLook(at_s=round(at, 3), states=states))
                 self.memory = memory
-                bounded = [m["state"] for m in memory if m["bounded"]]
+                bounded = [str(m.state) for m in memory if m.bounded]
                 if settled(bounded) or i == len(times) - 1:
                     self.stop = ("budget" if not settled(bounded) else "decided"
                                  if {"within", "over"} & set(bounded) else "nothing to judge")
@@ -278,50 +261,48 @@ class Looker:
             self.error = f"{type(exc).__name__}: {exc}"
             self.stop_load.set()
 
-    def decision(self, telemetry: Telemetry, *, ran_s: float, aborted: str | None) -> dict[str, Any]:
-        """``details.decision`` (with the verdict's ``memory`` entries, popped by the caller)."""
+    def decision(self, telemetry: Telemetry, *, ran_s: float, aborted: str | None
+                 ) -> tuple[SoakDecision, list[MemoryTrend]]:
+        """``details.decision``, and the verdict's ``memory`` entries (those of the stopping look)."""
         times = self.rule.times()
-        out: dict[str, Any] = {"looks_at_s": [round(t, 3) for t in times],
-                               "look_confidence": round(self.rule.per_look_confidence, 6),
-                               "looks": list(self.looks), "ran_s": round(ran_s, 2)}
+        looks_at_s = [round(t, 3) for t in times]
+        confidence = round(self.rule.per_look_confidence, 6)
         if self.memory is not None and self.stop is not None:
-            at = self.looks[-1]["at_s"]
+            at = self.looks[-1].at_s or 0.0
             why = {"decided": f"decided at {at:.4g} s, look {len(self.looks)} of {len(times)}",
                    "budget": f"budget of {self.rule.last_s:.4g} s spent, undecided at its last look",
                    "nothing to judge": f"stopped at {at:.4g} s: no memory trend to judge"}[self.stop]
-            out |= {"stop": self.stop, "stopped_at_s": at, "memory": self.memory, "why": why}
-            return out
+            return SoakDecision(looks_at_s=looks_at_s, look_confidence=confidence, looks=list(self.looks),
+                                ran_s=round(ran_s, 2), stop=self.stop, stopped_at_s=at, why=why), self.memory
         # The load ended before the looks did (the server stopped answering, or a look broke):
         # the last look taken stands, else one on every sample there is.
         why = aborted or self.error or "the load ended early"
+        stopped_at: float | None
         if self.memory is not None:
-            at = self.looks[-1]["at_s"]
+            stopped_at = self.looks[-1].at_s
             memory = self.memory
         else:
-            at = None
+            stopped_at = None
             memory = _memory(telemetry, self.params, accelerator=self.accelerator)
-        out |= {"stop": "load ended", "stopped_at_s": at, "memory": memory,
-                "why": f"the load ended before the looks were done ({why})"}
-        return out
+        return SoakDecision(looks_at_s=looks_at_s, look_confidence=confidence, looks=list(self.looks),
+                            ran_s=round(ran_s, 2), stop="load ended", stopped_at_s=stopped_at,
+                            why=f"the load ended before the looks were done ({why})"), memory
 
 
-def _requests(result: RunResult) -> dict[str, Any]:
+def _requests(result: RunResult) -> SoakRequests:
     """The measured window's RunSummary, plus the warm-up requests' failures (every request counts)."""
-    summary = result.summary()
     warm = [r for r in result.records if r.warmup]
-    summary["warmup_requests"] = len(warm)
-    summary["warmup_failed"] = sum(1 for r in warm if not r.ok)
-    summary["aborted"] = result.aborted
-    return summary
+    return SoakRequests.model_validate(result.run_summary(), from_attributes=True).model_copy(update={
+        "warmup_requests": len(warm), "warmup_failed": sum(1 for r in warm if not r.ok), "aborted": result.aborted})
 
 
 def _memory(telemetry: Telemetry, params: SoakParams, *, accelerator: bool,
-            until_s: float | None = None) -> list[dict[str, Any]]:
+            until_s: float | None = None) -> list[MemoryTrend]:
     """One entry per memory series sampled: its fit and verdict at a look (the samples up to
     ``until_s``; None: all of them), at the rule's per-look confidence, or why it is not bounded."""
     rule = params.rule()
     at = until_s if until_s is not None else float("inf")
-    out: list[dict[str, Any]] = []
+    out: list[MemoryTrend] = []
     sources = [("host", telemetry.host, "server_rss_mib", True)]
     if telemetry.device is not None:
         # CPU backend: "device" memory is the whole host's, moved by every process on it.
@@ -331,13 +312,11 @@ def _memory(telemetry: Telemetry, params: SoakParams, *, accelerator: bool,
         if not values or all(v is None for v in values):
             continue
         verdict = rule.judge(zip(series.t_s, values, strict=True), at)
-        entry: dict[str, Any] = {"series": key, "source": source,
-                                 "label": SERIES_LABELS[key] if bounded else "host memory used (whole machine)",
-                                 "bounded": bounded, **verdict.to_dict()}
+        entry = verdict.evidence(series=key, source=source, bounded=bounded,
+                                 label=SERIES_LABELS[key] if bounded else "host memory used (whole machine)")
         if not bounded:
-            entry["ok"] = None
-            entry["state"] = "not bounded"
-            entry["reason"] = f"not bounded (every process on the host moves it): {_trend_text(verdict)}"
+            entry.ok, entry.state = None, "not bounded"
+            entry.reason = f"not bounded (every process on the host moves it): {_trend_text(verdict)}"
         out.append(entry)
     return out
 
@@ -347,77 +326,80 @@ def _trend_text(verdict: GrowthVerdict) -> str:
     return f"{fit.slope_mib_per_min:+.4g} MiB/min" if fit is not None else verdict.reason
 
 
-def _counters(telemetry: Telemetry) -> list[dict[str, Any]]:
+def _counters(telemetry: Telemetry) -> list[CounterRise]:
     """Error counters of the device: first and last reading, and whether they rose."""
     out = []
     fields = telemetry.device.fields if telemetry.device is not None else {}
     for key in ERROR_COUNTERS:
         seen = [v for v in fields.get(key, []) if v is not None]
         if seen:
-            out.append({"counter": key, "first": seen[0], "last": seen[-1], "rose": max(seen) > seen[0]})
+            out.append(CounterRise(counter=key, first=seen[0], last=seen[-1], rose=max(seen) > seen[0]))
     return out
 
 
-def soak_verdict(params: SoakParams, details: dict[str, Any]) -> Outcome:
+def soak_verdict(params: SoakParams, details: SoakEvidence) -> Outcome:
     """The outcome of a soak from its ``details`` (the docs/perf.md shape): pass, fail naming
     what broke, error when a memory trend is inconclusive or nothing was served, skip when
     memory growth could not be judged."""
-    req = details["requests"]
-    aborted = req.get("aborted")
-    failed = int(req["failed"]) + int(req["warmup_failed"])
-    total = int(req["completed"]) + int(req["failed"]) + int(req["warmup_requests"])
-    done = int(req["completed"]) + int(req["warmup_requests"]) - int(req["warmup_failed"])
+    req = details.requests or SoakRequests()
+    aborted = req.aborted
+    completed, failed_window = int(req.completed or 0), int(req.failed or 0)
+    warm, warm_failed = int(req.warmup_requests or 0), int(req.warmup_failed or 0)
+    failed = failed_window + warm_failed
+    total = completed + failed_window + warm
+    done = completed + warm - warm_failed
     metrics = _metrics(details, failed, total)
+    stored = details.dump()
     if done == 0:
-        why = aborted or next(iter(req["errors"]), "no request completed")
-        return Outcome.errored(f"soak: nothing served: {why}", details=details, metrics=metrics)
+        why = aborted or next(iter(req.errors), "no request completed")
+        return Outcome.errored(f"soak: nothing served: {why}", details=stored, metrics=metrics)
     problems: list[str] = []
     if aborted:
         problems.append(f"stopped early: {aborted}")
     if total and failed / total > params.max_error_rate:
-        top = next(iter(req["errors"]), "")
+        top = next(iter(req.errors), "")
         problems.append(f"{failed} of {total} requests failed (bound {params.max_error_rate:.0%})"
                         + (f": {top}" if top else ""))
-    judged = [m for m in details["memory"] if m["bounded"] and m["ok"] is not None]
-    problems += [f"{m['label']} ({m['series']}) {m['reason']}" for m in judged if m["ok"] is False]
-    problems += [f"device counter {c['counter']} rose from {c['first']:g} to {c['last']:g}"
-                 for c in details["counters"] if c["rose"]]
-    head = f"soak {_ran(params, details.get('decision'))}, {total} requests"
+    judged = [m for m in details.memory if m.bounded and m.ok is not None]
+    problems += [f"{m.label} ({m.series}) {m.reason}" for m in judged if m.ok is False]
+    problems += [f"device counter {c.counter} rose from {c.first:g} to {c.last:g}" for c in details.counters if c.rose]
+    head = f"soak {_ran(params, details.decision)}, {total} requests"
     if problems:
-        return Outcome.failed(f"{head}: " + "; ".join(problems), details=details, metrics=metrics)
+        return Outcome.failed(f"{head}: " + "; ".join(problems), details=stored, metrics=metrics)
     # Too short to tell a leak from noise or warm-up: an error (never a pass), saying how long would do.
-    undecided = [m for m in details["memory"] if m["bounded"] and m.get("state") == "inconclusive"]
+    undecided = [m for m in details.memory if m.bounded and m.state == "inconclusive"]
     if undecided:
         return Outcome.errored(f"{head}, 0 errors, but memory growth inconclusive: "
-                               + "; ".join(f"{m['label']} ({m['series']}) {m['reason']}" for m in undecided),
-                               details=details, metrics=metrics)
+                               + "; ".join(f"{m.label} ({m.series}) {m.reason}" for m in undecided),
+                               details=stored, metrics=metrics)
     if not judged:
-        why = [m["reason"] for m in details["memory"] if m["bounded"]] or [
+        reasons = [str(m.reason) for m in details.memory if m.bounded] or [
             "no memory series could be sampled (the server is not on this machine and no device reports memory)"]
-        return Outcome.skipped(f"{head}, no errors, but memory growth not judged: {why[0]}", details=details,
+        return Outcome.skipped(f"{head}, no errors, but memory growth not judged: {reasons[0]}", details=stored,
                                metrics=metrics)
-    growth = "; ".join(f"{m['label']} {m['reason']}" for m in judged)
-    return Outcome.passed(f"{head}, 0 errors; {growth}", details=details, metrics=metrics)
+    growth = "; ".join(f"{m.label} {m.reason}" for m in judged)
+    return Outcome.passed(f"{head}, 0 errors; {growth}", details=stored, metrics=metrics)
 
 
-def _ran(params: SoakParams, decision: Any) -> str:
+def _ran(params: SoakParams, decision: SoakDecision | None) -> str:
     """'41 s (decided at 40 s, look 2 of 4)', or the planned duration for details without a decision."""
-    if not isinstance(decision, dict) or decision.get("ran_s") is None:
+    if decision is None or decision.ran_s is None:
         return f"{params.duration_s:g} s"
-    return f"{float(decision['ran_s']):.0f} s ({decision.get('why') or decision.get('stop')})"
+    return f"{decision.ran_s:.0f} s ({decision.why or decision.stop})"
 
 
-def _metrics(details: dict[str, Any], failed: int, total: int) -> dict[str, Any]:
-    req = details["requests"]
-    decision = details.get("decision") or {}
-    out: dict[str, Any] = {"requests": total, "failed_requests": failed, "soak_s": decision.get("ran_s"),
-                           "error_rate": failed / total if total else None,
-                           "output_tok_per_s": req["output_throughput"], "ttft_ms_p99": req["ttft_ms"]["p99"]}
-    for m in details["memory"]:
-        fit = m["fit"] or {}
-        prefix = "server_rss" if m["series"] == "server_rss_mib" else f"{m['source']}_memory"
-        out[f"{prefix}_slope_mib_per_min"] = fit.get("slope_mib_per_min")
-        out[f"{prefix}_r2"] = fit.get("r2")
-        bounds = m.get("slope_bounds_mib_per_min") or [None, None]
-        out[f"{prefix}_slope_lo_mib_per_min"], out[f"{prefix}_slope_hi_mib_per_min"] = bounds
+def _metrics(details: SoakEvidence, failed: int, total: int) -> dict[str, float | int | None]:
+    req = details.requests or SoakRequests()
+    decision = details.decision
+    out: dict[str, float | int | None] = {
+        "requests": total, "failed_requests": failed, "soak_s": decision.ran_s if decision is not None else None,
+        "error_rate": failed / total if total else None, "output_tok_per_s": req.output_throughput,
+        "ttft_ms_p99": req.ttft_ms.p99 if req.ttft_ms is not None else None}
+    for m in details.memory:
+        fit = m.fit
+        prefix = "server_rss" if m.series == "server_rss_mib" else f"{m.source}_memory"
+        out[f"{prefix}_slope_mib_per_min"] = fit.slope_mib_per_min if fit is not None else None
+        out[f"{prefix}_r2"] = fit.r2 if fit is not None else None
+        lo, hi = m.slope_bounds_mib_per_min if m.slope_bounds_mib_per_min else (None, None)
+        out[f"{prefix}_slope_lo_mib_per_min"], out[f"{prefix}_slope_hi_mib_per_min"] = lo, hi
     return out

@@ -1,26 +1,17 @@
-"""Device-level smoke checks: visibility, synchronize, streams and events.
+"""Device-level smoke checks: visibility (``smoke.device_visible``), ``smoke.synchronize`` and
+``smoke.streams_events``, all through ``ctx.backend`` / ``ctx.device``.
 
-* ``smoke.device_visible`` — the backend probes available, the selected index exists, the
-  device has a name, and tensors made for it (by factory and by copy) really live on a
-  device of the backend's declared type and index, and compute there.
-* ``smoke.synchronize`` — work is queued, ``backend.synchronize`` waits for it: a
-  non-blocking copy into (pinned where possible) host memory, issued after the work, holds
-  the finished values once synchronize returns; the queue and wait times are measured.
-* ``smoke.streams_events`` — only where the backend declares streams: work on a side stream
-  bracketed by timing events, the main stream waits on the end event, the dependent result
-  is right and ``elapsed_time`` is positive. Elsewhere a non-applicable skip.
-
-All through ``ctx.backend`` / ``ctx.device`` and the torch device module the backend names,
-so the same code runs on every vendor's device.
+What each proves: docs/smoke.md (Device checks).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.base.schemas.smoke_evidence import DeviceVisibleEvidence, ProbeFacts, SynchronizeEvidence
 from adaptcheck.ladder.check import CheckContext, NoParams, Outcome
 from adaptcheck.steps.smoke.ops import SmokeCheck
 
@@ -50,19 +41,20 @@ class DeviceVisibleCheck(SmokeCheck):
 
         backend = ctx.backend
         probe = backend.probe()
-        details: dict[str, Any] = {"probe": {"available": probe.available, "reason": probe.reason,
-                                             "device_count": probe.device_count},
-                                   "device_type": backend.device_type, "torch_device": str(ctx.device)}
-        metrics: dict[str, Any] = {"device_count": probe.device_count}
+        evidence = DeviceVisibleEvidence(
+            probe=ProbeFacts(available=probe.available, reason=probe.reason, device_count=probe.device_count),
+            device_type=backend.device_type, torch_device=str(ctx.device))
+        metrics = {"device_count": probe.device_count}
         if not probe.available:
-            return Outcome.failed(f"{backend.display_name} not available: {probe.reason}", metrics=metrics, details=details)
+            return Outcome.failed(f"{backend.display_name} not available: {probe.reason}", metrics=metrics,
+                                  details=evidence.dump())
         if not 0 <= ctx.device_index < probe.device_count:
             return Outcome.failed(f"device index {ctx.device_index} does not exist ({probe.device_count} visible)",
-                                  metrics=metrics, details=details)
+                                  metrics=metrics, details=evidence.dump())
         name = backend.device_name(ctx.device_index)
-        details["device_name"] = name
+        evidence.device_name = name
         if not name.strip():
-            return Outcome.failed("the device reports an empty name", metrics=metrics, details=details)
+            return Outcome.failed("the device reports an empty name", metrics=metrics, details=evidence.dump())
         made = torch.arange(16, dtype=torch.float32, device=ctx.device)
         copied = self.ops.to_device(torch.arange(16, dtype=torch.float32), ctx.device)
         total = made + copied
@@ -70,12 +62,13 @@ class DeviceVisibleCheck(SmokeCheck):
                                                       ("copy", _placement_problem(copied, ctx)),
                                                       ("result", _placement_problem(total, ctx))) if p]
         got = float(total.sum().item())
-        details["sum_of_2x_arange16"] = got
+        evidence.sum_of_2x_arange16 = got
         if got != 240.0:  # 2 × (0 + … + 15), exact in fp32
             problems.append(f"a 16-element add and sum on the device gave {got}, expected 240")
         if problems:
-            return Outcome.failed("; ".join(problems), metrics=metrics, details=details)
-        return Outcome.passed(f"{name} ({ctx.device}, {probe.device_count} visible)", metrics=metrics, details=details)
+            return Outcome.failed("; ".join(problems), metrics=metrics, details=evidence.dump())
+        return Outcome.passed(f"{name} ({ctx.device}, {probe.device_count} visible)", metrics=metrics,
+                              details=evidence.dump())
 
 
 class SynchronizeParams(BaseModel):
@@ -122,12 +115,13 @@ class SynchronizeCheck(SmokeCheck):
         t3 = time.perf_counter()
         backend.synchronize(idx)
         idle_s = time.perf_counter() - t3
-        metrics: dict[str, Any] = {"enqueue_s": t1 - t0, "synchronize_s": t2 - t1, "total_s": t2 - t0,
-                                   "idle_synchronize_s": idle_s, "elements": n, "iterations": params.iterations}
-        details: dict[str, Any] = {"pinned_host_buffer": pinned, "host_mismatches": host_wrong,
-                                   "device_mismatches": dev_wrong}
+        metrics: dict[str, float] = {"enqueue_s": t1 - t0, "synchronize_s": t2 - t1, "total_s": t2 - t0,
+                                     "idle_synchronize_s": idle_s, "elements": n, "iterations": params.iterations}
+        evidence = SynchronizeEvidence(pinned_host_buffer=pinned, host_mismatches=host_wrong,
+                                       device_mismatches=dev_wrong)
         if not backend.is_accelerator:
-            details["note"] = "host device: work is synchronous, synchronize has nothing to wait for"
+            evidence.note = "host device: work is synchronous, synchronize has nothing to wait for"
+        details = evidence.dump()
         problems: list[str] = []
         if host_wrong:
             problems.append(f"{host_wrong} of {n} elements copied to the host after synchronize were not final")
@@ -185,8 +179,8 @@ class StreamsEventsCheck(SmokeCheck):
         done = bool(end.query())
         elapsed_ms = float(start.elapsed_time(end))
         wrong = self.ops.count_ne(y, 2.0 * params.iterations)
-        metrics: dict[str, Any] = {"elapsed_ms": elapsed_ms, "elements": params.elements,
-                                   "iterations": params.iterations, "mismatches": wrong}
+        metrics: dict[str, float] = {"elapsed_ms": elapsed_ms, "elements": params.elements,
+                                     "iterations": params.iterations, "mismatches": wrong}
         problems: list[str] = []
         if wrong:
             problems.append(f"{wrong} of {params.elements} elements wrong after the cross-stream wait")

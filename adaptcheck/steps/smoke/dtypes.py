@@ -1,29 +1,15 @@
-"""smoke.dtypes: which of ALL_DTYPES actually work on the device.
+"""``smoke.dtypes``: which of ALL_DTYPES actually work on the device (declared ones must).
 
-Per dtype a few tiny, exactly-checkable operations (values chosen so every result is
-exactly representable, so any difference is a defect, not rounding):
-
-* float (fp32, fp16, bf16): create (bit-exact copy in and out), add, matmul of small
-  integers, and cast round trip — device fp32→dtype rounding bit-equal to the CPU's
-  (round-to-nearest-even, NaN compared as NaN), dtype→fp32→dtype identity.
-* fp8 (e4m3 / e5m2 in the backend's flavour): all 256 bit patterns copied bit-exact, every
-  finite value survives fp32→fp8→fp32, and *clamp-then-cast* saturates to ±max (448 for
-  e4m3fn): values beyond max must be clamped first because a plain cast of e.g. 1000 turns
-  into NaN on e4m3fn — what the plain cast does is recorded as information.
-* int8: all 256 patterns copied bit-exact, add, int8→int32→int8 round trip, and an
-  int8×int8→int32 matmul exact against int64 (``torch._int_mm`` where available, else an
-  int32-accumulating matmul; the path used is recorded).
-
-FAIL when a dtype the backend declares (``backend.dtypes``) does not work; undeclared dtypes
-are tried and reported for information only. The per-dtype table is in ``details``.
+The tests per dtype and the verdict: docs/smoke.md (Dtypes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from adaptcheck.base.dtypes import ALL_DTYPES, is_fnuz, torch_dtype
+from adaptcheck.base.schemas.smoke_evidence import DtypeInfo, DtypeRow, DtypesEvidence
 from adaptcheck.ladder.check import CheckContext, NoParams, Outcome
 from adaptcheck.steps.smoke.numerics import bit_diff, int_view
 from adaptcheck.steps.smoke.ops import SmokeCheck
@@ -61,10 +47,10 @@ class DtypeProbeCheck(SmokeCheck):
     params_model = NoParams
 
     def run(self, ctx: CheckContext, params: NoParams) -> Outcome:
-        table: dict[str, dict[str, Any]] = {}
+        table: dict[str, DtypeRow] = {}
         for name in ALL_DTYPES:
             declared = name in ctx.backend.dtypes
-            info: dict[str, Any] = {}
+            info = DtypeInfo()
             try:
                 dtype = torch_dtype(name, fnuz=is_fnuz(ctx.backend.fp8_flavour))
             except Exception as exc:  # noqa: BLE001 - this torch has no such dtype
@@ -77,15 +63,18 @@ class DtypeProbeCheck(SmokeCheck):
                 else:
                     tests = self._float(ctx, dtype)
             works = all(v == OK for v in tests.values())
-            table[name] = {"declared": declared, "works": works, "tests": tests, **({"info": info} if info else {})}
-        broken = [n for n, row in table.items() if row["declared"] and not row["works"]]
-        working = [n for n, row in table.items() if row["works"]]
-        extra = [n for n in working if not table[n]["declared"]]
-        metrics: dict[str, Any] = {"declared": len(ctx.backend.dtypes), "working": len(working),
-                                   "declared_broken": len(broken)}
-        details: dict[str, Any] = {"dtypes": table, "declared": list(ctx.backend.dtypes), "fp8_flavour": ctx.backend.fp8_flavour}
+            row = DtypeRow(declared=declared, works=works, tests=tests)
+            if info.model_fields_set:  # an empty info is left out, as before the model
+                row.info = info
+            table[name] = row
+        broken = [n for n, row in table.items() if row.declared and not row.works]
+        working = [n for n, row in table.items() if row.works]
+        extra = [n for n in working if not table[n].declared]
+        metrics = {"declared": len(ctx.backend.dtypes), "working": len(working), "declared_broken": len(broken)}
+        details = DtypesEvidence(dtypes=table, declared=list(ctx.backend.dtypes),
+                                 fp8_flavour=ctx.backend.fp8_flavour).dump()
         if broken:
-            reasons = [f"{n} ({', '.join(f'{t}: {v}' for t, v in table[n]['tests'].items() if v != OK)})" for n in broken]
+            reasons = [f"{n} ({', '.join(f'{t}: {v}' for t, v in table[n].tests.items() if v != OK)})" for n in broken]
             return Outcome.failed("declared dtypes do not work: " + "; ".join(reasons), metrics=metrics, details=details)
         msg = f"declared dtypes work: {', '.join(ctx.backend.dtypes)}"
         if extra:
@@ -143,12 +132,12 @@ class DtypeProbeCheck(SmokeCheck):
             tests[label] = _attempt(fn) if tests["create"] == OK else "not run: create failed"
         return tests
 
-    def _fp8(self, ctx: CheckContext, dtype: torch.dtype, info: dict[str, Any]) -> dict[str, str]:
+    def _fp8(self, ctx: CheckContext, dtype: torch.dtype, info: DtypeInfo) -> dict[str, str]:
         import torch
 
         every = torch.arange(256, dtype=torch.int64).to(torch.uint8).view(dtype)  # all 256 bit patterns
         fmax = float(torch.finfo(dtype).max)
-        info["max"] = fmax
+        info.max = fmax
 
         def create() -> str | None:
             return self._copy_problem(ctx, every)[1]
@@ -168,9 +157,9 @@ class DtypeProbeCheck(SmokeCheck):
             x_d = self.ops.to_device(x, ctx.device)
             try:  # how a plain (unclamped) cast behaves is information, not a verdict
                 plain = self.ops.to_host(x_d.to(dtype).to(torch.float32))
-                info["unclamped_cast"] = {f"{v:g}": f"{p:g}" for v, p in zip(x.tolist(), plain.tolist(), strict=False)}
+                info.unclamped_cast = {f"{v:g}": f"{p:g}" for v, p in zip(x.tolist(), plain.tolist(), strict=False)}
             except Exception as exc:  # noqa: BLE001 - how a plain cast fails is information too
-                info["unclamped_cast"] = f"error: {type(exc).__name__}: {exc}"
+                info.unclamped_cast = f"error: {type(exc).__name__}: {exc}"
             got = self.ops.to_host(torch.clamp(x_d, -fmax, fmax).to(dtype).to(torch.float32))
             wrong = int((got != want).sum().item())
             return None if wrong == 0 else f"clamp-then-cast gave {got.tolist()}, expected ±{fmax:g}"
@@ -180,7 +169,7 @@ class DtypeProbeCheck(SmokeCheck):
             tests[label] = _attempt(fn) if tests["create"] == OK else "not run: create failed"
         return tests
 
-    def _int8(self, ctx: CheckContext, dtype: torch.dtype, info: dict[str, Any]) -> dict[str, str]:
+    def _int8(self, ctx: CheckContext, dtype: torch.dtype, info: DtypeInfo) -> dict[str, str]:
         import torch
 
         every = torch.arange(-128, 128, dtype=torch.int64).to(torch.int8)
@@ -218,12 +207,12 @@ class DtypeProbeCheck(SmokeCheck):
                 except Exception as exc:  # noqa: BLE001 - try the next path
                     attempts[path] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
                     continue
-                info["matmul_path"] = path
+                info.matmul_path = path
                 if got.dtype != torch.int32:
                     return f"{path} returned {got.dtype}, expected int32 accumulation"
                 wrong = int((got.to(torch.int64) != want).sum().item())
                 return None if wrong == 0 else f"{path}: {wrong} of {want.numel()} elements differ from int64"
-            info["matmul_attempts"] = attempts
+            info.matmul_attempts = attempts
             return "no int8 matmul path works: " + "; ".join(f"{k}: {v}" for k, v in attempts.items())
 
         tests: dict[str, str] = {"create": _attempt(create)}

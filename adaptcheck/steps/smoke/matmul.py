@@ -1,26 +1,7 @@
-"""smoke.matmul: device matmul per dtype against a CPU float64 reference, sized to the device.
+"""``smoke.matmul``: device matmul per dtype against a CPU float64 reference (square and
+long-K cases), sized to the device, one outcome per dtype.
 
-Per dtype, two cases, both judged by normalized error max|Δ|/max|ref| and cosine similarity
-against ``A.double() @ B.double()`` of the very same (already rounded) inputs:
-
-* **square** n×n·n×n with zero-mean normal inputs: the ordinary tiled GEMM path, at the
-  largest n whose device run plus float64 reference fit half the dtype's budget.
-* **long-K** 64×K·K×64 with non-negative inputs (uniform [0, 1)): every dot product grows
-  like K/4, so an implementation that accumulates in low precision swamps small addends
-  ("stagnation") and its error grows with K — the classic failure of new hardware, which a
-  zero-mean square case can hide. K is chosen the same way as n.
-
-Sizing (see :mod:`sizing`) times small instances of each case on the device and on the CPU
-reference, so a dtype that is slow on this device (fp16 on a CPU without fp16 units) gets a
-small n while a GPU gets big shapes; the sizes, rates and what limited them are recorded.
-
-fp32 is measured with TF32/HF32 and reduced-precision fp32 matmul turned off wherever the
-backend has such switches, and restored afterwards.
-
-One outcome per dtype (``subid`` = dtype name, ids ``smoke.matmul.fp32`` …): each dtype has
-its own verdict and an undeclared dtype is a non-applicable skip of its own, which a single
-outcome could not express next to a pass of another dtype; the report then names the broken
-dtype directly.
+The cases, the sizing and the precision switches: docs/smoke.md (Matmul).
 """
 
 from __future__ import annotations
@@ -33,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from adaptcheck.base.dtypes import FloatDtype, torch_dtype
+from adaptcheck.base.schemas.smoke_evidence import CaseSizing, MatmulCase, MatmulEvidence, MatmulSizing
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.smoke.numerics import (
     MATMUL_TOLERANCES,
@@ -176,14 +158,14 @@ class MatmulCheck(SmokeCheck):
             if name not in ctx.backend.dtypes:
                 outcomes.append(Outcome.skipped(
                     f"{ctx.backend.name} backend does not declare {name}", applicable=False, subid=name,
-                    details={"declared_dtypes": list(ctx.backend.dtypes)}))
+                    details=MatmulEvidence(declared_dtypes=list(ctx.backend.dtypes)).dump()))
                 continue
             try:
                 with full_fp32_precision(ctx.backend) as switches:
                     outcomes.append(self._run_dtype(ctx, params, name, switches))
             except Exception as exc:  # noqa: BLE001 - one dtype's crash must not hide the others' verdicts
                 outcomes.append(Outcome.errored(f"{name} matmul raised {type(exc).__name__}: {exc}", subid=name,
-                                                details={"traceback": traceback.format_exc()[-4000:]}))
+                                                details=MatmulEvidence(traceback=traceback.format_exc()[-4000:]).dump()))
         return outcomes
 
     # --- timing helpers -------------------------------------------------------------
@@ -247,15 +229,15 @@ class MatmulCheck(SmokeCheck):
         k = largest_fitting(lambda s: estimated_seconds(2.0 * r * r * s, (dev_k.rate, ref_k.rate)),
                             case_budget, MIN_K, params.max_k, K_MULTIPLE)
 
-        metrics: dict[str, Any] = {"tolerance_normalized": tol.normalized, "tolerance_cosine": tol.cosine}
-        details: dict[str, Any] = {
-            "dtype": name, "tolerance": tol.as_dict(), "precision_switches": switches or "none changed",
-            "sizing": {"budget_s_per_case": case_budget,
-                       "square": {"device_probe": dev_sq.as_dict(), "reference_probe": ref_sq.as_dict(), "n": n,
-                                  "limited_by": _limited_by(n >= params.max_n, "max_n", dev_sq, ref_sq)},
-                       "long_k": {"device_probe": dev_k.as_dict(), "reference_probe": ref_k.as_dict(), "k": k,
-                                  "limited_by": _limited_by(k >= params.max_k, "max_k", dev_k, ref_k)}},
-        }
+        metrics: dict[str, float] = {"tolerance_normalized": tol.normalized, "tolerance_cosine": tol.cosine}
+        evidence = MatmulEvidence(
+            dtype=name, tolerance=tol.evidence(), precision_switches=switches or "none changed",
+            sizing=MatmulSizing(
+                budget_s_per_case=case_budget,
+                square=CaseSizing(device_probe=dev_sq.evidence(), reference_probe=ref_sq.evidence(), n=n,
+                                  limited_by=_limited_by(n >= params.max_n, "max_n", dev_sq, ref_sq)),
+                long_k=CaseSizing(device_probe=dev_k.evidence(), reference_probe=ref_k.evidence(), k=k,
+                                  limited_by=_limited_by(k >= params.max_k, "max_k", dev_k, ref_k))))
         problems: list[str] = []
         cases: list[tuple[str, tuple[int, int], tuple[int, int], InputKind]] = [
             ("square", (n, n), (n, n), "normal"),
@@ -265,9 +247,10 @@ class MatmulCheck(SmokeCheck):
             problem, case_metrics, case_details = self._run_case(ctx, dtype, shape_a, shape_b, kind,
                                                                  f"smoke.matmul.{name}.{case}", tol)
             metrics.update({f"{case}.{key}": value for key, value in case_metrics.items()})
-            details[case] = case_details
+            setattr(evidence, case, case_details)
             if problem:
                 problems.append(f"{case}: {problem}")
+        details = evidence.dump()
         if problems:
             return Outcome.failed(f"{name} matmul wrong: " + "; ".join(problems), subid=name,
                                   metrics=metrics, details=details)
@@ -276,7 +259,7 @@ class MatmulCheck(SmokeCheck):
         return Outcome.passed(f"{name} matmul matches float64: {summary}", subid=name, metrics=metrics, details=details)
 
     def _run_case(self, ctx: CheckContext, dtype: torch.dtype, shape_a: tuple[int, int], shape_b: tuple[int, int],
-                  kind: InputKind, salt: str, tol: MatmulTolerance) -> tuple[str, dict[str, Any], dict[str, Any]]:
+                  kind: InputKind, salt: str, tol: MatmulTolerance) -> tuple[str, dict[str, float], MatmulCase]:
         """Run one case; return (problem or '', metrics, details)."""
         import time
 
@@ -290,9 +273,9 @@ class MatmulCheck(SmokeCheck):
         b_d = self.ops.to_device(b, ctx.device)
         c_d, dev_s = timed(ctx.backend, ctx.device_index, lambda: self.ops.matmul(a_d, b_d))
         flops = 2.0 * shape_a[0] * shape_a[1] * shape_b[1]
-        metrics: dict[str, Any] = {"m": shape_a[0], "k": shape_a[1], "n": shape_b[1], "device_s": dev_s,
-                                   "device_gflops": flops / max(dev_s, 1e-9) / 1e9, "reference_s": ref_s}
-        details: dict[str, Any] = {"shape": [list(shape_a), list(shape_b)], "inputs": kind}
+        metrics: dict[str, float] = {"m": shape_a[0], "k": shape_a[1], "n": shape_b[1], "device_s": dev_s,
+                                     "device_gflops": flops / max(dev_s, 1e-9) / 1e9, "reference_s": ref_s}
+        details = MatmulCase(shape=[list(shape_a), list(shape_b)], inputs=kind)
         if c_d.device.type != ctx.backend.device_type:
             return f"result lives on {c_d.device}, not on the {ctx.backend.device_type} device", metrics, details
         if c_d.dtype != dtype or tuple(c_d.shape) != (shape_a[0], shape_b[1]):
@@ -301,7 +284,7 @@ class MatmulCheck(SmokeCheck):
         cmp = compare_to_reference(self.ops.to_host(c_d), ref)
         metrics.update(normalized_error=cmp.normalized_error, cosine=cmp.cosine, max_abs_error=cmp.max_abs_error,
                        nonfinite=cmp.nonfinite)
-        details["comparison"] = cmp.as_dict()
+        details.comparison = cmp.evidence()
         if cmp.within(tol):
             return "", metrics, details
         if cmp.nonfinite:

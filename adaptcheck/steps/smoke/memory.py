@@ -1,28 +1,28 @@
-"""Memory smoke checks: allocate/free, host↔device round trip, fill/zero of a large tensor.
+"""Memory smoke checks: ``smoke.alloc_free``, ``smoke.roundtrip`` (bit-exact copies) and
+``smoke.fill_zero`` (patterns in every element, with a positive control).
 
-* ``smoke.alloc_free`` — allocation of N MiB ``repeats`` times, each touched and released;
-  where the backend reports allocator statistics, allocated memory must grow by the size
-  while held and come back to its baseline exactly after release. Without allocator stats
-  (CPU) the process RSS is the evidence: it must grow while held and fall back after release.
-* ``smoke.roundtrip`` — host → device → host must return the same *bits* for every declared
-  dtype: all 2^8 / 2^16 bit patterns of the narrow dtypes, NaN payloads, signalling NaN,
-  denormals and -0.0 of fp32, then random bytes; also from an element-offset view.
-* ``smoke.fill_zero`` — a tensor sized to free device memory is filled with two
-  complementary bit patterns, an address (row-index) pattern, then zeros; every element is
-  verified on the device by a mismatch count, a sample is read back to the host, and a
-  positive control (3 planted mismatches must be counted as exactly 3) proves the device
-  reduction can see an error at all.
+What each proves: docs/smoke.md (Memory checks).
 """
 
 from __future__ import annotations
 
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from adaptcheck.base.dtypes import ALL_DTYPES, DeviceDtype, is_fnuz, torch_dtype
+from adaptcheck.base.schemas.smoke_evidence import (
+    AllocCycle,
+    AllocFreeEvidence,
+    BitDiffEvidence,
+    FillPhase,
+    FillZeroEvidence,
+    PositiveControl,
+    RoundTripEvidence,
+    RoundTripRow,
+)
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.smoke.numerics import bit_diff, pattern_tensor
 from adaptcheck.steps.smoke.ops import SmokeCheck, timed
@@ -74,17 +74,17 @@ class AllocFreeCheck(SmokeCheck):
 
         backend, idx = ctx.backend, ctx.device_index
         size = int(params.size_mib * MIB)
-        details: dict[str, Any] = {"requested_mib": params.size_mib}
+        evidence = AllocFreeEvidence(requested_mib=params.size_mib)
         free = backend.free_memory_bytes(idx)
         if free is not None and size > params.max_fraction_of_free * free:
             size = int(params.max_fraction_of_free * free)
-            details["reduced_to_mib"] = size / MIB
-            details["reason"] = f"only {free / MIB:.0f} MiB free"
+            evidence.reduced_to_mib = size / MIB
+            evidence.reason = f"only {free / MIB:.0f} MiB free"
         if size < 1:
-            return Outcome.skipped("no free device memory to allocate", details=details)
+            return Outcome.skipped("no free device memory to allocate", details=evidence.dump())
         stats0 = backend.memory_stats(idx)
         mode = "allocator" if "memory_allocated" in stats0 else ("rss" if process_rss_bytes() is not None else "success")
-        details["evidence"] = {
+        evidence.evidence = {
             "allocator": "allocator statistics (memory_allocated) of the backend",
             "rss": "process RSS (the backend reports no allocator statistics)",
             "success": "allocation success only (neither allocator statistics nor RSS readable)",
@@ -93,7 +93,7 @@ class AllocFreeCheck(SmokeCheck):
         backend.empty_cache()
         before_alloc = backend.memory_stats(idx).get("memory_allocated", 0.0)
         before_rss = process_rss_bytes() or 0
-        cycles: list[dict[str, float]] = []
+        cycles: list[AllocCycle] = []
         problems: list[str] = []
         size -= size % 8  # whole int64 words: 8× fewer elements to verify than bytes
         for i in range(params.repeats):
@@ -110,9 +110,8 @@ class AllocFreeCheck(SmokeCheck):
             backend.empty_cache()
             after_alloc = backend.memory_stats(idx).get("memory_allocated", 0.0)
             after_rss = process_rss_bytes() or 0
-            cycle = {"held_allocated": held_alloc, "after_allocated": after_alloc, "held_rss": held_rss,
-                     "after_rss": after_rss, "wrong_elements": wrong}
-            cycles.append(cycle)
+            cycles.append(AllocCycle(held_allocated=held_alloc, after_allocated=after_alloc, held_rss=held_rss,
+                                     after_rss=after_rss, wrong_elements=wrong))
             if wrong:
                 problems.append(f"cycle {i}: {wrong} words did not hold the value written")
             if mode == "allocator":
@@ -130,17 +129,18 @@ class AllocFreeCheck(SmokeCheck):
                     problems.append(f"cycle {i}: RSS is {(after_rss - before_rss) / MIB:.1f} MiB above baseline "
                                     "after release")
         stats_end = backend.memory_stats(idx)
-        metrics: dict[str, Any] = {"size_mib": size / MIB, "repeats": params.repeats, "mode": mode}
+        metrics: dict[str, float | str] = {"size_mib": size / MIB, "repeats": params.repeats, "mode": mode}
         if mode == "allocator":
-            metrics.update(allocated_before=before_alloc, allocated_after=cycles[-1]["after_allocated"],
+            metrics.update(allocated_before=before_alloc, allocated_after=cycles[-1].after_allocated,
                            peak_allocated=max(stats_end.get("max_memory_allocated", 0.0),
-                                              *(c["held_allocated"] for c in cycles)))
+                                              *(c.held_allocated for c in cycles)))
             if "memory_reserved" in stats_end:
                 metrics["reserved_after_empty_cache"] = stats_end["memory_reserved"]
         elif mode == "rss":
-            metrics.update(rss_before=before_rss, rss_after=cycles[-1]["after_rss"],
-                           rss_peak=max(c["held_rss"] for c in cycles))
-        details["cycles"] = cycles
+            metrics.update(rss_before=before_rss, rss_after=cycles[-1].after_rss,
+                           rss_peak=max(c.held_rss for c in cycles))
+        evidence.cycles = cycles
+        details = evidence.dump()
         if problems:
             return Outcome.failed("; ".join(problems[:3]), metrics=metrics, details=details)
         return Outcome.passed(f"{params.repeats}× {size / MIB:.0f} MiB allocated, written and released "
@@ -170,13 +170,13 @@ class RoundTripCheck(SmokeCheck):
     def run(self, ctx: CheckContext, params: RoundTripParams) -> Outcome:
         names = list(dict.fromkeys(params.dtypes or ALL_DTYPES))
         per_dtype = int(params.size_mib * MIB) // len(names)
-        table: dict[str, dict[str, Any]] = {}
+        table: dict[str, RoundTripRow] = {}
         failures: list[str] = []
         moved = 0
         h2d_s = d2h_s = 0.0
         for name in names:
             declared = name in ctx.backend.dtypes
-            row: dict[str, Any] = {"declared": declared}
+            row = RoundTripRow(declared=declared)
             table[name] = row
             try:
                 dtype = torch_dtype(name, fnuz=is_fnuz(ctx.backend.fp8_flavour))
@@ -184,30 +184,32 @@ class RoundTripCheck(SmokeCheck):
                 expected = src.clone()
                 for label, part, want in (("whole", src, expected), ("offset_view", src[1:], expected[1:])):
                     evidence, problem, t_in, t_out = self._round_trip(ctx, part, want)
-                    row[label] = evidence
+                    setattr(row, label, evidence)
                     if label == "whole":
                         moved += part.numel() * part.element_size()
                         h2d_s += t_in
                         d2h_s += t_out
                     if problem:
-                        row["ok"] = False
+                        row.ok = False
                         if declared:
                             failures.append(f"{name} {label}: {problem}")
                 if not bit_diff(expected, src).exact:
-                    row["ok"] = False
+                    row.ok = False
                     if declared:
                         failures.append(f"{name}: the host source tensor was modified by the copy")
-                row.setdefault("ok", True)
+                if row.ok is None:
+                    row.ok = True
             except Exception as exc:  # noqa: BLE001 - a dtype that cannot be copied is a finding, not a crash
-                row.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+                row.ok, row.error = False, f"{type(exc).__name__}: {exc}"
                 if declared:
                     failures.append(f"{name}: {type(exc).__name__}: {exc}")
-        judged = [n for n in names if table[n]["declared"]]
-        metrics: dict[str, Any] = {"bytes": moved, "dtypes_judged": len(judged),
+        judged = [n for n in names if table[n].declared]
+        metrics = {"bytes": moved, "dtypes_judged": len(judged),
                                    "h2d_gb_s": moved / max(h2d_s, 1e-9) / 1e9, "d2h_gb_s": moved / max(d2h_s, 1e-9) / 1e9}
-        details: dict[str, Any] = {"dtypes": table}
+        record = RoundTripEvidence(dtypes=table)
         if not ctx.backend.is_accelerator:
-            details["note"] = "the device is host memory: the round trip is two host copies"
+            record.note = "the device is host memory: the round trip is two host copies"
+        details = record.dump()
         if not judged:
             return Outcome.skipped("none of the requested dtypes is declared by the backend", applicable=False,
                                    metrics=metrics, details=details)
@@ -217,15 +219,15 @@ class RoundTripCheck(SmokeCheck):
 
 
     def _round_trip(self, ctx: CheckContext, part: torch.Tensor,
-                    want: torch.Tensor) -> tuple[dict[str, Any], str, float, float]:
+                    want: torch.Tensor) -> tuple[BitDiffEvidence, str, float, float]:
         """Send ``part`` to the device and back; (evidence, problem or '', seconds in, seconds out)."""
         dev, t_in = timed(ctx.backend, ctx.device_index, partial(self.ops.to_device, part, ctx.device))
         back, t_out = timed(ctx.backend, ctx.device_index, partial(self.ops.to_host, dev))
         diff = bit_diff(want, back)
-        evidence = diff.as_dict()
+        evidence = diff.evidence()
         if dev.device.type != ctx.backend.device_type:
             problem = f"landed on {dev.device}, not on the {ctx.backend.device_type} device"
-            evidence["problem"] = problem
+            evidence.problem = problem
             return evidence, problem, t_in, t_out
         if diff.exact:
             return evidence, "", t_in, t_out
@@ -276,18 +278,18 @@ class FillZeroCheck(SmokeCheck):
             return Outcome.skipped(f"too little free device memory for a fill test ({want / MIB:.2f} MiB)")
         t = torch.empty((rows, FILL_COLS), dtype=torch.int64, device=ctx.device)
         nbytes = t.numel() * 8
-        phases, fill_s = self._exercise(ctx, t)
+        phases, control, fill_s = self._exercise(ctx, t)
         del t  # released before empty_cache so the memory really goes back
         ctx.backend.empty_cache()
-        seen = phases["positive_control"]["counted"]
-        metrics: dict[str, Any] = {"size_mib": nbytes / MIB, "elements": nbytes // 8,
-                                   "fill_gb_s": 3 * nbytes / max(fill_s, 1e-9) / 1e9,
-                                   "mismatches": sum(p.get("device_mismatches", 0) + p.get("host_sample_mismatches", 0)
-                                                     for k, p in phases.items() if k != "positive_control")}
-        details: dict[str, Any] = {"sized_by": sized_by, "free_bytes": free, "phases": phases}
-        problems = [f"{k}: {p['device_mismatches']} elements wrong on device, {p['host_sample_mismatches']} in the "
-                    "host read-back" for k, p in phases.items()
-                    if k != "positive_control" and (p["device_mismatches"] or p["host_sample_mismatches"])]
+        evidence = FillZeroEvidence(sized_by=sized_by, free_bytes=free, phases={**phases, "positive_control": control})
+        seen = control.counted
+        fills = evidence.fill_phases
+        metrics = {"size_mib": nbytes / MIB, "elements": nbytes // 8,
+                   "fill_gb_s": 3 * nbytes / max(fill_s, 1e-9) / 1e9,
+                   "mismatches": sum(p.device_mismatches + p.host_sample_mismatches for p in fills.values())}
+        details = evidence.dump()
+        problems = [f"{k}: {p.device_mismatches} elements wrong on device, {p.host_sample_mismatches} in the "
+                    "host read-back" for k, p in fills.items() if p.device_mismatches or p.host_sample_mismatches]
         if seen != 3:
             problems.append(f"positive control: 3 planted mismatches were counted as {seen} "
                             "(the device reduction cannot be trusted)")
@@ -296,15 +298,15 @@ class FillZeroCheck(SmokeCheck):
         return Outcome.passed(f"{nbytes / MIB:.0f} MiB filled with 3 patterns and zeroed, every element verified",
                               metrics=metrics, details=details)
 
-    def _exercise(self, ctx: CheckContext, t: torch.Tensor) -> tuple[dict[str, dict[str, Any]], float]:
+    def _exercise(self, ctx: CheckContext, t: torch.Tensor) -> tuple[dict[str, FillPhase], PositiveControl, float]:
         """Fill ``t`` with each pattern, verify, zero, verify, then run the positive control.
-        Returns the per-phase evidence and the seconds spent in fill/zero."""
+        Returns the per-phase evidence, the control's and the seconds spent in fill/zero."""
         import torch
 
         rows = t.shape[0]
         sample = torch.unique(torch.linspace(0, rows - 1, min(rows, SAMPLE_ROWS)).round().long())
         sample_d = sample.to(ctx.device)
-        phases: dict[str, dict[str, Any]] = {}
+        phases: dict[str, FillPhase] = {}
         fill_s = 0.0
         for value in PATTERNS:
             _, s = timed(ctx.backend, ctx.device_index, partial(self.ops.fill_, t, value))
@@ -325,14 +327,13 @@ class FillZeroCheck(SmokeCheck):
         flat.index_fill_(0, planted, 7)
         seen = self.ops.count_ne(t, 0)
         flat.index_fill_(0, planted, 0)
-        phases["positive_control"] = {"planted": 3, "counted": seen}
-        return phases, fill_s
+        return phases, PositiveControl(planted=3, counted=seen), fill_s
 
     def _verify(self, t: torch.Tensor, sample_rows: torch.Tensor, expected: torch.Tensor | int,
-                expected_host: torch.Tensor) -> dict[str, Any]:
+                expected_host: torch.Tensor) -> FillPhase:
         """Mismatches over every element (counted on the device) and over a host read-back of
         sample rows (so the verdict never rests on the device reduction alone)."""
         wrong = self.ops.count_ne(t, expected)
         back = self.ops.to_host(t.index_select(0, sample_rows))
         host_wrong = int((back != expected_host).sum().item())
-        return {"device_mismatches": wrong, "host_sample_mismatches": host_wrong, "host_sample_elements": back.numel()}
+        return FillPhase(device_mismatches=wrong, host_sample_mismatches=host_wrong, host_sample_elements=back.numel())

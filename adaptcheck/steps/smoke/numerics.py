@@ -1,21 +1,16 @@
-"""Comparisons the smoke checks judge by: bit-exact equality and reduction error vs float64.
+"""Comparisons the smoke checks judge by: bit-exact equality (copies) and normalized error
+against float64 (matmuls), with the per-dtype matmul limits.
 
-Two kinds of verdict:
-
-* **bit-exact** (:func:`bit_diff`) for copies: a host → device → host round trip must return
-  the very same bytes, NaN payloads, signalling NaNs, denormals and -0.0 included, so values
-  are compared through an integer view, never with ``==`` on floats (NaN ≠ NaN, 0.0 == -0.0).
-* **normalized error** (:func:`compare_to_reference`) for matmuls: element-wise rtol breaks
-  where a dot product cancels to ~0, so the field uses ``max|Δ| / max|ref|`` plus cosine
-  similarity, with per-dtype limits (docs/ops.md, tolerance classes) kept here as data, next to the number
-  measured in every result.
+Why these two verdicts and where the limits come from: docs/smoke.md (Comparisons).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from adaptcheck.base.schemas.smoke_evidence import BitDiffEvidence, ComparisonFacts, MatmulToleranceFacts
 
 if TYPE_CHECKING:
     import torch
@@ -31,8 +26,8 @@ class MatmulTolerance:
     """Min cosine similarity between result and reference."""
     note: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"normalized": self.normalized, "cosine": self.cosine, "note": self.note}
+    def evidence(self) -> MatmulToleranceFacts:
+        return MatmulToleranceFacts(normalized=self.normalized, cosine=self.cosine, note=self.note)
 
 
 _MATMUL_NOTES = {
@@ -81,12 +76,11 @@ class Comparison:
         NaN metric compares False and therefore fails."""
         return self.nonfinite == 0 and self.normalized_error <= tol.normalized and self.cosine >= tol.cosine
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "normalized_error": self.normalized_error, "max_abs_error": self.max_abs_error,
-            "max_abs_ref": self.max_abs_ref, "cosine": self.cosine, "nonfinite": self.nonfinite,
-            "worst_index": list(self.worst_index), "worst_got": self.worst_got, "worst_ref": self.worst_ref,
-        }
+    def evidence(self) -> ComparisonFacts:
+        return ComparisonFacts(
+            normalized_error=self.normalized_error, max_abs_error=self.max_abs_error, max_abs_ref=self.max_abs_ref,
+            cosine=self.cosine, nonfinite=self.nonfinite, worst_index=list(self.worst_index),
+            worst_got=self.worst_got, worst_ref=self.worst_ref)
 
 
 def compare_to_reference(got: torch.Tensor, ref: torch.Tensor) -> Comparison:
@@ -161,12 +155,12 @@ class BitDiff:
     def exact(self) -> bool:
         return not self.problem and self.mismatched == 0
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"elements": self.elements, "mismatched": self.mismatched}
+    def evidence(self) -> BitDiffEvidence:
+        out = BitDiffEvidence(elements=self.elements, mismatched=self.mismatched)
         if self.first_index is not None:
-            out.update(first_index=self.first_index, expected_bits=self.expected_bits, got_bits=self.got_bits)
+            out.first_index, out.expected_bits, out.got_bits = self.first_index, self.expected_bits, self.got_bits
         if self.problem:
-            out["problem"] = self.problem
+            out.problem = self.problem
         return out
 
 

@@ -1,14 +1,7 @@
-"""The device operations the smoke checks judge, behind one substitutable seam.
+"""The device operations the smoke checks judge, behind one substitutable seam
+(:class:`DeviceOps`), and a synchronized timer.
 
-Every step-2 check reaches the device through a :class:`DeviceOps` object: copies in and
-out, matmul, fill, zero and the on-device mismatch count. The default implementation is
-plain device-generic torch (``tensor.to(ctx.device)``, ``torch.matmul`` …). Tests hand a
-check a deliberately wrong ``DeviceOps`` (accumulating in bf16, flipping one bit on the way
-back, leaving an element unfilled, a reduction that always answers 0) to prove that each
-numerical check can fail; a backend whose vendor path differs from plain torch could
-provide its own the same way.
-
-Also here: a synchronized timer. Dtype names map to torch dtypes in :mod:`adaptcheck.base.dtypes`.
+Why the seam exists: docs/smoke.md (The device-operations seam).
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """Sizing work to the device: measure how fast it is, then pick the largest size that fits.
 
-The same ladder runs on a 2-core CPU and on an 8-GPU server, and the same dtype can be 1000×
-slower on one than on the other (fp16 on CPUs without fp16 units). So a check never
-hard-codes a shape: it times a small instance, doubles it until one run is long enough to
-be measured honestly (launch latency and first-call set-up dominate tiny runs on
-accelerators), extrapolates the rate, and takes the largest size whose estimated cost
-fits its budget. Both functions are pure so the arithmetic is unit-tested on fake timings.
+The method: docs/smoke.md (Sizing work to the device).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from adaptcheck.base.schemas.smoke_evidence import RateProbeFacts
 
 
 @dataclass(frozen=True)
@@ -28,8 +25,8 @@ class RateProbe:
         reading gives a huge rate, never a division by zero."""
         return self.work / max(self.seconds, 1e-9)
 
-    def as_dict(self) -> dict[str, float]:
-        return {"size": self.size, "seconds": self.seconds, "rate": self.rate}
+    def evidence(self) -> RateProbeFacts:
+        return RateProbeFacts(size=self.size, seconds=self.seconds, rate=self.rate)
 
 
 def probe_rate(

@@ -37,6 +37,7 @@ from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.base.dtypes import torch_dtype
 from adaptcheck.base.plugins import import_root
 from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.micro_evidence import RankRecord
 from adaptcheck.base.schemas.results import Status
 from adaptcheck.collectives.exact import (
     OPS,
@@ -423,7 +424,8 @@ def _records(plan: Plan, override: dict[tuple[int, str], dict[str, Any]] | None 
 
 
 def _launched(records: dict[int, list[dict[str, Any]]], exits: list[RankExit] | None = None) -> LaunchResult:
-    return LaunchResult(records=records, exits=exits or [RankExit(r, 0) for r in records], wall_s=1.0,
+    return LaunchResult(records={r: [RankRecord.parse(rec) for rec in recs] for r, recs in records.items()},
+                        exits=exits or [RankExit(r, 0) for r in records], wall_s=1.0,
                         logs_dir="/nonexistent")
 
 

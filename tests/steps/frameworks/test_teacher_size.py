@@ -12,13 +12,10 @@ import pytest
 from adaptcheck.frameworks.modelsrc import resolve_model
 from adaptcheck.ladder.loader import load_ladder
 from adaptcheck.ladder.registry import get_check_class
-from adaptcheck.steps.frameworks.params import (
-    ConcurrentParams,
-    KvCacheParams,
-    ReferenceParams,
-    TeacherSize,
-    TeacherSized,
-)
+from adaptcheck.steps.frameworks.kinds.concurrent import ConcurrentParams
+from adaptcheck.steps.frameworks.kinds.kv_cache import KvCacheParams
+from adaptcheck.steps.frameworks.kinds.reference import ReferenceParams
+from adaptcheck.steps.frameworks.params import TeacherSize, TeacherSized
 from adaptcheck.steps.frameworks.probes import Tok, reference_requests
 
 LADDERS = Path(__file__).resolve().parents[3] / "ladders"

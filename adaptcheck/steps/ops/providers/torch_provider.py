@@ -1,10 +1,6 @@
-"""The default provider: device-generic torch, each op's ``native`` implementation.
-
-It runs on whatever device the inputs are on, through the same public torch ops a model
-would use, so on an accelerator it exercises the vendor's torch kernels. The functions live
-in the family modules beside their OpDefs (``OpDef.native``, vLLM's ``forward_native``
-model); this provider only reads them from the catalog, so there is no second table of op
-names to keep in step with it. See docs/ops.md and docs/adding-an-op.md.
+"""The default provider: device-generic torch, each op's ``native`` implementation read from the
+catalog (so there is no second table of op names), which on an accelerator exercises the
+vendor's torch kernels (docs/ops.md, docs/adding-an-op.md).
 """
 
 from __future__ import annotations

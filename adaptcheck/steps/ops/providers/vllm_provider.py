@@ -1,26 +1,8 @@
-"""vLLM's own kernels as a step-3 op provider.
-
-The catalog's signatures are mapped onto vLLM's compiled ops (``torch.ops._C`` through
-``vllm._custom_ops``) and, where vLLM has no kernel but its own Python code path is what a
-served model runs (MoE routing, top-k/top-p masking), onto that code. The adapters only
-reshape and allocate: every number is computed by vLLM. vLLM's kernels write into an
-``out`` tensor or in place, and its CPU attention keeps the KV cache in a packed per-ISA
-layout, so the adapters allocate outputs, and convert the catalog's plain cache layout
-``[num_blocks, block_size, Hk, D]`` into vLLM's layout and back by explicit permutations
-(checked exact by the tests).
-
-vLLM is imported lazily (``import vllm`` takes seconds and pulls a large dependency tree):
-``available()`` answers ``(False, reason)`` when it cannot be imported and never raises.
-Ops the installed build has no kernel for are reported through ``lacks_reason`` with why.
-
-vLLM's layer classes (``CustomOp``, vllm/model_executor/custom_op.py) run ``forward_native``
-or a platform path; :func:`platform_override` tells which path the current platform dispatches
-to and whether the class overrides it, so a report can say when the kernel under test is
-not what the layer would actually run.
-
-Which kernels each adapter needs, the layer class behind each op and the ops vLLM has no
-kernel for are one table, :data:`adaptcheck.frameworks.vllm_ops.VLLM_OPS`, which the report
-reads too; this module keeps the adapters, which call vLLM.
+"""vLLM's own kernels as a step-3 op provider: the catalog's signatures mapped onto vLLM's
+compiled ops (``torch.ops._C`` through ``vllm._custom_ops``) or, where vLLM has no kernel, onto
+the Python code path a served model runs, with adapters that only reshape and allocate; the
+ops, kernels and layer classes are one table, :data:`adaptcheck.frameworks.vllm_ops.VLLM_OPS`
+(docs/ops.md, "The vllm provider").
 """
 
 from __future__ import annotations
@@ -29,7 +11,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.frameworks.vllm_ops import CONTIGUOUS_BLOCK_SIZE, VLLM_OPS
@@ -76,7 +58,43 @@ def _defined_in(cls: type, method: str) -> str | None:
     return None
 
 
-def platform_override(cls: type | str) -> dict[str, Any]:
+PlatformOverride = TypedDict("PlatformOverride", {
+    "class": str,  # 'module.Class' once resolved, the spec as given before
+    "custom_op_name": "str | None",
+    "platform": str,
+    "dispatch": str,
+    "falls_back_to": str,
+    "overrides_dispatch": bool,
+    "dispatch_defined_in": "str | None",
+    "has_forward_native": bool,
+    "meaningful_vs_native": bool,
+    "note": str,
+    "error": str,
+}, total=False)
+"""What :func:`platform_override` found; keys it could not establish are absent (``error`` says why)."""
+
+
+class KernelInfo(TypedDict):
+    """The kernels behind one provided op."""
+
+    kernels: list[str]
+    note: str
+
+
+class VllmDescription(TypedDict, total=False):
+    """:meth:`VllmProvider.describe`: ``available`` always; ``reason`` when not, the rest when it is."""
+
+    available: bool
+    reason: str
+    vllm_version: str
+    platform: str
+    device_type: str
+    ops: dict[str, KernelInfo]
+    lacking: dict[str, str]
+    platform_override: dict[str, PlatformOverride]
+
+
+def platform_override(cls: type | str) -> PlatformOverride:
     """Which forward_* the current vLLM platform dispatches ``cls`` to, and whether it overrides it.
 
     ``cls`` is a vLLM CustomOp subclass or ``'module:Class'``. Best effort, never raises:
@@ -87,7 +105,7 @@ def platform_override(cls: type | str) -> dict[str, Any]:
     Inductor the default is 'none', i.e. forward_native even where an override exists),
     which is only known inside a running engine: reported as a note, not guessed.
     """
-    info: dict[str, Any] = {"class": cls if isinstance(cls, str) else getattr(cls, "__qualname__", str(cls))}
+    info: PlatformOverride = {"class": cls if isinstance(cls, str) else getattr(cls, "__qualname__", str(cls))}
     try:
         klass = _resolve(cls) if isinstance(cls, str) else cls
         from vllm.model_executor.custom_op import CustomOp
@@ -568,7 +586,7 @@ class VllmProvider(OpProvider):
                          f" ({'overridden' if info['overrides_dispatch'] else 'not overridden → forward_native'})")
         return base
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> VllmDescription:
         """vLLM version, platform, the kernel behind each provided op and the CustomOp dispatch findings."""
         state = _probe()
         if not state.ok:
