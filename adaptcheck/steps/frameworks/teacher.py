@@ -2,7 +2,8 @@
 and two runs of one framework against each other (method and bounds: docs/step4-numerics.md).
 
 Each verdict is built as its typed record (:mod:`adaptcheck.base.schemas.framework_evidence`);
-the functions the probes call return those records' JSON form, as the details store them.
+the functions the kinds call (``steps/frameworks/kinds``) return those records' JSON form, as the
+details store them; the ``*_verdict`` functions beside them return the records themselves.
 """
 
 from __future__ import annotations
