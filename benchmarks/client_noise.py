@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_vllm_bench's bigger model
 
@@ -73,8 +72,15 @@ class GcPauses:
                 "total_ms": 1e3 * sum(s for _, s in self.pauses)}
 
 
+def measured(value: float | None, what: str) -> float:
+    """A figure the run must have produced (every request failed or none completed: stop)."""
+    if value is None:
+        raise SystemExit(f"the run has no {what}")
+    return value
+
+
 def one_run(gen: LoadGenerator, args: argparse.Namespace, run: int, freeze: bool, kept: list[RunResult],
-            pauses: GcPauses) -> dict[str, Any]:
+            pauses: GcPauses) -> dict[str, float]:
     gen.freeze_gc = freeze
     cfg = RunConfig(arrival=Arrival.CONCURRENCY, level=args.concurrency, num_requests=args.num_prompts,
                     warmup_requests=args.warmups, request_timeout_s=600, arrival_seed=run, sample_server=False)
@@ -82,13 +88,16 @@ def one_run(gen: LoadGenerator, args: argparse.Namespace, run: int, freeze: bool
     result = gen.run(cfg, level_index=0, run=run)
     gcs = pauses.stop()
     kept.append(result)  # like the worker: every run's records stay alive until the check ends
-    s = result.summary()
-    if s["failed"]:
-        raise SystemExit(f"{s['failed']} requests failed: {s['errors']}")
+    s = result.run_summary()
+    if s.failed:
+        raise SystemExit(f"{s.failed} requests failed: {s.errors}")
     assert result.client is not None
-    return {"ttft": s["ttft_ms"]["median"], "tpot": s["tpot_ms"]["median"], "tps": s["output_throughput"],
+    return {"ttft": measured(s.ttft_ms.median if s.ttft_ms else None, "median TTFT"),
+            "tpot": measured(s.tpot_ms.median if s.tpot_ms else None, "median TPOT"),
+            "tps": measured(s.output_throughput, "output throughput"),
             "lag_mean": result.client.lag_mean_ms(), "lag_p99": result.client.lag_p99_ms(),
-            "cpu": result.client.cpu_percent, "queue_p99": s["queue_ms"]["p99"], **gcs}
+            "cpu": result.client.cpu_percent,
+            "queue_p99": measured(s.queue_ms.p99 if s.queue_ms else None, "queue p99"), **gcs}
 
 
 def dispersion(values: list[float]) -> tuple[float, float]:
@@ -98,11 +107,11 @@ def dispersion(values: list[float]) -> tuple[float, float]:
     return sd, (max(values) - min(values)) / statistics.median(values)
 
 
-def report(rows: dict[bool, list[dict[str, Any]]]) -> None:
+def report(rows: dict[bool, list[dict[str, float]]]) -> None:
     print(f"\n{'mode':<12}{'runs':>5}{'GC/run':>8}{'full GCs':>10}{'full ms':>9}{'max pause':>11}"
           f"{'lag mean':>10}{'lag p99':>9}{'cpu %':>7}{'queue p99':>11}")
     for freeze, runs in rows.items():
-        def med(key: str, rs: list[dict[str, Any]] = runs) -> float:
+        def med(key: str, rs: list[dict[str, float]] = runs) -> float:
             return float(statistics.median(r[key] for r in rs))
         print(f"{'freeze on' if freeze else 'freeze off':<12}{len(runs):>5}{med('collections'):>8.0f}"
               f"{sum(r['full'] for r in runs):>10}{sum(r['full_ms'] for r in runs):>9.0f}"
@@ -166,7 +175,7 @@ def main() -> int:
         gen = LoadGenerator(url, workload, model=served, tokenizer=tokenizer)
         print(f"heap: {len(gc.get_objects())} tracked objects; workload {args.num_prompts} prompts x "
               f"{args.input_len} in / {args.output_len} out, concurrency {args.concurrency}, {args.rounds} rounds")
-        rows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+        rows: dict[bool, list[dict[str, float]]] = {False: [], True: []}
         kept: list[RunResult] = []
         pauses = GcPauses()
         run = 0

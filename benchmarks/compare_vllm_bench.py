@@ -39,7 +39,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from adaptcheck.perf.arrival import Arrival
 from adaptcheck.perf.loadgen import LoadGenerator, RunConfig
@@ -86,7 +85,7 @@ def bigger_model(tiny: Path, root: Path) -> Path:
 
 
 def run_vllm_bench(args: argparse.Namespace, url: str, served: str, tokenizer: str, seed: int,
-                   out_dir: Path) -> dict[str, Any]:
+                   out_dir: Path) -> dict[str, float]:
     name = f"vllm-bench-{seed}.json"
     cmd = [sys.executable, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", url.removesuffix("/v1"),
            "--endpoint", "/v1/completions", "--model", served, "--tokenizer", tokenizer,
@@ -103,26 +102,39 @@ def run_vllm_bench(args: argparse.Namespace, url: str, served: str, tokenizer: s
                           env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
     if proc.returncode != 0 or not (out_dir / name).exists():
         raise SystemExit(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads((out_dir / name).read_text())
-    return result
+    result: dict[str, object] = json.loads((out_dir / name).read_text())  # vLLM's own result file
+    # Its numeric figures only (the rest: per-request lists, strings): what the report reads.
+    return {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def run_adaptcheck(args: argparse.Namespace, gen: LoadGenerator, round_no: int) -> dict[str, Any]:
+def measured(value: float | None, what: str) -> float:
+    """A figure adaptcheck's run must have produced (none completed: stop)."""
+    if value is None:
+        raise SystemExit(f"adaptcheck: the run has no {what}")
+    return value
+
+
+def run_adaptcheck(args: argparse.Namespace, gen: LoadGenerator, round_no: int) -> dict[str, float]:
     cfg = RunConfig(arrival=Arrival.POISSON if args.request_rate else Arrival.CONCURRENCY,
                     level=args.request_rate or args.concurrency, num_requests=args.num_prompts,
                     warmup_requests=args.warmups, request_timeout_s=600, arrival_seed=round_no,
                     sample_server=False)
     result = gen.run(cfg, level_index=0, run=round_no)
-    s = result.summary()
-    if s["failed"]:
-        raise SystemExit(f"adaptcheck: {s['failed']} requests failed: {s['errors']}")
+    s = result.run_summary()
+    if s.failed:
+        raise SystemExit(f"adaptcheck: {s.failed} requests failed: {s.errors}")
     assert result.client is not None
-    return {"median_ttft_ms": s["ttft_ms"]["median"], "median_tpot_ms": s["tpot_ms"]["median"],
-            "output_throughput": s["output_throughput"], "median_itl_ms": s["itl_ms"]["median"],
-            "queue_ms_p99": s["queue_ms"]["p99"], "cpu_percent": result.client.cpu_percent,
-            "us_per_token": result.client.overhead_us_per_token(s["total_output_tokens"]),
-            "lag_p99_ms": result.client.lag_p99_ms(), "lag_mean_ms": result.client.lag_mean_ms(), "output_tokens": s["total_output_tokens"],
-            "input_tokens": s["total_input_tokens"] / max(1, s["completed"])}
+    output_tokens = measured(s.total_output_tokens, "output token count")
+    return {"median_ttft_ms": measured(s.ttft_ms.median if s.ttft_ms else None, "median TTFT"),
+            "median_tpot_ms": measured(s.tpot_ms.median if s.tpot_ms else None, "median TPOT"),
+            "output_throughput": measured(s.output_throughput, "output throughput"),
+            "median_itl_ms": measured(s.itl_ms.median if s.itl_ms else None, "median ITL"),
+            "queue_ms_p99": measured(s.queue_ms.p99 if s.queue_ms else None, "queue p99"),
+            "cpu_percent": result.client.cpu_percent,
+            "us_per_token": measured(result.client.overhead_us_per_token(int(output_tokens)), "client CPU per token"),
+            "lag_p99_ms": result.client.lag_p99_ms(), "lag_mean_ms": result.client.lag_mean_ms(),
+            "output_tokens": output_tokens,
+            "input_tokens": measured(s.total_input_tokens, "input token count") / max(1, s.completed or 0)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -178,7 +190,7 @@ def main() -> int:
         arrival = f"Poisson {args.request_rate} req/s" if args.request_rate else f"concurrency {args.concurrency}"
         print(f"workload: {args.num_prompts} prompts x {args.input_len} in / {args.output_len} out, {arrival}, "
               f"{args.warmups} warm-up requests, {args.rounds} alternating rounds")
-        rows: dict[str, list[dict[str, Any]]] = {"vllm": [], "adaptcheck": []}
+        rows: dict[str, list[dict[str, float]]] = {"vllm": [], "adaptcheck": []}
         for r in range(args.rounds):
             first_vllm = r % 2 == 0  # alternate who goes first, so a drifting machine favours neither
             for tool in (("vllm", "adaptcheck") if first_vllm else ("adaptcheck", "vllm")):
@@ -195,7 +207,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(args: argparse.Namespace, rows: dict[str, list[dict[str, Any]]]) -> int:
+def report(args: argparse.Namespace, rows: dict[str, list[dict[str, float]]]) -> int:
     """Print both tools' figures; decide on the paired differences (see the module doc)."""
     def med(tool: str, key: str) -> float:
         return float(statistics.median(r[key] for r in rows[tool]))

@@ -10,10 +10,11 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 from pydantic import JsonValue
 
+from adaptcheck.base.schemas.micro_evidence import MicroEvidence, MicroRow, ParamValue
 from adaptcheck.base.schemas.results import CheckResult
 from adaptcheck.base.schemas.serving_evidence import LatencyStats, MeasuredRun, ServingEvidence, ServingLevel
 from adaptcheck.compare.model import (
@@ -38,23 +39,20 @@ Figure = tuple[float, float, int]
 """(value, relative spread, number of samples behind the spread)."""
 
 
-def _pos(value: Any) -> float | None:
+def _pos(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) and value > 0 else None
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _rows(check: CheckResult) -> dict[str, dict[str, Any]]:
-    """Micro rows by 'name dtype' (a repeated key gets '#2', '#3' so none is silently dropped)."""
-    out: dict[str, dict[str, Any]] = {}
-    for row in check.details.get("rows") or []:
-        if not isinstance(row, dict):
-            continue
-        key = f"{row.get('name', '?')}" + (f" {row['dtype']}" if row.get("dtype") else "")
+def _rows(check: CheckResult) -> dict[str, MicroRow]:
+    """Micro rows by 'name dtype' (a repeated key gets '#2', '#3' so none is silently dropped);
+    details that do not fit read as no rows."""
+    evidence = check.evidence(MicroEvidence)
+    out: dict[str, MicroRow] = {}
+    for row in evidence.rows if evidence is not None else []:
+        # A row written without a name keys as '?' (the model's default name is empty).
+        key = row.label if "name" in row.model_fields_set else f"?{' ' + row.dtype if row.dtype else ''}"
         unique, n = key, 2
         while unique in out:
             unique, n = f"{key} #{n}", n + 1
@@ -62,15 +60,21 @@ def _rows(check: CheckResult) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _row_figure(row: dict[str, Any]) -> Figure | str:
+def _params(row: MicroRow) -> dict[str, ParamValue] | None:
+    """The row's problem definition; None when it was written without one."""
+    return row.params if "params" in row.model_fields_set else None
+
+
+def _row_figure(row: MicroRow) -> Figure | str:
     """A row's (median time, spread, repetitions), or why it has none."""
-    if row.get("status") != "ok":
-        return f"not run ({row.get('reason') or row.get('status')})"
-    t = _dict(row.get("time_s"))
-    median, spread, n = _pos(t.get("median")), t.get("spread"), t.get("n")
+    if row.status != "ok":
+        return f"not run ({row.reason or (row.status if 'status' in row.model_fields_set else None)})"
+    t = row.time_s
+    median = _pos(t.median) if t is not None else None
+    spread, n = (t.spread, t.n) if t is not None else (None, None)
     if median is None:
         return "no valid median time"
-    if not isinstance(n, int) or n < MIN_REPETITIONS or not isinstance(spread, (int, float)) or not spread >= 0:
+    if n is None or n < MIN_REPETITIONS or spread is None or not spread >= 0:
         return f"{n} timed repetitions: the noise is not measured (fewer than {MIN_REPETITIONS})"
     return median, float(spread), n
 
@@ -206,8 +210,8 @@ class PerfComparer:
         for key in a.keys() | b.keys():
             if key not in a or key not in b:
                 self.skip(new.id, key, "only in the " + ("new run" if key in b else "baseline"))
-            elif (a[key].get("params") or {}) != (b[key].get("params") or {}):
-                self.skip(new.id, key, f"problem differs: {a[key].get('params')} → {b[key].get('params')}")
+            elif a[key].params != b[key].params:
+                self.skip(new.id, key, f"problem differs: {_params(a[key])} → {_params(b[key])}")
             else:
                 self.add(new.id, f"{key}: median time", "s", "lower", _row_figure(a[key]), _row_figure(b[key]))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypedDict  # pydantic validates these (typing.TypedDict only from 3.12)
 
 from adaptcheck.base.schemas.evidence import Evidence
 from adaptcheck.base.schemas.results import Status
@@ -29,13 +30,37 @@ if TYPE_CHECKING:
 
     from adaptcheck.backends.base import Backend
     from adaptcheck.base.schemas.ladder import ModelSpec
-    from adaptcheck.ladder.protocol import EndpointTarget, ProgressMessage
 
 PROGRESS_MIN_INTERVAL_S = 0.5
 """Progress messages of one check are at least this far apart: a check may call
 :meth:`CheckContext.progress` in a tight loop without flooding the result pipe."""
 TICK_INTERVAL_S = 1.0
 """How often :meth:`CheckContext.timed_progress` reports the elapsed time."""
+
+
+class EndpointTarget(TypedDict):
+    """``--endpoint``: the server under test."""
+
+    url: str
+    model: str | None
+    reference: bool
+    """True when ``--model`` names a local copy of the served weights (a CPU reference is possible)."""
+
+
+class ProgressReport(TypedDict):
+    """How far a running check is (:meth:`CheckContext.progress`), e.g. 120 of 300 s."""
+
+    done: float
+    total: float | None
+    unit: str
+    note: str
+
+
+class ProgressMessage(TypedDict):
+    """A progress line: the check it belongs to, and its report."""
+
+    id: str
+    progress: ProgressReport
 
 
 class NoParams(BaseModel):

@@ -11,16 +11,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypedDict  # pydantic validates these (typing.TypedDict only from 3.12)
 
-from adaptcheck.ladder.check import Outcome
+# The context-facing messages live with CheckContext (a check sends them); imported here so the
+# protocol reads as one list, and so check.py needs nothing from this module (no cycle).
+from adaptcheck.ladder.check import EndpointTarget, Outcome, ProgressMessage, ProgressReport
 
-
-class EndpointTarget(TypedDict):
-    """``--endpoint``: the server under test."""
-
-    url: str
-    model: str | None
-    reference: bool
-    """True when ``--model`` names a local copy of the served weights (a CPU reference is possible)."""
+__all__ = ["CheckRequest", "EndpointTarget", "ProgressMessage", "ProgressReport", "WorkerInit", "WorkerReply"]
 
 
 class WorkerInit(TypedDict):
@@ -44,22 +39,6 @@ class CheckRequest(TypedDict):
     kind: str
     params: dict[str, object]
     """The ladder's params for it, validated by the kind's ``params_model`` in the worker."""
-
-
-class ProgressReport(TypedDict):
-    """How far a running check is (:meth:`CheckContext.progress`), e.g. 120 of 300 s."""
-
-    done: float
-    total: float | None
-    unit: str
-    note: str
-
-
-class ProgressMessage(TypedDict):
-    """A progress line: the check it belongs to, and its report."""
-
-    id: str
-    progress: ProgressReport
 
 
 class WorkerReply(BaseModel):

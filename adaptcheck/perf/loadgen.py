@@ -136,10 +136,6 @@ class RunResult:
         """The run's RunSummary (docs/perf.md)."""
         return summarize_run(self.records, duration_s=self.duration_s, slo=slo)
 
-    def summary(self, slo: Mapping[str, float | None] | None = None) -> dict[str, Any]:
-        """:meth:`run_summary` as the JSON object stored in the details (what scripts print)."""
-        return self.run_summary(slo).dump()
-
 
 class LoadGenerator:
     """Runs :class:`RunConfig` runs against one endpoint with one workload."""

@@ -139,10 +139,6 @@ class Peak:
                           interconnect_bw=self.interconnect_bw, derivation=list(self.derivation),
                           memory_bw_basis=self.memory_bw_basis, notes=self.notes)
 
-    def as_dict(self) -> dict[str, Any]:
-        """:meth:`record` as the JSON object stored in ``details.peak`` (what the step-5 verdict writes)."""
-        return self.record().dump()
-
     def replace(self, **changes: Any) -> Peak:
         return dataclasses.replace(self, **changes)
 

@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from adaptcheck.base.errors import exception_line
 from adaptcheck.base.hostfacts import cpu_frequency_mhz, cpu_times
 from adaptcheck.base.procs import tree_rss_mib
+from adaptcheck.base.schemas.serving_evidence import SampleTiming, SoakTelemetry, TelemetryError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -67,9 +68,9 @@ class _ErrorKind:
     count: int
     first_t_s: float
 
-    def record(self, source: str) -> dict[str, str | int | float]:
+    def record(self, source: str) -> TelemetryError:
         """The ``telemetry.errors[]`` entry."""
-        return {"source": source, "error": self.error, "count": self.count, "first_t_s": self.first_t_s}
+        return TelemetryError(source=source, error=self.error, count=self.count, first_t_s=self.first_t_s)
 
 
 @dataclass
@@ -99,21 +100,21 @@ class Telemetry:
     errors: dict[str, _Errors]
     notes: list[str]
 
-    def to_dict(self) -> dict[str, Any]:
-        """The compact shape docs/perf.md fixes (``details.telemetry`` of ``perf.soak``)."""
+    def evidence(self) -> SoakTelemetry:
+        """The compact record docs/perf.md fixes (``details.telemetry`` of ``perf.soak``)."""
         errors = [entry.record(source) for source, errs in self.errors.items() for entry in errs.seen.values()]
         dropped = sum(e.dropped for e in self.errors.values())
         notes = self.notes + ([f"{dropped} more error(s) of other kinds not kept"] if dropped else [])
         calls = self.device.call_s if self.device is not None else []
-        return {
-            "interval_s": self.interval_s,
-            "host": self.host.to_dict(),
-            "device": self.device.to_dict() if self.device is not None else None,
-            "device_sample_s": ({"median": round(statistics.median(calls), 3), "max": round(max(calls), 3)}
-                                if calls else None),
-            "errors": errors,
-            "notes": notes,
-        }
+        return SoakTelemetry(
+            interval_s=self.interval_s,
+            host=self.host.to_dict(),
+            device=self.device.to_dict() if self.device is not None else None,
+            device_sample_s=(SampleTiming(median=round(statistics.median(calls), 3), max=round(max(calls), 3))
+                             if calls else None),
+            errors=errors,
+            notes=notes,
+        )
 
 
 class TelemetrySampler:

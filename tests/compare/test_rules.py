@@ -159,6 +159,19 @@ def test_micro_rows_that_cannot_be_compared_say_why(old_row: dict[str, Any], new
     assert not c.regressions and c.not_compared and reason in c.not_compared[0].reason
 
 
+def test_micro_rows_missing_a_key_are_named_as_before() -> None:
+    """Hand-written rows without a name, params or status compare as they did before the rows
+    were typed: the model's defaults ('' name, {} params, '' status) do not show."""
+    nameless, no_params = _row(1.0, 0.05), _row(9.0, 0.05)
+    del nameless["name"], no_params["name"], no_params["params"]
+    c = _figures(_micro(nameless), _micro(no_params))
+    assert [(n.figure, n.reason) for n in c.not_compared] == [("? bf16", "problem differs: {'m': 64} → None")]
+    statusless = _row(1.0, 0.05)
+    del statusless["status"]
+    c = _figures(_micro(_row(1.0, 0.05)), _micro(statusless))
+    assert [n.reason for n in c.not_compared] == ["new: not run (None)"]
+
+
 def _serving(ttft: list[float], level: float = 4, **scenario: Any) -> CheckResult:
     runs = [{"ttft_ms": {"median": t}, "tpot_ms": {"median": 5.0}, "output_throughput": 100.0} for t in ttft]
     details = {"scenario": {"arrival": "concurrency", "input_tokens": 128, "output_tokens": 64, "mixed": None,

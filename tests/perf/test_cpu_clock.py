@@ -18,12 +18,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from adaptcheck.backends.cpu import CpuBackend
 from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.micro_evidence import MicroRow
 from adaptcheck.ladder.check import CheckContext, Status
 from adaptcheck.perf import cpu_clock
 from adaptcheck.perf.cpu_clock import (
@@ -272,8 +272,8 @@ def test_the_derived_peak_holds_and_a_wrong_flops_per_cycle_is_caught(tmp_path: 
     assert wrong.flops["fp32"] < right.flops["fp32"] / 3
     t = gemm_flops(512, 512, 512) / rate
     row = make_row("prefill m=512 n=512 k=512", "fp32", {"m": 512, "n": 512, "k": 512},
-                   gemm_flops(512, 512, 512), 3 * 2 ** 20, summarize([t] * 8), wrong).dump()
-    assert row["efficiency"] > 1.05
+                   gemm_flops(512, 512, 512), 3 * 2 ** 20, summarize([t] * 8), wrong)
+    assert (row.efficiency or 0) > 1.05
     out = verdict(_ctx(tmp_path), "gemm", [row], wrong, {})
     assert out.status == Status.ERROR and "understates this device" in out.message
     assert out.details["above_peak"] == ["prefill m=512 n=512 k=512 fp32"]
@@ -312,11 +312,11 @@ def _planted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, factor: float) -> 
     return ctx
 
 
-def _row_at(rate: float, peak: Peak) -> dict[str, Any]:
+def _row_at(rate: float, peak: Peak) -> MicroRow:
     """An fp32 GEMM row (compute-bound: 2048³) achieving ``rate`` FLOP/s, held to ``peak``."""
     flops = gemm_flops(2048, 2048, 2048)
     return make_row("prefill m=2048 n=2048 k=2048", "fp32", {"m": 2048, "n": 2048, "k": 2048}, flops,
-                    3 * 2048 * 2048 * 4, summarize([flops / rate] * 8), peak).dump()
+                    3 * 2048 * 2048 * 4, summarize([flops / rate] * 8), peak)
 
 
 @needs_x86
@@ -327,12 +327,12 @@ def test_a_row_above_a_peak_from_a_disturbed_clock_re_measures_it(monkeypatch: p
     assert low_peak is not None and low_peak.entry == "derived:cpu"
     true_fp32 = low_peak.flops["fp32"] * 3
     rows = [_row_at(0.6 * true_fp32, low_peak)]
-    assert rows[0]["efficiency"] > 1.5  # 60 % of the true peak reads as 180 % of the low one
-    assert verdict(ctx, "gemm", [dict(r) for r in rows], low_peak, {}).status == Status.ERROR
+    assert (rows[0].efficiency or 0) > 1.5  # 60 % of the true peak reads as 180 % of the low one
+    assert verdict(ctx, "gemm", [r.model_copy(deep=True) for r in rows], low_peak, {}).status == Status.ERROR
     peak = recheck_clock(ctx, low_peak, rows, None)
     assert peak is not None and peak.flops["fp32"] > 2 * low_peak.flops["fp32"]
     assert any("clock re-measured" in ln for ln in peak.derivation)
-    assert rows[0]["bound"] == "compute" and rows[0]["efficiency"] < 1.0, rows[0]
+    assert rows[0].bound == "compute" and (rows[0].efficiency or 0) < 1.0, rows[0]
     out = verdict(ctx, "gemm", rows, peak, {})
     assert out.status == Status.PASS, out.message
     assert cpu_clock._BEST[_flags()].measurements == 2  # the process keeps the better clock from now on
@@ -359,7 +359,7 @@ entries:
     assert wrong is not None and wrong.entry == "derived:cpu+wrong_cpu"
     rows = [_row_at(0.6 * honest.flops["fp32"], wrong)]
     peak = recheck_clock(ctx, wrong, rows, str(peaks))
-    assert rows[0]["efficiency"] > 2.0
+    assert (rows[0].efficiency or 0) > 2.0
     out = verdict(ctx, "gemm", rows, peak, {})
     assert out.status == Status.ERROR and "understates this device" in out.message
 

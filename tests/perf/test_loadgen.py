@@ -107,7 +107,7 @@ def test_fixed_lengths_warmup_excluded_on_vllm(vllm_server: ManagedServer, token
         assert 0 < (r.ttft_s or 0) < (r.e2el_s or 0) and (r.sent_s or 0) >= r.scheduled_s
     # Warm-up is over before the window opens, and none of it is in the figures.
     assert max((w.sent_s or 0) + (w.e2el_s or 0) for w in warm) <= min(r.sent_s or 0 for r in measured)
-    s = result.summary()
+    s = result.run_summary().dump()
     assert s["completed"] == 8 and s["total_output_tokens"] == 96 and s["token_mismatches"] == 0
     assert s["duration_s"] == pytest.approx(result.duration_s)
     # The figure is the events counted over the tokens counted. vLLM streams one token per event
@@ -140,7 +140,7 @@ def test_queue_time_is_kept_out_of_ttft(vllm_server: ManagedServer, tokenizer: A
     # The schedule itself is the seeded Poisson process, whatever the client's lateness.
     start = measured[0].scheduled_s
     assert [r.scheduled_s - start for r in measured] == pytest.approx(poisson_arrivals(100.0, 3, count=6), abs=1e-6)
-    assert result.summary()["queue_ms"]["max"] == pytest.approx(max(queue) * 1000)
+    assert result.run_summary().dump()["queue_ms"]["max"] == pytest.approx(max(queue) * 1000)
 
 
 def test_burst_sends_everything_at_once(vllm_server: ManagedServer, tokenizer: Any) -> None:
@@ -174,7 +174,7 @@ def test_requests_answered_500_are_counted(vllm_server: ManagedServer, tokenizer
     assert result.aborted is None and wall < 60
     failed = [r for r in result.records if r.error]
     assert len(failed) == state.failed > 0 and all("HTTP 500" in (r.error or "") for r in failed)
-    s = result.summary()
+    s = result.run_summary().dump()
     assert s["completed"] + s["failed"] == 12 and s["failed"] == sum(1 for r in failed if not r.warmup)
     assert s["error_rate"] == pytest.approx(s["failed"] / 12)
     assert any("injected failure" in k for k in s["errors"])
@@ -187,7 +187,7 @@ def test_a_server_dying_mid_run_ends_the_run_with_errors(vllm_server: ManagedSer
                            request_timeout_s=30)
     assert wall < 15, wall
     assert result.aborted is not None and "stopped accepting connections" in result.aborted
-    s = result.summary()
+    s = result.run_summary().dump()
     assert s["completed"] >= 1 and s["failed"] >= 3 and s["completed"] + s["failed"] < 40  # not sent after it died
     assert any("Unreachable" in k or "closed" in k for k in s["errors"])
 
@@ -199,7 +199,7 @@ def test_a_hung_server_times_out_and_the_run_stops(vllm_server: ManagedServer, t
                            request_timeout_s=2.0)
     assert wall < 2.0 * 2 + 8, wall  # in-flight requests time out once; nothing new is sent after
     assert result.aborted is not None and "timed out" in result.aborted
-    s = result.summary()
+    s = result.run_summary().dump()
     assert s["failed"] >= 1 and s["completed"] + s["failed"] < 40
     assert any("EndpointTimeout" in k for k in s["errors"])
 
@@ -213,7 +213,7 @@ def test_the_run_deadline_cancels_requests_in_flight(vllm_server: ManagedServer,
     assert result.aborted is not None and "deadline" in result.aborted
     cancelled = [r for r in result.measured if r.error and r.error.startswith("cancelled")]
     assert cancelled and all("1.5 s deadline" in (r.error or "") for r in cancelled)
-    assert result.summary()["failed"] == len([r for r in result.measured if not r.ok])
+    assert result.run_summary().dump()["failed"] == len([r for r in result.measured if not r.ok])
 
 
 def test_an_unreachable_server_is_errors_not_a_hang(tokenizer: Any) -> None:
@@ -225,6 +225,6 @@ def test_an_unreachable_server_is_errors_not_a_hang(tokenizer: Any) -> None:
     gen = generator(f"http://127.0.0.1:{port}/v1", tokenizer, [Shape(16, 4)])
     result, wall = run(gen, arrival="concurrency", level=2, num_requests=20, warmup_requests=2)
     assert wall < 10 and result.aborted is not None and "stopped accepting connections" in result.aborted
-    s = result.summary()
+    s = result.run_summary().dump()
     assert s["completed"] == 0 and 1 <= s["failed"] < 20 and s["error_rate"] == 1.0  # counted, not all sent
     assert all("connection refused" in (r.error or "") for r in result.records)

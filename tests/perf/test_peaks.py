@@ -86,7 +86,7 @@ def test_peak_is_in_si_units() -> None:
     assert peak.flops["bf16"] == pytest.approx(9.894e14)
     assert peak.memory_bw == pytest.approx(4.8e12) and peak.host_link_bw == pytest.approx(6.4e10)
     assert peak.network_bw == pytest.approx(4.5e11)
-    d = peak.as_dict()
+    d = peak.record().dump()
     assert {"device", "entry", "source", "verified", "flops", "memory_bw", "host_link_bw", "derivation"} <= set(d)
 
 

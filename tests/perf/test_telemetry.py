@@ -88,7 +88,7 @@ def test_a_growing_process_is_sampled_and_its_trend_found() -> None:
     if cpu_frequency_mhz() is not None:  # readable here (cpu MHz in /proc/cpuinfo)
         assert all(v is not None and v > 0 for v in host.fields["cpu_frequency_mhz"])
     assert result.device is None and any("device telemetry not sampled" in n for n in result.notes)
-    data = result.to_dict()
+    data = result.evidence().dump()
     assert set(data) == {"interval_s", "host", "device", "device_sample_s", "errors", "notes"}
     assert list(data["host"]) == ["t_s", "server_rss_mib", "cpu_utilization_pct", "cpu_frequency_mhz"]
 
@@ -101,7 +101,7 @@ def test_a_failing_device_reading_is_recorded_and_sampling_goes_on() -> None:
     assert backend.calls >= 6  # it kept calling after the first crash
     assert result.device is not None and len(result.device.t_s) >= 3
     assert all(v is not None for v in result.device.fields["memory_used_mib"])
-    errors = result.to_dict()["errors"]
+    errors = result.evidence().dump()["errors"]
     assert len(errors) == 1 and errors[0]["source"] == "device"
     assert errors[0]["error"] == "RuntimeError: smi crashed" and errors[0]["count"] >= 3
     assert len(result.host.t_s) >= 8  # the host thread never noticed
@@ -117,7 +117,7 @@ def test_a_slow_device_tool_does_not_delay_host_samples() -> None:
     assert result.device is not None and 2 <= len(result.device.t_s) <= 4
     # A reading is stamped at the middle of its call: the first starts at 0 and takes 0.5 s.
     assert result.device.t_s[0] == pytest.approx(0.25, abs=0.1)
-    assert result.to_dict()["device_sample_s"]["max"] >= 0.5
+    assert result.evidence().dump()["device_sample_s"]["max"] >= 0.5
 
 
 def test_stop_does_not_wait_for_a_hung_tool() -> None:
@@ -137,7 +137,7 @@ def test_a_server_that_is_gone_is_recorded_not_fatal() -> None:
     time.sleep(0.35)
     result = sampler.stop()
     assert result.host.fields["server_rss_mib"] and all(v is None for v in result.host.fields["server_rss_mib"])
-    assert any("server process is gone" in e["error"] for e in result.to_dict()["errors"])
+    assert any("server process is gone" in e["error"] for e in result.evidence().dump()["errors"])
 
 
 def test_samples_are_taken_on_a_fixed_grid() -> None:

@@ -22,7 +22,7 @@ from adaptcheck.ladder.check import Check, CheckContext, Outcome
 from adaptcheck.perf.micro import MIB, Params, not_run_row
 from adaptcheck.perf.peaks import Peak
 from adaptcheck.perf.timing import SYNC, summarize
-from adaptcheck.steps.perf.common import TimedParams, headline, resolve_peak, verdict
+from adaptcheck.steps.perf.common import Metrics, TimedParams, headline, resolve_peak, verdict
 
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
 
@@ -149,7 +149,7 @@ class CollectivesBenchCheck(Check):
             launched = launch(config, ws, timeout_s=params.timeout_s, crash_grace_s=5, logs_dir=logs,
                               extra_pythonpath=[root] if root else [])
             rows = bench_rows(cases, launched, ws, peak) + rows
-        metrics: dict[str, float | str] = {"world_size": ws, "library": backend.collective_library}
+        metrics: Metrics = {"world_size": ws, "library": backend.collective_library}
         largest: dict[tuple[str | None, str | None], MicroRow] = {}
         for row in rows:
             if row.status == "ok":
@@ -157,7 +157,7 @@ class CollectivesBenchCheck(Check):
                 if key not in largest or (row.bytes or 0) > (largest[key].bytes or 0):
                     largest[key] = row
         for (op_name, dtype_name), row in largest.items():
-            headline(metrics, f"{op_name}_{dtype_name}", row.dump())
+            headline(metrics, f"{op_name}_{dtype_name}", row)
             if row.extra.busbw is not None:  # None: the timing was unusable (the verdict fails the row)
                 metrics[f"{op_name}_{dtype_name}_busbw_gbps"] = row.extra.busbw / 1e9
         notes = [(f"{ws} {backend.collective_library} ranks; algbw = S/t, busbw = algbw × 2(n-1)/n (all_reduce) "
@@ -166,6 +166,6 @@ class CollectivesBenchCheck(Check):
             metrics["wall_s"] = round(launched.wall_s, 3)
             crash = rank_failures(launched)
             if crash:
-                out = verdict(ctx, "collectives", [row.dump() for row in rows], peak, metrics, notes, timer=SYNC)
+                out = verdict(ctx, "collectives", rows, peak, metrics, notes, timer=SYNC)
                 return Outcome.errored(crash, metrics=metrics, details={**out.details, "logs_dir": launched.logs_dir})
-        return verdict(ctx, "collectives", [row.dump() for row in rows], peak, metrics, notes, timer=SYNC)
+        return verdict(ctx, "collectives", rows, peak, metrics, notes, timer=SYNC)

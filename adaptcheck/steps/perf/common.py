@@ -6,10 +6,9 @@ status policy of one micro-benchmark outcome. Policy and shapes: docs/perf.md,
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.base.schemas.micro_evidence import MicroEvidence, MicroRow
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.perf.caches import DRAM_FACTOR, LastLevelCache, device_llc, residency
 from adaptcheck.perf.cpu_peak import remeasure_cpu_clock, with_memory_reference
@@ -85,23 +84,23 @@ def last_level_cache(ctx: CheckContext) -> LastLevelCache | None:
     return llc
 
 
-def hold_to_memory(ctx: CheckContext, row: dict[str, Any]) -> dict[str, Any]:
+def hold_to_memory(ctx: CheckContext, row: MicroRow) -> MicroRow:
     """``row``, relabelled ``bound: cache`` without an efficiency when it is memory-bound but
     its footprint (its minimum bytes: every buffer touched once) is under DRAM_FACTOR × the
     LLC: such a row measures the cache and is not held to the DRAM peak."""
-    if row.get("status") != "ok" or row.get("bound") != "memory" or not row.get("bytes"):
+    if row.status != "ok" or row.bound != "memory" or not row.bytes:
         return row
     llc = last_level_cache(ctx)
-    label = residency(float(row["bytes"]), llc)
+    label = residency(float(row.bytes), llc)
     if label is None or llc is None:
         return row
-    row["bound"], row["efficiency"] = "cache", None
-    row["extra"]["cache"] = (f"{label}: footprint {row['bytes'] / MIB:g} MiB < {DRAM_FACTOR} × the "
-                             f"{llc.describe()}; not held to the memory peak")
+    row.bound, row.efficiency = "cache", None
+    row.extra.cache = (f"{label}: footprint {row.bytes / MIB:g} MiB < {DRAM_FACTOR} × the "
+                       f"{llc.describe()}; not held to the memory peak")
     return row
 
 
-def raise_reference(ctx: CheckContext, peak: Peak | None, rows: list[dict[str, Any]]) -> Peak | None:
+def raise_reference(ctx: CheckContext, peak: Peak | None, rows: list[MicroRow]) -> Peak | None:
     """Where the memory reference was measured here and a copy row known to be DRAM-sized
     (footprint ≥ DRAM_FACTOR × a known LLC) had a best repetition faster than it, lift the
     reference to that copy (for this check and the ones after) and recompute the memory
@@ -112,26 +111,26 @@ def raise_reference(ctx: CheckContext, peak: Peak | None, rows: list[dict[str, A
         return peak
     best_bw, best_row = peak.memory_bw, None
     for r in rows:
-        t = r.get("time_s") or {}
-        if r.get("status") == "ok" and r.get("bound") == "memory" and r.get("flops") is None \
-                and residency(float(r["bytes"]), llc) is None \
-                and finite_positive(t.get("min")) and r["bytes"] / t["min"] > best_bw:
-            best_bw, best_row = r["bytes"] / t["min"], r
+        fastest = r.time_s.min if r.time_s is not None else None
+        if r.status == "ok" and r.bound == "memory" and r.flops is None and r.bytes is not None \
+                and residency(float(r.bytes), llc) is None \
+                and fastest is not None and finite_positive(fastest) and r.bytes / fastest > best_bw:
+            best_bw, best_row = r.bytes / fastest, r
     if best_row is None:
         return peak
-    note = (f"lifted from {fmt_rate(peak.memory_bw, 'B/s')} to the best repetition of {best_row['name']} "
+    note = (f"lifted from {fmt_rate(peak.memory_bw, 'B/s')} to the best repetition of {best_row.name} "
             "(a faster DRAM-sized copy than the reference measured earlier)")
     ctx.scratch[MEMORY_REFERENCE_KEY] = (best_bw, note)
     lines = [ln for ln in peak.derivation if not ln.startswith("memory:")]
     lines.append(f"memory: {fmt_rate(best_bw, 'B/s')} (measured): {note}")
     new = peak.replace(memory_bw=best_bw, interconnect_bw=best_bw, derivation=tuple(lines))
     for r in rows:
-        if r.get("status") == "ok" and r.get("bound") == "memory" and r.get("efficiency") is not None:
-            r["efficiency"] = efficiency("memory", new, None, None, (r.get("achieved") or {}).get("bytes_per_s"))
+        if r.status == "ok" and r.bound == "memory" and r.efficiency is not None:
+            r.efficiency = efficiency("memory", new, None, None, r.achieved.bytes_per_s)
     return new
 
 
-def recheck_clock(ctx: CheckContext, peak: Peak | None, rows: list[dict[str, Any]],
+def recheck_clock(ctx: CheckContext, peak: Peak | None, rows: list[MicroRow],
                   peaks_file: str | None) -> Peak | None:
     """Where a compute row ran above a CPU peak derived from the measured vector clock,
     measure the clock again (keeping the best of both: :func:`~adaptcheck.perf.cpu_clock.remeasure_vector_clock`)
@@ -142,8 +141,7 @@ def recheck_clock(ctx: CheckContext, peak: Peak | None, rows: list[dict[str, Any
     sibling or another guest ran vector work gives a low clock (issue 14: 2.30 GHz zmm, ymm
     3.65 GHz beside it, then a GEMM at 124 % of the peak; 3.45 GHz on the other runs)."""
     if peak is None or not peak.entry.startswith("derived:cpu") or not any(
-            r.get("status") == "ok" and r.get("bound") == "compute" and (r.get("efficiency") or 0) > 1.0
-            for r in rows):
+            r.status == "ok" and r.bound == "compute" and (r.efficiency or 0) > 1.0 for r in rows):
         return peak
     if not remeasure_cpu_clock():
         return peak  # no clock was measured (fallback to cpufreq/cpuinfo): nothing to redo
@@ -155,113 +153,115 @@ def recheck_clock(ctx: CheckContext, peak: Peak | None, rows: list[dict[str, Any
     note = f"clock re-measured after a compute row ran above the peak (the first measurement gave {first} GHz)"
     new = new.replace(derivation=(*new.derivation, note))
     for i, r in enumerate(rows):
-        if r.get("status") != "ok" or r.get("flops") is None or r.get("bound") == "cache":
+        if r.status != "ok" or r.flops is None or r.bound == "cache":
             continue
-        key = (r.get("extra") or {}).get("peak_dtype") or r.get("dtype")
-        _, ridge, bound = roofline(r["flops"], r.get("bytes"), new, key)
-        ach = r.get("achieved") or {}
-        r["ridge_point"], r["bound"] = ridge, bound
-        r["efficiency"] = efficiency(bound, new, key, ach.get("flops_per_s"), ach.get("bytes_per_s"))
+        key = r.extra.peak_dtype or r.dtype
+        _, ridge, bound = roofline(r.flops, r.bytes, new, key)
+        r.ridge_point, r.bound = ridge, bound
+        r.efficiency = efficiency(bound, new, key, r.achieved.flops_per_s, r.achieved.bytes_per_s)
         rows[i] = hold_to_memory(ctx, r)
     return new
 
 
-def efficiency_low(row: dict[str, Any]) -> float | None:
+def efficiency_low(row: MicroRow) -> float | None:
     """The efficiency at the slow end of the row's median CI (the lowest it plausibly is)."""
-    eff, t = row.get("efficiency"), row.get("time_s") or {}
-    ci = t.get("median_ci")
-    if eff is None or not ci or not finite_positive(ci[1]) or not finite_positive(t.get("median")):
+    eff, t = row.efficiency, row.time_s
+    ci = t.median_ci if t is not None else None
+    median = t.median if t is not None else None
+    if eff is None or ci is None or median is None or not finite_positive(ci[1]) or not finite_positive(median):
         return eff
-    return float(eff) * float(t["median"]) / float(ci[1])
+    return float(eff) * float(median) / float(ci[1])
 
 
-def row_label(row: dict[str, Any]) -> str:
-    return f"{row['name']}{' ' + row['dtype'] if row.get('dtype') else ''}"
-
-
-def describe_row(row: dict[str, Any]) -> str:
+def describe_row(row: MicroRow) -> str:
     """'prefill m=2048 n=4096 k=4096 bf16: 1.5 TFLOP/s, 29% (compute)'."""
-    ach, extra = row["achieved"], row.get("extra", {})
-    if extra.get("busbw") is not None:
-        figure = f"busbw {fmt_rate(extra['busbw'], 'B/s')}"
-    elif row.get("bound") == "compute" and ach.get("flops_per_s"):
-        figure = fmt_rate(ach["flops_per_s"])
+    ach = row.achieved
+    if row.extra.busbw is not None:
+        figure = f"busbw {fmt_rate(row.extra.busbw, 'B/s')}"
+    elif row.bound == "compute" and ach.flops_per_s:
+        figure = fmt_rate(ach.flops_per_s)
     else:
-        figure = fmt_rate(ach.get("bytes_per_s"), "B/s")
-    eff = f", {100 * row['efficiency']:.1f}%" if row.get("efficiency") is not None else ""
-    return f"{row_label(row)}: {figure}{eff}{' (' + row['bound'] + ')' if row.get('bound') else ''}"
+        figure = fmt_rate(ach.bytes_per_s, "B/s")
+    eff = f", {100 * row.efficiency:.1f}%" if row.efficiency is not None else ""
+    return f"{row.label}: {figure}{eff}{' (' + row.bound + ')' if row.bound else ''}"
 
 
 Metrics = dict[str, float | int | str | None]
 """An outcome's flat metrics: numbers, and a few words (a collective's library)."""
 
 
-def verdict(ctx: CheckContext, benchmark: str, rows: list[dict[str, Any]], peak: Peak | None,
+def verdict(ctx: CheckContext, benchmark: str, rows: list[MicroRow], peak: Peak | None,
             metrics: Metrics, notes: list[str] | None = None, timer: str | None = None) -> Outcome:
-    """The Outcome of a micro-benchmark check (see the module docstring)."""
-    details: dict[str, Any] = {"benchmark": benchmark, "timer": timer or timer_name(ctx.backend),
-                               "peak": peak.as_dict() if peak else None, "rows": rows}
+    """The Outcome of a micro-benchmark check (see the module docstring).
+
+    Its details are a :class:`MicroEvidence` holding ``rows`` themselves: a row flagged above
+    the peak below is flagged in the details too."""
+    evidence = MicroEvidence(benchmark=benchmark, timer=timer or timer_name(ctx.backend),
+                             peak=peak.record() if peak else None, rows=rows)
     if notes:
-        details["notes"] = notes
-    ran = [r for r in rows if r["status"] == "ok"]
-    not_run = [r for r in rows if r["status"] != "ok"]
-    skipped_note = ("; not run: " + "; ".join(f"{row_label(r)} ({r['reason']})" for r in not_run[:4])
+        evidence.notes = notes
+    ran = [r for r in rows if r.status == "ok"]
+    not_run = [r for r in rows if r.status != "ok"]
+    skipped_note = ("; not run: " + "; ".join(f"{r.label} ({r.reason})" for r in not_run[:4])
                     + (f" … and {len(not_run) - 4} more" if len(not_run) > 4 else "")) if not_run else ""
-    raised = [r for r in not_run if r.get("extra", {}).get("raised")]
+    raised = [r for r in not_run if r.extra.raised]
     if raised:
-        return Outcome.errored(f"{row_label(raised[0])} raised {raised[0]['reason']}", metrics=metrics,
-                               details=details)
-    broken = [r for r in ran if not finite_positive((r.get("time_s") or {}).get("median"))]
+        return Outcome.errored(f"{raised[0].label} raised {raised[0].reason}", metrics=metrics,
+                               details=evidence.dump())
+    broken = [r for r in ran if r.time_s is None or not finite_positive(r.time_s.median)]
     if broken:
         r = broken[0]
-        return Outcome.failed(f"{row_label(r)}: the timing came back {r['time_s']['median']!r} s (must be finite and "
-                              f"> 0): the timer or the device is broken", metrics=metrics, details=details)
+        median = r.time_s.median if r.time_s is not None else None
+        return Outcome.failed(f"{r.label}: the timing came back {median!r} s (must be finite and "
+                              f"> 0): the timer or the device is broken", metrics=metrics, details=evidence.dump())
     if not ran:
-        return Outcome.skipped(f"nothing measured{skipped_note or ': no rows'}", metrics=metrics, details=details)
+        return Outcome.skipped(f"nothing measured{skipped_note or ': no rows'}", metrics=metrics,
+                               details=evidence.dump())
     device = ctx.backend.device_name(ctx.device_index)
     if peak is None:
         return Outcome.skipped(f"no peak known for {device!r} ({ctx.backend.name}): efficiency cannot be computed; "
-                               f"{ADD_PEAK_HINT}", metrics=metrics, details=details)
-    missing = [r for r in ran if (r.get("efficiency") is None and r.get("bound") != "cache") or r.get("bound") is None]
+                               f"{ADD_PEAK_HINT}", metrics=metrics, details=evidence.dump())
+    missing = [r for r in ran if (r.efficiency is None and r.bound != "cache") or r.bound is None]
     if missing:
-        what = sorted({r.get("extra", {}).get("peak_dtype") or r.get("dtype") or "memory bandwidth" for r in missing})
+        what = sorted({r.extra.peak_dtype or r.dtype or "memory bandwidth" for r in missing})
         return Outcome.skipped(f"the peak for {device!r} ({peak.entry}) has no figure for {', '.join(what)}, so "
-                               f"{row_label(missing[0])} has no efficiency; {ADD_PEAK_HINT}",
-                               metrics=metrics, details=details)
+                               f"{missing[0].label} has no efficiency; {ADD_PEAK_HINT}",
+                               metrics=metrics, details=evidence.dump())
     shown = "; ".join(describe_row(r) for r in ran[:4]) + (f"; … {len(ran) - 4} more rows" if len(ran) > 4 else "")
     basis = " (memory reference measured here, not a datasheet figure)" if peak.memory_bw_basis == "measured" \
-        and any(r["bound"] in ("memory", "network") for r in ran) else ""
-    cached = [r for r in ran if r["bound"] == "cache"]
-    cache_note = (f"; in cache, not held to the memory peak: {', '.join(row_label(r) for r in cached[:3])}"
+        and any(r.bound in ("memory", "network") for r in ran) else ""
+    cached = [r for r in ran if r.bound == "cache"]
+    cache_note = (f"; in cache, not held to the memory peak: {', '.join(r.label for r in cached[:3])}"
                   if cached else "")
     # Above 100 % is a defect of the ceiling (a clock or per-cycle figure too low, a wrong
     # peaks entry), never a finding in the device's favour: always flagged; an error when
     # it is beyond noise, because every efficiency of the check is then meaningless.
-    over = [r for r in ran if r["efficiency"] is not None and r["efficiency"] > 1.0]
+    over = [(r, eff) for r in ran if (eff := r.efficiency) is not None and eff > 1.0]
     if over:
-        details["above_peak"] = [row_label(r) for r in over]
-        for r in over:
-            r["extra"]["above_peak"] = (f"{100 * r['efficiency']:.1f}% of the peak (slow end of its CI "
-                                        f"{100 * (efficiency_low(r) or 0):.1f}%): the peak understates this device")
-    sure = [r for r in over if (efficiency_low(r) or 0) > OVER_PEAK]
+        evidence.above_peak = [r.label for r, _ in over]
+        for r, eff in over:
+            r.extra.above_peak = (f"{100 * eff:.1f}% of the peak (slow end of its CI "
+                                  f"{100 * (efficiency_low(r) or 0):.1f}%): the peak understates this device")
+    sure = [(r, eff) for r, eff in over if (efficiency_low(r) or 0) > OVER_PEAK]
     if sure:
-        r = sure[0]
+        r, eff = sure[0]
         return Outcome.errored(
-            f"{row_label(r)} ran at {100 * r['efficiency']:.0f}% of the {peak.entry} peak (at least "
+            f"{r.label} ran at {100 * eff:.0f}% of the {peak.entry} peak (at least "
             f"{100 * (efficiency_low(r) or 0):.0f}% within its timing CI): the peak understates this device, so no "
             f"efficiency here means anything; check the derivation in details.peak (clock, FLOP per cycle) or "
-            f"{ADD_PEAK_HINT}", metrics=metrics, details=details)
-    over_note = (f"; above 100 % of the peak within timing noise: {', '.join(row_label(r) for r in over[:3])} "
+            f"{ADD_PEAK_HINT}", metrics=metrics, details=evidence.dump())
+    over_note = (f"; above 100 % of the peak within timing noise: {', '.join(r.label for r, _ in over[:3])} "
                  "(flagged: the peak may understate this device)") if over else ""
-    return Outcome.passed(f"{shown}{basis}{cache_note}{over_note}{skipped_note}", metrics=metrics, details=details)
+    return Outcome.passed(f"{shown}{basis}{cache_note}{over_note}{skipped_note}", metrics=metrics,
+                          details=evidence.dump())
 
 
-def headline(metrics: Metrics, prefix: str, row: dict[str, Any]) -> None:
+def headline(metrics: Metrics, prefix: str, row: MicroRow) -> None:
     """Flat metrics of one row: ``<prefix>_tflops`` / ``_gbps`` / ``_efficiency``."""
-    ach = row.get("achieved") or {}
-    if ach.get("flops_per_s"):
-        metrics[f"{prefix}_tflops"] = ach["flops_per_s"] / 1e12
-    if ach.get("bytes_per_s") and row.get("bound") != "compute":
-        metrics[f"{prefix}_gbps"] = ach["bytes_per_s"] / 1e9
-    if row.get("efficiency") is not None:
-        metrics[f"{prefix}_efficiency"] = row["efficiency"]
+    ach = row.achieved
+    if ach.flops_per_s:
+        metrics[f"{prefix}_tflops"] = ach.flops_per_s / 1e12
+    if ach.bytes_per_s and row.bound != "compute":
+        metrics[f"{prefix}_gbps"] = ach.bytes_per_s / 1e9
+    if row.efficiency is not None:
+        metrics[f"{prefix}_efficiency"] = row.efficiency

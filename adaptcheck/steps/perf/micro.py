@@ -37,6 +37,7 @@ from adaptcheck.steps.perf.collectives import (
     CollectivesBenchParams,
 )
 from adaptcheck.steps.perf.common import (
+    Metrics,
     MicroParams,
     headline,
     hold_to_memory,
@@ -89,13 +90,13 @@ def _held_verdict(ctx: CheckContext, benchmark: str, rows: list[MicroRow], heads
     """The verdict of rows that may be compute-bound: each held to the memory peak or labelled
     cache-resident, the CPU clock re-measured where one ran above the peak, then the headline
     metrics (``heads``: row index → metric prefix) against the final peak."""
-    stored = [hold_to_memory(ctx, row.dump()) for row in rows]
-    peak = recheck_clock(ctx, peak, stored, peaks_file)
-    metrics: dict[str, float] = {}
+    held = [hold_to_memory(ctx, row) for row in rows]
+    peak = recheck_clock(ctx, peak, held, peaks_file)
+    metrics: Metrics = {}
     for i, prefix in heads.items():
-        if rows[i].status == "ok":
-            headline(metrics, prefix, stored[i])
-    return verdict(ctx, benchmark, stored, peak, metrics, notes)
+        if held[i].status == "ok":
+            headline(metrics, prefix, held[i])
+    return verdict(ctx, benchmark, held, peak, metrics, notes)
 
 
 # --- GEMM ------------------------------------------------------------------------------------
@@ -226,15 +227,15 @@ class MemoryBandwidthCheck(Check):
             except Exception as exc:  # noqa: BLE001
                 measured.append(_failed_row(f"copy {size / MIB:g} MiB", None, {"bytes": size}, exc))
             ctx.backend.empty_cache()
-        rows = [hold_to_memory(ctx, row.dump()) for row in measured]
+        rows = [hold_to_memory(ctx, row) for row in measured]
         peak = raise_reference(ctx, peak, rows)
-        metrics: dict[str, float] = {}
-        ok = [(row, held) for row, held in zip(measured, rows, strict=True) if row.status == "ok"]
+        metrics: Metrics = {}
+        ok = [row for row in rows if row.status == "ok"]
         if ok:
             # The headline is DRAM's: the largest copy held to the memory peak, else the largest
-            # (the bound class is the one hold_to_memory gave the stored row).
-            dram = [pair for pair in ok if pair[1]["bound"] != "cache"] or ok
-            headline(metrics, "memory_copy", max(dram, key=lambda pair: float(pair[0].params["bytes"]))[1])
+            # (the bound class is the one hold_to_memory gave the row).
+            dram = [row for row in ok if row.bound != "cache"] or ok
+            headline(metrics, "memory_copy", max(dram, key=lambda row: float(row.params["bytes"])))
         return verdict(ctx, "memory_bandwidth", rows, peak, metrics, notes)
 
 
@@ -266,7 +267,7 @@ class HostDeviceCheck(Check):
                                    applicable=False, details=MicroEvidence(benchmark="host_device").dump())
         peak = resolve_peak(ctx, params.peaks_file)
         rows: list[MicroRow] = []
-        metrics: dict[str, float] = {}
+        metrics: Metrics = {}
         for size in params.sizes_mib:
             for direction in params.directions:
                 try:
@@ -276,9 +277,9 @@ class HostDeviceCheck(Check):
                     row = _failed_row(f"{direction} {size:g} MiB", None, {"direction": direction}, exc)
                 rows.append(row)
                 if row.status == "ok":
-                    headline(metrics, direction, row.dump())
+                    headline(metrics, direction, row)
                 backend.empty_cache()
-        return verdict(ctx, "host_device", [row.dump() for row in rows], peak, metrics)
+        return verdict(ctx, "host_device", rows, peak, metrics)
 
 
 # --- attention -------------------------------------------------------------------------------

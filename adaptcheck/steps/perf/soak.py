@@ -26,7 +26,6 @@ from adaptcheck.base.schemas.serving_evidence import (
     SoakEvidence,
     SoakLook,
     SoakRequests,
-    SoakTelemetry,
 )
 from adaptcheck.frameworks.endpoint_fw import ServedEndpoint, served_endpoint
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
@@ -194,8 +193,7 @@ def _soak(ctx: CheckContext, active: Active, params: SoakParams) -> Outcome:
         server_process=ServerProcess(pid=pid, found_by=found_by, on_this_host=local),
         requests=_requests(result),
         records_file=rel.as_posix(),
-        # The sampler's own JSON form, validated into the model (adaptcheck.perf.telemetry writes it).
-        telemetry=SoakTelemetry.model_validate(telemetry.to_dict()),
+        telemetry=telemetry.evidence(),
         memory=memory,
         decision=decision,
         counters=_counters(telemetry),

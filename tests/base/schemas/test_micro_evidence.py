@@ -56,11 +56,11 @@ def test_non_finite_timings_stay_floats() -> None:
 
 def test_peak_record_is_what_the_verdict_stores() -> None:
     peak = Peak(device="d", entry="e", source="s", verified=False, flops={"bf16": 2e12}, derivation=("a",))
-    assert peak.as_dict() == {"device": "d", "entry": "e", "source": "s", "verified": False, "flops": {"bf16": 2e12},
+    assert peak.record().dump() == {"device": "d", "entry": "e", "source": "s", "verified": False, "flops": {"bf16": 2e12},
                               "memory_bw": None, "host_link_bw": None, "interconnect_bw": None,
                               "derivation": ["a"], "memory_bw_basis": "spec", "notes": ""}
-    assert PeakRecord.parse(peak.as_dict()).flops_for("bf16") == 2e12
-    assert PeakRecord.parse(peak.as_dict()).flops_for(None) is None
+    assert PeakRecord.parse(peak.record().dump()).flops_for("bf16") == 2e12
+    assert PeakRecord.parse(peak.record().dump()).flops_for(None) is None
 
 
 def test_unknown_extra_keys_are_kept_after_the_known_ones() -> None:

@@ -22,7 +22,7 @@ from adaptcheck.steps.frameworks.lifecycle import Active, run_with_framework
 from adaptcheck.steps.frameworks.params import DEFAULT_TIE_MARGIN, TeacherSize, TeacherSized
 from adaptcheck.steps.frameworks.probes import (
     TOP_K,
-        Tok,
+    Tok,
     local_tokenizer,
     speaks_openai,
     strip_eos,

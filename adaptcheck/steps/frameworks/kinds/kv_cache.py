@@ -20,7 +20,7 @@ from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.lifecycle import Active, acquire, release, run_with_framework
 from adaptcheck.steps.frameworks.params import TeacherSized
 from adaptcheck.steps.frameworks.probes import (
-        Tok,
+    Tok,
     generations_distribution_row,
     local_tokenizer,
     strip_eos,

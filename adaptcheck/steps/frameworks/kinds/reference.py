@@ -20,7 +20,7 @@ from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir, run_with_framework
 from adaptcheck.steps.frameworks.params import FrameworkParams, TeacherSize
 from adaptcheck.steps.frameworks.probes import (
-        Tok,
+    Tok,
     local_tokenizer,
     reference_requests,
     strip_eos,
