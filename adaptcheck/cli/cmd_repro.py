@@ -5,16 +5,18 @@ case and step-4 comparison does); otherwise writes it from what results.json rec
 that check — a step-3 op check's case parameters and seeds, a step-4 comparison's
 ``details["teacher_forced"]`` plus the sequences file the run stored under
 ``framework/teacher-*.json`` — and prints its path. Reads results.json through the digest
-check like every command that acts on one.
+check like every command that acts on one. What a step-4 script does:
+docs/step4-numerics.md ("Reproducers").
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import typer
+from pydantic import BaseModel, Field, ValidationError
 
 from adaptcheck.base.errors import (
     InvalidInputError,
@@ -22,11 +24,14 @@ from adaptcheck.base.errors import (
     UsageError,
     did_you_mean,
 )
-from adaptcheck.base.schemas.framework_evidence import FrameworkCheckEvidence
+from adaptcheck.base.schemas.evidence import Evidence
+from adaptcheck.base.schemas.framework_evidence import DivergenceStats, InstanceFacts, ReferenceEvidence
 from adaptcheck.base.schemas.results import CheckResult, RunResults
 from adaptcheck.base.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
 from adaptcheck.cli.output import Output
 from adaptcheck.repro.files import repro_path
+
+T = TypeVar("T")
 
 
 def _results_file(path: Path) -> Path:
@@ -58,14 +63,21 @@ def repro(
     check = by_id.get(check_id)
     if check is None:
         raise UnknownNameError(f"no check {check_id!r} in {path}", hint=did_you_mean(check_id, list(by_id)))
-    recorded = check.details.get("repro")
-    existing = run_dir / recorded if isinstance(recorded, str) and recorded else repro_path(run_dir, check_id)
+    written_by_run = check.evidence(RecordedRepro)
+    recorded = written_by_run.repro if written_by_run is not None else None
+    existing = run_dir / recorded if recorded else repro_path(run_dir, check_id)
     if existing.is_file() and existing.resolve().is_relative_to(run_dir.resolve()):
         typer.echo(str(existing))
         return
     written = _write(run_dir, results, check)
     out.info(f"wrote {written}", style="green")
     typer.echo(str(written))
+
+
+class RecordedRepro(Evidence):
+    """The part of any check's details this command reads first: the reproducer its run wrote."""
+
+    repro: str | None = Field(default=None, description="Run-folder path of the reproducer (step 3 or 4).")
 
 
 def _write(run_dir: Path, results: RunResults, check: CheckResult) -> Path:
@@ -84,42 +96,41 @@ def _write(run_dir: Path, results: RunResults, check: CheckResult) -> Path:
 
 
 def _write_model(run_dir: Path, results: RunResults, check: CheckResult) -> Path:
-    from adaptcheck.repro.model import ModelReproSpec, write_model_repro
+    from adaptcheck.repro.model import ModelReproSpec, ReproSequence, write_model_repro
 
-    tf = check.details.get("teacher_forced")
-    if not isinstance(tf, dict) or tf.get("method") != "teacher_forced":
-        why = "it fell back to greedy comparison" if isinstance(tf, dict) else "it records no teacher-forced comparison"
+    evidence = check.evidence(ReferenceEvidence)
+    tf = evidence.teacher_forced if evidence is not None else None
+    if tf is None or tf.method != "teacher_forced":
+        why = "it fell back to greedy comparison" if tf is not None else "it records no teacher-forced comparison"
         raise InvalidInputError(f"{check.id}: cannot write a reproducer: {why} (details.teacher_forced)",
                                 hint="only a step-4 check that scored the sequences teacher-forced has one")
-    data = _teacher_file(run_dir, check.id)
-    sequences = data.get("sequences") if isinstance(data, dict) else None
-    if not isinstance(sequences, list) or not sequences:
+    assert evidence is not None  # tf came from it
+    stored = _teacher_file(run_dir, check.id)
+    if not stored.sequences:
         raise InvalidInputError(f"{check.id}: the run folder's framework/teacher-*.json holds no sequences",
                                 hint="the sequences are stored by the run; rerun step 4 to get them")
-    evidence = check.evidence(FrameworkCheckEvidence)
-    if evidence is None:
-        raise InvalidInputError(f"{check.id}: cannot write a reproducer: its details name no framework "
-                                "(details.framework)", hint="rerun step 4 with this adaptcheck")
     # The loaded instance's describe() facts (dtype, device, attention, url…) are the extras.
-    fw: dict[str, Any] = evidence.framework.extras
+    fw = InstanceFacts.model_validate(evidence.framework.extras)
     model_path = evidence.model.path if evidence.model is not None else None
-    bounds = tf.get("bounds", {})
-    device = tf.get("device", {})
+    bounds = tf.bounds or {}
+    device = tf.device or DivergenceStats()
     try:
         spec = ModelReproSpec(
             framework=evidence.framework.name,
             model_path=str(model_path or results.model.name),
-            dtype=str(fw.get("dtype") or results.model.precision),
-            device=str(fw.get("device") or results.device.torch_device),
-            attn_implementation=fw.get("attention"),
-            sequences=[{"token_ids": [int(t) for t in s["token_ids"]], "start": int(s["start"])} for s in sequences],
-            top_k=int(tf["top_k"]),
-            bound_kl_mean=float(bounds["kl_mean"]["bound"]), bound_kl_p99=float(bounds["kl_p99"]["bound"]),
-            observed_kl_mean=float(device["kl_mean"]), observed_kl_p99=float(device["kl_p99"]),
-            endpoint_url=fw.get("url"), served_model=fw.get("served_model"),
-            reference_top_k=int(data.get("_top_k") or _reference_top_k()),
-            reference_dtype=str(data.get("dtype") or "fp64"),
-            reference_attn_implementation=data.get("attention") or "sdpa",
+            dtype=str(fw.dtype or results.model.precision),
+            device=str(fw.device or results.device.torch_device),
+            attn_implementation=fw.attention,
+            sequences=[ReproSequence(token_ids=s.token_ids, start=s.start) for s in stored.sequences],
+            top_k=_required(tf.top_k, "top_k"),
+            bound_kl_mean=_required(bounds["kl_mean"].bound, "bound"),
+            bound_kl_p99=_required(bounds["kl_p99"].bound, "bound"),
+            observed_kl_mean=_required(device.kl_mean, "device.kl_mean"),
+            observed_kl_p99=_required(device.kl_p99, "device.kl_p99"),
+            endpoint_url=fw.url, served_model=fw.served_model,
+            reference_top_k=stored.top_k or _reference_top_k(),
+            reference_dtype=stored.dtype or "fp64",
+            reference_attn_implementation=stored.attention or "sdpa",
         )
         return write_model_repro(run_dir, check.id, spec)
     except (KeyError, TypeError, ValueError) as exc:
@@ -127,7 +138,30 @@ def _write_model(run_dir: Path, results: RunResults, check: CheckResult) -> Path
                                 f" {exc})", hint="rerun step 4 with this adaptcheck") from None
 
 
-def _teacher_file(run_dir: Path, check_id: str) -> dict[str, Any]:
+def _required(value: T | None, name: str) -> T:
+    """A field the reproducer cannot do without (KeyError naming it when the record lacks it)."""
+    if value is None:
+        raise KeyError(name)
+    return value
+
+
+class _StoredSequence(BaseModel):
+    """One teacher-forced sequence of the run's teacher file."""
+
+    token_ids: list[int] = Field(description="prompt + continuation.")
+    start: int = Field(description="First scored position.")
+
+
+class _TeacherFile(BaseModel):
+    """framework/teacher-*.json as the reproducer reads it (the run's reference answers)."""
+
+    sequences: list[_StoredSequence] = Field(default_factory=list, description="The sequences scored.")
+    dtype: str | None = Field(default=None, description="The reference's dtype.")
+    attention: str | None = Field(default=None, description="The reference's attention implementation.")
+    top_k: int | None = Field(default=None, description="The reference's top-K (from the file's name).")
+
+
+def _teacher_file(run_dir: Path, check_id: str) -> _TeacherFile:
     """The sequences the run stored (framework/teacher-*.json): the newest one."""
     from adaptcheck.base import safejson
 
@@ -140,7 +174,11 @@ def _teacher_file(run_dir: Path, check_id: str) -> dict[str, Any]:
         raise InvalidInputError(f"{files[-1]}: expected a JSON object")
     # The reference's top-K is in the name (teacher-<key>-k<K>.json), not in the file.
     k = re.search(r"-k(\d+)\.json$", files[-1].name)
-    return {**data, "_top_k": int(k.group(1)) if k else None}
+    try:
+        return _TeacherFile.model_validate({**data, "top_k": int(k.group(1)) if k else None})
+    except ValidationError as exc:
+        raise InvalidInputError(f"{files[-1]}: not a teacher-forced sequences file ({exc.errors()[0]['msg']})",
+                                hint="rerun step 4 to get them") from None
 
 
 def _reference_top_k() -> int:

@@ -1,49 +1,43 @@
 """View data of step 4 (framework bring-up): one block per framework — plain data, no HTML.
 
-Step-4 checks each load (or reuse) a framework instance — transformers, vLLM, a served
-endpoint or a plugin — and record what it was (``details.framework``), which model it
-served (``details.model``), sub-check rows (``details.subchecks``) and, for the comparing
-kinds, per-prompt verdicts (``details.comparison``). This module turns those into what a
-reader needs to judge a bring-up at a glance:
-
-* one block per framework: its name, version and platform facts, the model, the load
-  time, then a row per check with its status, the key numbers said in words ("9 prompts: 5
-  identical, 4 diverged within top-5, 0 failed; token agreement 61.8%"), the sub-check rows
-  and the prompts whose answers diverged;
-* for vLLM, which platform plugin answered and which one vLLM chose (the first thing to rule
-  out on a new accelerator is "vLLM silently ran on the wrong platform");
-* the exact-collectives table of ``framework.collectives``, which has no framework;
-* the model numerics of each comparing check — teacher-forced figures against the CPU
-  control, their chart, the localisation, the reproducer (:mod:`adaptcheck.report.numerics`).
-
-Each result's details are read as its kind's typed evidence
-(:mod:`adaptcheck.base.schemas.framework_evidence`): ``framework`` is one shape in every outcome (the
-name always, the facts when it loaded), so nothing here guesses between a name and a dict or
-reads the framework out of a check id; files older than schema 1.3 are brought to that shape
-by the loader. Results are still read defensively: details that do not fit the schema (a
-hand-edited file) put the check under "unknown" rather than break the page or vanish from
-it. A sub-check that could not run here (``ok: null``) reads as *not run*, never as a pass.
+One block per framework (its facts, the model, a row per check with its key numbers in words,
+sub-check rows and divergent prompts), vLLM's platform resolution, the exact-collectives table
+and each comparing check's model numerics (:mod:`adaptcheck.report.numerics`); what the page
+shows and why: docs/step4-numerics.md. Every result is read as its kind's typed evidence
+(:mod:`adaptcheck.base.schemas.framework_evidence`): details that do not fit (a hand-edited
+file) put the check under "unknown" or leave out the part that does not fit, never break the
+page. A sub-check that could not run here (``ok: null``) reads as *not run*, never as a pass.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
+from pydantic import JsonValue
+
+from adaptcheck.base.schemas.evidence import Evidence, EvidenceError
 from adaptcheck.base.schemas.framework_evidence import (
+    AdapterFacts,
+    CollectivesEvidence,
+    CollectivesMetrics,
+    ComparingEvidence,
     FrameworkCheckEvidence,
     FrameworkInfo,
+    FrameworkMetrics,
     FrameworkRef,
     ModelInfo,
+    PromptVerdict,
     lifecycle_evidence_model,
 )
+from adaptcheck.base.schemas.framework_evidence import CollectiveRow as CollectiveRecord
 from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
     Label,
-    as_dict,
     as_float,
     format_duration,
     format_float,
@@ -241,23 +235,32 @@ class FrameworkView:
 
 # ---------------------------------------------------------------- small readers
 
-
-def _int(value: Any) -> int | None:
-    f = as_float(value)
-    return int(f) if f is not None and math.isfinite(f) else None
+M = TypeVar("M", bound=Evidence)
 
 
-def _percent(value: Any) -> str:
-    f = as_float(value)
-    return "—" if f is None else f"{f:.1%}"
+def _read(model: type[M], data: Mapping[str, object]) -> M | None:
+    """``data`` (a check's metrics, an adapter's facts) as ``model``; None when it does not fit."""
+    try:
+        return model.parse(data)
+    except EvidenceError:
+        return None
 
 
-def _seconds(value: Any) -> str:
+def _link_anchor(anchors: dict[str, str], check_id: str) -> str:
+    """The Checks section's anchor of a check ('' when it has no entry there)."""
+    return anchors.get(check_id, "")
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+def _seconds(value: object) -> str:
     f = as_float(value)
     return format_duration(f) if f is not None and math.isfinite(f) and f >= 0 else format_value(value)
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """A fact as text; None is a setting left to the framework's default."""
     if value is None:
         return "not set"
@@ -302,106 +305,101 @@ def planned_framework_of(planned: PlannedCheck) -> str:
 # ---------------------------------------------------------------- per check
 
 
-def _subchecks(details: dict[str, Any]) -> list[SubcheckRow]:
+def _subchecks(evidence: FrameworkCheckEvidence | None) -> list[SubcheckRow]:
     rows = []
-    for r in details.get("subchecks") or []:
-        if not isinstance(r, dict):
-            continue
-        ok = r.get("ok")
-        # Only a literal true held; null (could not run here) and anything unexpected is 'not run'.
-        key = "pass" if ok is True else "fail" if ok is False else "notrun"
-        detail = str(r.get("detail") or "")
-        extra = {k: v for k, v in r.items() if k not in ("name", "ok", "detail")}
+    for r in evidence.subchecks if evidence is not None else []:
+        # Only a literal true held; null (could not run here) is 'not run'.
+        key = "pass" if r.ok is True else "fail" if r.ok is False else "notrun"
+        detail = r.detail
+        extra = r.extras
         if extra:
             detail += (" " if detail else "") + "(" + ", ".join(f"{k}={format_value(v)}" for k, v in extra.items()) + ")"
-        rows.append(SubcheckRow(name=str(r.get("name") or "(unnamed)"), status=status_label(key), detail=detail))
+        rows.append(SubcheckRow(name=r.name or "(unnamed)", status=status_label(key), detail=detail))
     return rows
 
 
-def _divergence_text(p: dict[str, Any], top_n: int | None) -> str:
+def _divergence_text(p: PromptVerdict, top_n: int | None) -> str:
     """Where two answers of one prompt part, and why that was (not) within tolerance."""
     top = f"top-{top_n}" if top_n is not None else "top-N"
-    common, len_a, len_b = _int(p.get("common_prefix")), _int(p.get("len_a")), _int(p.get("len_b"))
-    if p.get("divergence") is not None:
-        text = f"same first {common} tokens, then token {p.get('token_a')} vs {p.get('token_b')}"
+    if p.divergence is not None:
+        text = f"same first {p.common_prefix} tokens, then token {p.token_a} vs {p.token_b}"
         excuses = []
-        if p.get("b_in_top_a") is True and p.get("a_in_top_b") is True:
+        if p.b_in_top_a is True and p.a_in_top_b is True:
             excuses.append(f"each in the other's {top}")
-        elif p.get("b_in_top_a") is True:
+        elif p.b_in_top_a is True:
             excuses.append(f"in the first answer's {top}")
-        elif p.get("b_in_top_a") is False or p.get("a_in_top_b") is False:
+        elif p.b_in_top_a is False or p.a_in_top_b is False:
             excuses.append(f"not in the other's {top}")
-        gap = as_float(p.get("gap_a"))
-        if gap is not None:
-            excuses.append(f"logprob gap {gap:.4f}")
+        if p.gap_a is not None:
+            excuses.append(f"logprob gap {p.gap_a:.4f}")
         if excuses:
             text += " (" + ", ".join(excuses) + ")"
     else:
-        text = f"same first {common} tokens, then one side stopped"
-    text += f"; lengths {len_a} vs {len_b}"
-    if p.get("by_text"):
+        text = f"same first {p.common_prefix} tokens, then one side stopped"
+    text += f"; lengths {p.len_a} vs {p.len_b}"
+    if p.by_text:
         text += "; compared as text"
-    reason = str(p.get("reason") or "")
-    return f"{reason} — {text}" if reason else text
+    return f"{p.reason} — {text}" if p.reason else text
 
 
-def _divergences(details: dict[str, Any], top_n: int | None) -> tuple[list[Divergence], int]:
-    pairs = [p for p in details.get("comparison") or [] if isinstance(p, dict) and p.get("exact") is not True]
+def _divergences(comparison: list[PromptVerdict], top_n: int | None) -> tuple[list[Divergence], int]:
+    pairs = [p for p in comparison if p.exact is not True]
     out = []
     for p in pairs[:MAX_DIVERGENCES]:
-        ok = p.get("ok")
-        key = "pass" if ok is True else "fail" if ok is False else "notrun"
-        out.append(Divergence(prompt=format_value(p.get("index", "?")), status=status_label(key),
+        key = "pass" if p.ok is True else "fail" if p.ok is False else "notrun"
+        out.append(Divergence(prompt=format_value(p.index) if p.index is not None else "?", status=status_label(key),
                               text=_divergence_text(p, top_n)))
     return out, max(0, len(pairs) - MAX_DIVERGENCES)
 
 
-def _agreement(m: dict[str, Any]) -> list[str]:
-    """The comparison numbers (compare.Comparison.metrics) in words."""
-    n = _int(m.get("sequences"))
+def _agreement(m: FrameworkMetrics) -> list[str]:
+    """The comparison numbers (agreement.Comparison.metrics) in words."""
+    n = m.sequences
     if n is None:
         return []
-    top_n, margin = _int(m.get("top_n")), as_float(m.get("tie_margin"))
     # What a tolerated divergence means depends on the comparison mode the check used.
-    within = (f"within top-{top_n}" if top_n is not None
-              else f"within the tie margin {format_float(margin)}" if margin is not None else "within tolerance")
-    line = (f"{_plural(n, 'prompt')}: {format_value(m.get('sequences_exact'))} identical, "
-            f"{format_value(m.get('sequences_diverged_within_top_n'))} diverged {within}, "
-            f"{format_value(m.get('sequences_failed'))} failed; token agreement {_percent(m.get('token_agreement'))}")
+    within = (f"within top-{m.top_n}" if m.top_n is not None
+              else f"within the tie margin {format_float(m.tie_margin)}" if m.tie_margin is not None
+              else "within tolerance")
+    line = (f"{_plural(n, 'prompt')}: {format_value(m.sequences_exact)} identical, "
+            f"{format_value(m.sequences_diverged_within_top_n)} diverged {within}, "
+            f"{format_value(m.sequences_failed)} failed; token agreement {_percent(m.token_agreement)}")
     extra = []
-    if m.get("min_common_prefix_fraction") is not None:
-        extra.append(f"shortest common prefix {_percent(m.get('min_common_prefix_fraction'))}")
-    if m.get("max_logprob_abs_diff") is not None:
-        extra.append(f"max |Δ logprob| {format_value(m.get('max_logprob_abs_diff'))}")
-    if m.get("reference_dtype") is not None:
-        extra.append(f"reference {format_value(m.get('reference_dtype'))} on CPU")
-    if m.get("batch") is not None:
-        extra.append(f"batch of {format_value(m.get('batch'))}")
+    if m.min_common_prefix_fraction is not None:
+        extra.append(f"shortest common prefix {_percent(m.min_common_prefix_fraction)}")
+    if m.max_logprob_abs_diff is not None:
+        extra.append(f"max |Δ logprob| {format_value(m.max_logprob_abs_diff)}")
+    if m.reference_dtype is not None:
+        extra.append(f"reference {format_value(m.reference_dtype)} on CPU")
+    if m.batch is not None:
+        extra.append(f"batch of {format_value(m.batch)}")
     return [line] + (["; ".join(extra)] if extra else [])
 
 
-def _summary(c: CheckResult) -> list[str]:
+def _summary(c: CheckResult, m: FrameworkMetrics | None) -> list[str]:
     """The key numbers of one check in words; empty when it measured nothing."""
-    m = c.metrics
+    if m is None:
+        return []
     lines: list[str] = []
-    if m.get("load_s") is not None:
-        text = f"loaded in {_seconds(m['load_s'])}"
-        if m.get("model_generation_s") is not None:
-            text += f"; model generated in {_seconds(m['model_generation_s'])}"
+    if m.load_s is not None:
+        text = f"loaded in {_seconds(m.load_s)}"
+        if m.model_generation_s is not None:
+            text += f"; model generated in {_seconds(m.model_generation_s)}"
         lines.append(text)
-    if m.get("requests") is not None:
-        lines.append(f"{format_value(m['requests'])} requests")
+    if m.requests is not None:
+        lines.append(f"{format_value(m.requests)} requests")
     lines += _agreement(m)
-    if m.get("rounds") is not None:
-        text = f"{format_value(m['rounds'])} rounds of {format_value(m.get('batch'))} requests"
-        if "kv_usage_before" in m or "kv_usage_after" in m:
-            text += (f"; KV-cache usage {format_value(m.get('kv_usage_before'))} → "
-                     f"{format_value(m.get('kv_usage_after'))}")
-        if m.get("rss_growth_mib") is not None:
-            text += f"; resident memory grew {format_value(m['rss_growth_mib'])} MiB"
+    if m.rounds is not None:
+        text = f"{format_value(m.rounds)} rounds of {format_value(m.batch)} requests"
+        if {"kv_usage_before", "kv_usage_after"} & m.model_fields_set:
+            text += (f"; KV-cache usage {format_value(m.kv_usage_before)} → "
+                     f"{format_value(m.kv_usage_after)}")
+        if m.rss_growth_mib is not None:
+            text += f"; resident memory grew {format_value(m.rss_growth_mib)} MiB"
         lines.append(text)
     # compile / tensor-parallel record each variant's load time as 'load_s[<variant>]'.
-    loads = [f"{k[len('load_s['):-1]} {_seconds(v)}" for k, v in m.items() if k.startswith("load_s[") and k.endswith("]")]
+    loads = [f"{k[len('load_s['):-1]} {_seconds(v)}" for k, v in c.metrics.items()
+             if k.startswith("load_s[") and k.endswith("]")]
     if loads:
         lines.append("load time: " + ", ".join(loads))
     return lines
@@ -417,20 +415,24 @@ def _instance_note(fw: FrameworkInfo | None, block_loaded_by: str | None) -> str
 
 
 def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None, records_base: str = "") -> FwCheckRow:
-    d = as_dict(c.details)
+    evidence = c.evidence(lifecycle_evidence_model(c.kind))
+    # The shared part still gives the rows of a check whose own records do not fit its kind.
+    shared = evidence or c.evidence(FrameworkCheckEvidence)
     ref = c.evidence(FrameworkRef)
-    divergences, more = _divergences(d, _int(c.metrics.get("top_n")))
+    metrics = _read(FrameworkMetrics, c.metrics)
+    comparison = evidence.comparison if isinstance(evidence, ComparingEvidence) else None
+    divergences, more = _divergences(comparison or [], metrics.top_n if metrics is not None else None)
     return FwCheckRow(
-        id=c.id, anchor=anchors.get(c.id, ""), kind=c.kind, what=c.kind_label or c.kind,
+        id=c.id, anchor=_link_anchor(anchors, c.id), kind=c.kind, what=c.kind_label or c.kind,
         status=status_label(status_key(c)), message=c.message, duration=format_duration(c.duration_s),
-        summary=_summary(c), subchecks=_subchecks(d), divergences=divergences, divergences_more=more,
+        summary=_summary(c, metrics), subchecks=_subchecks(shared), divergences=divergences, divergences_more=more,
         instance=_instance_note(ref.framework if ref is not None else None, loaded_by),
-        numerics=check_numerics(c.id, c.compares, d, records_base),
+        numerics=check_numerics(c.id, c.compares, evidence, records_base),
     )
 
 
 def _not_run_row(p: PlannedCheck, anchors: dict[str, str]) -> FwCheckRow:
-    return FwCheckRow(id=p.id, anchor=anchors.get(p.id, ""), kind=p.kind, what=p.kind_label or p.kind,
+    return FwCheckRow(id=p.id, anchor=_link_anchor(anchors, p.id), kind=p.kind, what=p.kind_label or p.kind,
                       status=status_label("notrun"),
                       message="not reached: the run ended before this check recorded a result",
                       duration="—", summary=[], subchecks=[], divergences=[], divergences_more=0, instance="")
@@ -439,13 +441,15 @@ def _not_run_row(p: PlannedCheck, anchors: dict[str, str]) -> FwCheckRow:
 # ---------------------------------------------------------------- per framework
 
 
-def _facts(fw: dict[str, Any]) -> list[Fact]:
+def _facts(fw: Mapping[str, JsonValue], adapter: AdapterFacts | None) -> list[Fact]:
+    # A vLLM block shows platform and device type with its platform table.
+    with_table = adapter is not None and adapter.platform_plugins is not None
     out = []
     for key, label in FACT_LABELS.items():
-        if key not in fw or (key in ("platform", "device_type") and isinstance(fw.get("platform_plugins"), list)):
-            continue  # a vLLM block shows platform and device type with its platform table
-        value = _seconds(fw[key]) if key.endswith("_s") else _text(fw[key])
-        out.append(Fact(label=label, value=value, mono=key in _MONO_FACTS))
+        if key not in fw or (key in ("platform", "device_type") and with_table):
+            continue
+        text = _seconds(fw[key]) if key.endswith("_s") else _text(fw[key])
+        out.append(Fact(label=label, value=text, mono=key in _MONO_FACTS))
     for key, value in fw.items():
         if key not in FACT_LABELS and key not in _FACTS_SHOWN_ELSEWHERE:
             out.append(Fact(label=str(key), value=_text(value)))
@@ -472,67 +476,61 @@ def _model_facts(model: ModelInfo | None) -> list[Fact]:
         out.append(Fact("weights size", f"{format_float(model.weights_bytes / 2**20)} MiB"))
     if model.weights_sha256:
         out.append(Fact("weights sha256", _text(model.weights_sha256), mono=True))
-    syn = as_dict(model.synthetic)
-    if syn:
-        text = f"{_text(syn.get('name'))}, seed {_text(syn.get('seed'))}, generator v{_text(syn.get('generator_version'))}"
-        if syn.get("num_params") is not None:
-            text += f", {format_value(syn['num_params'])} parameters"
+    syn = model.synthetic
+    if syn is not None and syn.model_fields_set | set(syn.extras):
+        text = f"{_text(syn.name)}, seed {_text(syn.seed)}, generator v{_text(syn.generator_version)}"
+        if syn.num_params is not None:
+            text += f", {format_value(syn.num_params)} parameters"
         out.append(Fact("synthetic", text))
     if model.generated_s is not None:
         out.append(Fact("generated in", _seconds(model.generated_s)))
     return out
 
 
-def _capabilities(fw: dict[str, Any]) -> list[Fact]:
-    caps = fw.get("capabilities")
-    if not isinstance(caps, dict):
+def _capabilities(adapter: AdapterFacts | None) -> list[Fact]:
+    if adapter is None or adapter.capabilities is None:
         return []
     out = []
-    for key, value in caps.items():
+    for key, value in adapter.capabilities.items():
         if key == "probe_error":
             out.append(Fact("probe", f"failed: {_text(value)}"))
         elif isinstance(value, bool):
-            out.append(Fact(str(key), "yes" if value else "no"))
+            out.append(Fact(key, "yes" if value else "no"))
         else:
-            out.append(Fact(str(key), _text(value) if value is not None else "—"))
+            out.append(Fact(key, _text(value) if value is not None else "—"))
     return out
 
 
-def _platform(fw: dict[str, Any]) -> PlatformView | None:
+def _platform(adapter: AdapterFacts | None) -> PlatformView | None:
     """vLLM's platform resolution: every detector's answer or failure, and the one it chose."""
-    plugins = fw.get("platform_plugins")
-    if not isinstance(plugins, list):
+    if adapter is None or adapter.platform_plugins is None:
         return None
-    chosen_platform = fw.get("platform")
+    chosen_platform = adapter.platform
     rows = []
-    for r in plugins:
-        if not isinstance(r, dict):
-            continue
-        answer = r.get("answer")
+    for r in adapter.platform_plugins:
         chosen = False
-        if r.get("skipped"):
-            outcome, detail = Label("na", "skipped", "○"), str(r["skipped"])
-        elif r.get("load_error"):
-            outcome, detail = Label("error", "failed to load", "!"), str(r["load_error"])
-        elif r.get("detect_error"):
-            outcome, detail = Label("error", "detector raised", "!"), str(r["detect_error"])
-        elif answer is not None:
-            chosen = isinstance(chosen_platform, str) and answer == chosen_platform
+        if r.skipped:
+            outcome, detail = Label("na", "skipped", "○"), r.skipped
+        elif r.load_error:
+            outcome, detail = Label("error", "failed to load", "!"), r.load_error
+        elif r.detect_error:
+            outcome, detail = Label("error", "detector raised", "!"), r.detect_error
+        elif r.answer is not None:
+            chosen = chosen_platform is not None and r.answer == chosen_platform
             # Two detectors answering is legal (a vendor plugin beats a built-in); only one is used.
             outcome = Label("pass", "answered, chosen", "✓") if chosen else Label("skip", "answered, not chosen", "–")
-            detail = str(answer)
-        elif "answer" in r:
+            detail = r.answer
+        elif "answer" in r.model_fields_set:
             outcome, detail = Label("na", "declined", "○"), "returned None: not this platform"
         else:
             outcome, detail = Label("notrun", "not asked", "·"), ""
-        rows.append(PluginRow(name=str(r.get("name", "")), source=str(r.get("source", "")), outcome=outcome,
+        rows.append(PluginRow(name=r.name, source=r.source, outcome=outcome,
                               detail=detail, detail_mono=outcome.key in ("pass", "skip", "error"), chosen=chosen))
-    general = [Fact(str(g.get("name", "")), str(g.get("source", "")), mono=True)
-               for g in fw.get("general_plugins") or [] if isinstance(g, dict)]
+    general = [Fact(g.name, g.source, mono=True) for g in adapter.general_plugins or []]
     note = ""
-    if isinstance(chosen_platform, str) and rows and not any(r.chosen for r in rows):
+    if chosen_platform is not None and rows and not any(r.chosen for r in rows):
         note = "no detector's answer names the platform vLLM chose"
-    return PlatformView(platform=_text(chosen_platform), device_type=_text(fw.get("device_type")),
+    return PlatformView(platform=_text(chosen_platform), device_type=_text(adapter.device_type),
                         plugins=rows, general_plugins=general, note=note)
 
 
@@ -551,6 +549,7 @@ def _block(g: _Group, anchor: str, anchors: dict[str, str], records_base: str = 
     info = g.framework
     # The adapter's describe() facts (versions, platform, URL…): the evidence's extra fields.
     fw = info.extras if info is not None else {}
+    adapter = _read(AdapterFacts, fw)
     loaded_by = info.loaded_by if info is not None else None
     checks = [_check_row(c, anchors, loaded_by, records_base) for c in g.results]
     checks += [_not_run_row(p, anchors) for p in g.planned]
@@ -559,8 +558,9 @@ def _block(g: _Group, anchor: str, anchors: dict[str, str], records_base: str = 
         name=g.name, display_name=info.display_name if info and info.display_name else g.name, anchor=anchor,
         loaded=info is not None,
         load_time=_seconds(info.load_s) if info is not None and info.load_s is not None else "",
-        loaded_by=Link(id=loaded_by, anchor=anchors.get(loaded_by, "")) if loaded_by else None,
-        facts=_facts(fw), model=_model_facts(g.model), capabilities=_capabilities(fw), platform=_platform(fw),
+        loaded_by=Link(id=loaded_by, anchor=_link_anchor(anchors, loaded_by)) if loaded_by else None,
+        facts=_facts(fw, adapter), model=_model_facts(g.model), capabilities=_capabilities(adapter),
+        platform=_platform(adapter),
         counts=[StatusCount(status=status_label(k), count=counts[k]) for k in STATUS_LABELS if counts[k]],
         checks=checks,
     )
@@ -569,55 +569,50 @@ def _block(g: _Group, anchor: str, anchors: dict[str, str], records_base: str = 
 # ---------------------------------------------------------------- collectives
 
 
-def _collective_problem(row: dict[str, Any]) -> str:
+def _collective_problem(row: CollectiveRecord) -> str:
     parts = []
-    for rank, info in as_dict(row.get("ranks")).items():
-        info = as_dict(info)
-        if info.get("mismatches"):
-            parts.append(f"rank {rank}: {format_value(info['mismatches'])} wrong, first at [{info.get('first_index')}]"
-                         f" = {format_value(info.get('got'))} (expected {format_value(info.get('expected'))})")
-        elif info.get("error"):
-            parts.append(f"rank {rank}: {info['error']}")
-    missing = row.get("missing_ranks")
-    if isinstance(missing, list) and missing:
-        parts.append("no report from rank " + ", ".join(str(r) for r in missing))
+    for rank, info in row.ranks.items():
+        if info.mismatches:
+            parts.append(f"rank {rank}: {format_value(info.mismatches)} wrong, first at [{info.first_index}]"
+                         f" = {format_value(info.got)} (expected {format_value(info.expected)})")
+        elif info.error:
+            parts.append(f"rank {rank}: {info.error}")
+    if row.missing_ranks:
+        parts.append("no report from rank " + ", ".join(str(r) for r in row.missing_ranks))
     return "; ".join(parts)
 
 
 def _collectives(c: CheckResult, anchors: dict[str, str]) -> CollectivesView:
-    d, m = as_dict(c.details), c.metrics
+    d = c.evidence(CollectivesEvidence) or CollectivesEvidence()
+    m = _read(CollectivesMetrics, c.metrics) or CollectivesMetrics()
     rows = []
-    for r in d.get("table") or []:
-        if not isinstance(r, dict):
-            continue
-        word = str(r.get("status", ""))
-        label = _COLLECTIVE_STATUS.get(word, Label(key="notrun", label=word or "unknown", glyph="·"))
-        size = as_float(r.get("bytes_per_rank"))
+    for r in d.table:
+        label = _COLLECTIVE_STATUS.get(r.status, Label(key="notrun", label=r.status or "unknown", glyph="·"))
+        size = r.bytes_per_rank
         rows.append(CollectiveRow(
-            op=str(r.get("op", "")), dtype=str(r.get("dtype", "")), elements=format_value(r.get("elements")),
+            op=r.op, dtype=r.dtype, elements=format_value(r.elements),
             bytes_per_rank=f"{format_float(size / 2**10)} KiB" if size is not None else "—", status=label,
-            time=_seconds(r["time_s"]) if r.get("time_s") is not None else "—", problem=_collective_problem(r),
+            time=_seconds(r.time_s) if r.time_s is not None else "—", problem=_collective_problem(r),
         ))
     summary = ""
-    if m.get("world_size") is not None:
-        summary = f"{format_value(m['world_size'])} ranks over {format_value(m.get('library'))}"
+    if m.world_size is not None:
+        summary = f"{format_value(m.world_size)} ranks over {format_value(m.library)}"
         if rows:
             by = Counter(r.status.label for r in rows)
             summary += f"; {_plural(len(rows), 'op run')}: " + ", ".join(f"{n} {w}" for w, n in by.items())
-        if m.get("wall_s") is not None:
-            summary += f"; wall time {_seconds(m['wall_s'])}"
-    notes = [f"dtype {k} not checked: {v}" for k, v in as_dict(d.get("skipped_dtypes")).items()]
-    for rk in d.get("ranks") or []:
-        rk = as_dict(rk)
-        ended = str(rk.get("exit") or "")
-        if rk.get("killed") or (ended and ended != "exited with code 0"):
-            text = f"rank {rk.get('rank')} {ended}" + (f" ({rk['killed']})" if rk.get("killed") else "")
-            if rk.get("stuck_at"):
-                text += f", stuck at {rk['stuck_at']}"
-            elif rk.get("last_line"):
-                text += f"; last line: {rk['last_line']}"
+        if m.wall_s is not None:
+            summary += f"; wall time {_seconds(m.wall_s)}"
+    notes = [f"dtype {k} not checked: {v}" for k, v in d.skipped_dtypes.items()]
+    for rk in d.ranks:
+        ended = rk.exit or ""
+        if rk.killed or (ended and ended != "exited with code 0"):
+            text = f"rank {rk.rank} {ended}" + (f" ({rk.killed})" if rk.killed else "")
+            if rk.stuck_at:
+                text += f", stuck at {rk.stuck_at}"
+            elif rk.last_line:
+                text += f"; last line: {rk.last_line}"
             notes.append(text)
-    return CollectivesView(id=c.id, anchor=anchors.get(c.id, ""), status=status_label(status_key(c)),
+    return CollectivesView(id=c.id, anchor=_link_anchor(anchors, c.id), status=status_label(status_key(c)),
                            message=c.message, summary=summary, rows=rows, notes=notes)
 
 
@@ -662,7 +657,7 @@ def build_framework(results: RunResults, anchors: dict[str, str], records_base: 
             name = planned_framework_of(p)
             groups.setdefault(name, _Group(name=name)).planned.append(p)
     for p in planned_collectives:
-        collectives.append(CollectivesView(id=p.id, anchor=anchors.get(p.id, ""), status=status_label("notrun"),
+        collectives.append(CollectivesView(id=p.id, anchor=_link_anchor(anchors, p.id), status=status_label("notrun"),
                                            message="not reached: the run ended before this check recorded a result",
                                            summary="", rows=[], notes=[]))
     if not groups and not collectives:

@@ -1,36 +1,38 @@
 """View data of step 4's model numerics: the teacher-forced comparison of each framework
 against the float64 reference and the healthy CPU control — plain data, no HTML.
 
-``framework.*`` checks that compare against the reference record
-``details.teacher_forced`` (the method: docs/step4-numerics.md): the
-method that ran (teacher forcing, or the greedy comparison a server that cannot score falls
-back to, with why), the device's and the control's divergence figures, each bound with its
-verdict, a log10-KL histogram of both, the first module whose output departs (in-process
-frameworks), which implementation each layer type ran, and the reproducer's path. The
-same-framework checks (alone vs batched, cache hit vs recompute, compile on vs off) record
-``details.distribution``. This module turns both into rows, one sentence and one chart.
-
-Everything is read defensively: a crashed check has no details, a hand-edited or older
-results file may lack any field, and module names and implementation strings come from the
-model and framework under test (untrusted: the templates escape them, the chart escapes its
-own text). A fallback is never shown as teacher-forced, and a bound without a verdict never
-reads as held.
+Reads ``details.teacher_forced`` (``framework.reference``) and ``details.distribution`` (the
+same-framework checks) as their typed records
+(:mod:`adaptcheck.base.schemas.framework_evidence`) and turns them into rows, one sentence and
+one chart; what the figures mean: docs/step4-numerics.md. Module names and implementation
+strings come from the model and framework under test (untrusted: the templates escape them,
+the chart escapes its own text). A fallback is never shown as teacher-forced, and a bound
+without a verdict never reads as held.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from markupsafe import Markup
+from pydantic import JsonValue
 
+from adaptcheck.base.schemas.framework_evidence import (
+    BoundVerdict,
+    ComparingEvidence,
+    Distribution,
+    DivergenceStats,
+    FrameworkCheckEvidence,
+    Localisation,
+    ReferenceEvidence,
+    TeacherForced,
+)
 from adaptcheck.report import svg
 from adaptcheck.report.fmt import (
     FileLink,
     Label,
-    as_dict,
-    as_float,
     format_float,
     format_value,
     records_link,
@@ -122,38 +124,38 @@ class CheckNumerics:
 # ---------------------------------------------------------------- small readers
 
 
-def _num(value: Any) -> str:
-    f = as_float(value)
-    return "—" if f is None else format_float(f)
+def _num(value: float | None) -> str:
+    return "—" if value is None else format_float(value)
 
 
-def _percent(value: Any) -> str:
-    f = as_float(value)
-    return "—" if f is None or not math.isfinite(f) else f"{f:.1%}"
+def _percent(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.1%}"
 
 
-def _verdict(ok: Any) -> Label:
+def _verdict(ok: bool | None) -> Label:
     # Only a literal true held; anything else with a bound is a failure or unknown, never a pass.
     return status_label("pass" if ok is True else "fail" if ok is False else "notrun")
 
 
-def _bound_text(b: dict[str, Any]) -> str:
-    if as_float(b.get("bound")) is None:
+def _bound_text(b: BoundVerdict) -> str:
+    if b.bound is None:
         return "bound not recorded"
-    text = f"≤ {_num(b.get('bound'))}"
+    text = f"≤ {_num(b.bound)}"
     parts = []
-    if as_float(b.get("multiple")) is not None:
-        parts.append(f"{format_value(b.get('multiple'))}× control {_num(b.get('control'))}")
-    if as_float(b.get("floor")) is not None:
-        parts.append(f"floor {_num(b.get('floor'))}")
+    if b.multiple is not None:
+        parts.append(f"{format_value(b.multiple)}× control {_num(b.control)}")
+    if b.floor is not None:
+        parts.append(f"floor {_num(b.floor)}")
     return text + (f" ({' + '.join(parts)})" if parts else "")
 
 
 # ---------------------------------------------------------------- parts
 
 
-def _figures(tf: dict[str, Any]) -> list[FigureRow]:
-    device, control, bounds = as_dict(tf.get("device")), as_dict(tf.get("control_stats")), as_dict(tf.get("bounds"))
+def _figures(tf: TeacherForced) -> list[FigureRow]:
+    device = tf.device.recorded() if tf.device is not None else {}
+    control = tf.control_stats.recorded() if tf.control_stats is not None else {}
+    bounds = tf.bounds or {}
     rows = []
     keys = [k for k, _, _ in FIGURES] + [k for k in bounds if k not in _FIGURE_LABELS]
     percent = {k for k, _, p in FIGURES if p}
@@ -161,57 +163,54 @@ def _figures(tf: dict[str, Any]) -> list[FigureRow]:
         b = bounds.get(key)
         if key not in device and key not in control and b is None:
             continue
-        show = _percent if key in percent else _num
-        bd = as_dict(b)
+        show: Callable[[float | None], str] = _percent if key in percent else _num
         rows.append(FigureRow(name=_FIGURE_LABELS.get(key, str(key)), device=show(device.get(key)),
-                              control=show(control.get(key)), bound=_bound_text(bd) if b is not None else "",
-                              verdict=_verdict(bd.get("ok")) if b is not None else None))
+                              control=show(control.get(key)), bound=_bound_text(b) if b is not None else "",
+                              verdict=_verdict(b.ok) if b is not None else None))
     return rows
 
 
-def _chart(tf: dict[str, Any]) -> Chart | None:
-    h = as_dict(tf.get("histogram"))
-    if not h.get("edges"):
+def _chart(tf: TeacherForced) -> Chart | None:
+    h = tf.histogram
+    if h is None or not h.edges:
         return None
     # Short: the chart sits in a table cell; the check is named by its row.
     title = "KL per position vs float64: device and CPU control"
     markers = []
-    bound = as_float(as_dict(as_dict(tf.get("bounds")).get("kl_p99")).get("bound"))
+    p99 = (tf.bounds or {}).get("kl_p99")
+    bound = p99.bound if p99 is not None else None
     if bound is not None and bound > 0 and math.isfinite(bound):
         markers.append(svg.Marker(label=f"p99 bound {format_float(bound)}", x=math.log10(bound)))
-    series = [("device", h.get("device") or []), ("CPU control", h.get("control") or [])]
-    return Chart(title=title, svg=svg.histogram_chart(title, h["edges"], series, x_label="KL per position",
+    series = [("device", list(h.device)), ("CPU control", list(h.control))]
+    return Chart(title=title, svg=svg.histogram_chart(title, h.edges, series, x_label="KL per position",
                                                       markers=markers))
 
 
-def _localisation_line(loc: dict[str, Any]) -> str:
-    module = loc.get("module")
-    if isinstance(module, str) and module:
-        where = " (its input)" if loc.get("where") == "input" else ""
-        text = (f"first departing module: {module}{where}, normalized error {_num(loc.get('error'))}, "
-                f"control {_num(loc.get('control'))}")
-        if as_float(loc.get("bound")) is not None:
-            text += f" (bound {_num(loc.get('bound'))})"
+def _localisation_line(loc: Localisation) -> str:
+    if loc.module:
+        where = " (its input)" if loc.where == "input" else ""
+        text = (f"first departing module: {loc.module}{where}, normalized error {_num(loc.error)}, "
+                f"control {_num(loc.control)}")
+        if loc.bound is not None:
+            text += f" (bound {_num(loc.bound)})"
         return text
-    reason = str(loc.get("reason") or "no module departs beyond the control")
+    reason = loc.reason or "no module departs beyond the control"
     return f"localisation: {reason}"
 
 
-def _localisation_rows(loc: dict[str, Any]) -> tuple[list[LocalisationRow], int]:
-    table = [r for r in loc.get("table") or [] if isinstance(r, dict)]
+def _localisation_rows(loc: Localisation) -> tuple[list[LocalisationRow], int]:
     rows = []
-    for r in table[:MAX_LOCALISATION_ROWS]:
-        d = r.get("departs")
+    for r in loc.table[:MAX_LOCALISATION_ROWS]:
         rows.append(LocalisationRow(
-            module=str(r.get("module", "")), where=str(r.get("where") or "output"), error=_num(r.get("error")),
-            control=_num(r.get("control")), bound=_num(r.get("bound")),
-            departs=status_label("fail" if d is True else "pass" if d is False else "notrun"),
+            module=r.module or "", where=r.where or "output", error=_num(r.error),
+            control=_num(r.control), bound=_num(r.bound),
+            departs=status_label("fail" if r.departs is True else "pass" if r.departs is False else "notrun"),
         ))
-    return rows, max(0, len(table) - MAX_LOCALISATION_ROWS)
+    return rows, max(0, len(loc.table) - MAX_LOCALISATION_ROWS)
 
 
-def _implementations(value: Any) -> list[tuple[str, str]]:
-    return [(str(k), v if isinstance(v, str) else format_value(v)) for k, v in as_dict(value).items()]
+def _implementations(value: dict[str, JsonValue] | None) -> list[tuple[str, str]]:
+    return [(k, v if isinstance(v, str) else format_value(v)) for k, v in (value or {}).items()]
 
 
 def localisation_anchor(check_id: str) -> str:
@@ -219,25 +218,25 @@ def localisation_anchor(check_id: str) -> str:
     return section_anchor("tf", check_id)
 
 
-def _summary(tf: dict[str, Any]) -> str:
+def _summary(tf: TeacherForced) -> str:
     parts = []
-    if tf.get("sequences") is not None or tf.get("positions") is not None:
-        parts.append(f"{format_value(tf.get('sequences'))} sequences, {format_value(tf.get('positions'))} positions")
-    if tf.get("top_k") is not None:
-        parts.append(f"top-{format_value(tf.get('top_k'))} + a rest bucket")
-    if tf.get("reference"):
-        parts.append(f"reference: {tf['reference']}")
-    if tf.get("control"):
-        parts.append(f"control: {tf['control']}")
+    if tf.sequences is not None or tf.positions is not None:
+        parts.append(f"{format_value(tf.sequences)} sequences, {format_value(tf.positions)} positions")
+    if tf.top_k is not None:
+        parts.append(f"top-{format_value(tf.top_k)} + a rest bucket")
+    if tf.reference:
+        parts.append(f"reference: {tf.reference}")
+    if tf.control:
+        parts.append(f"control: {tf.control}")
     return "; ".join(parts)
 
 
-def teacher_forced_view(check_id: str, details: dict[str, Any], records_base: str = "") -> NumericsView | None:
+def teacher_forced_view(check_id: str, evidence: ReferenceEvidence, records_base: str = "") -> NumericsView | None:
     """``details.teacher_forced`` as view data; None when the check recorded none."""
-    tf = details.get("teacher_forced")
-    if not isinstance(tf, dict):
+    tf = evidence.teacher_forced
+    if tf is None:
         return None
-    method = tf.get("method")
+    method = tf.method
     fallback = method != METHOD_TEACHER_FORCED
     if method == METHOD_TEACHER_FORCED:
         words = "teacher-forced"
@@ -245,63 +244,78 @@ def teacher_forced_view(check_id: str, details: dict[str, Any], records_base: st
         words = "greedy comparison (fallback: teacher forcing did not run)"
     else:
         words = f"{format_value(method)} (not teacher-forced)"
-    reason = str(tf.get("fallback_reason") or ("" if not fallback else "no reason recorded"))
-    loc = tf.get("localisation")
+    reason = tf.fallback_reason or ("" if not fallback else "no reason recorded")
+    loc = tf.localisation
     line, anchor, more = "", "", 0
     rows: list[LocalisationRow] = []
-    if isinstance(loc, dict):
+    if loc is not None:
         line = _localisation_line(loc)
         rows, more = _localisation_rows(loc)
         anchor = localisation_anchor(check_id) if rows else ""
     return NumericsView(
         method=words, fallback=fallback, fallback_reason=reason, summary=_summary(tf), figures=_figures(tf),
         chart=_chart(tf), localisation=line, localisation_anchor=anchor, localisation_rows=rows,
-        localisation_more=more, implementations=_implementations(tf.get("implementations")),
-        repro=records_link(details.get("repro"), records_base),
+        localisation_more=more, implementations=_implementations(tf.implementations),
+        repro=records_link(evidence.repro, records_base),
     )
 
 
-def distribution_view(compares: str | None, details: dict[str, Any]) -> DistributionView | None:
+# The three figures of a same-framework sentence: (statistic, label, its value, its flat-form bound).
+_DISTRIBUTION_FIGURES: tuple[tuple[str, str, Callable[[Distribution], float | None],
+                                   Callable[[Distribution], float | None]], ...] = (
+    ("kl_mean", "KL mean", lambda d: d.kl_mean, lambda d: d.bound_kl_mean),
+    ("kl_p99", "p99", lambda d: d.kl_p99, lambda d: d.bound_kl_p99),
+    ("kl_max", "max", lambda d: d.kl_max, lambda d: d.bound_kl_max),
+)
+
+
+def _kl_mean(stats: DivergenceStats | None) -> float | None:
+    return stats.kl_mean if stats is not None else None
+
+
+def distribution_view(compares: str | None, d: Distribution | None) -> DistributionView | None:
     """``details.distribution`` of a same-framework check in words, with its verdict; ``compares``
     is what its two runs are (``CheckResult.compares``).
 
     A bound is read from ``bounds.<stat>`` (as the teacher-forced figures carry them) or a
     flat ``bound_<stat>``; a bound the figure exceeded says so next to it.
     """
-    d = details.get("distribution")
-    if not isinstance(d, dict):
+    if d is None:
         return None
-    bounds = as_dict(d.get("bounds"))
+    bounds = d.bounds or {}
     parts = []
-    for stat, label in (("kl_mean", "KL mean"), ("kl_p99", "p99"), ("kl_max", "max")):
-        text = f"{label} {_num(d.get(stat))}"
-        b = as_dict(bounds.get(stat))
-        bound = as_float(b.get("bound")) if b else as_float(d.get(f"bound_{stat}"))
+    for stat, label, value, flat in _DISTRIBUTION_FIGURES:
+        text = f"{label} {_num(value(d))}"
+        b = bounds.get(stat)
+        bound = b.bound if b is not None else flat(d)
         if bound is not None:
-            text += f" (bound {format_float(bound)}{', exceeded' if b.get('ok') is False else ''})"
+            text += f" (bound {format_float(bound)}{', exceeded' if b is not None and b.ok is False else ''})"
         parts.append(text)
     pair = compares or "the two runs"
-    text = f"teacher-forced, {pair}: " + ", ".join(parts) + f"; |Δ logprob| max {_num(d.get('dlogprob_max'))}"
-    if d.get("positions") is not None:
-        text += f" over {format_value(d.get('positions'))} positions"
-    vs = as_dict(d.get("vs_reference"))
-    if vs:
+    text = f"teacher-forced, {pair}: " + ", ".join(parts) + f"; |Δ logprob| max {_num(d.dlogprob_max)}"
+    if d.positions is not None:
+        text += f" over {format_value(d.positions)} positions"
+    vs = d.vs_reference
+    if vs is not None:
         # batched_vs_alone: each run's KL from float64, the batched one held to the one alone.
-        vb = as_dict(as_dict(vs.get("bounds")).get("kl_mean"))
-        text += (f"; batched vs float64 KL mean {_num(as_dict(vs.get('batched')).get('kl_mean'))} against alone "
-                 f"{_num(as_dict(vs.get('alone')).get('kl_mean'))}")
-        vbound = as_float(vb.get("bound")) if vb else None
+        vb = (vs.bounds or {}).get("kl_mean")
+        text += (f"; batched vs float64 KL mean {_num(_kl_mean(vs.batched))} against alone "
+                 f"{_num(_kl_mean(vs.alone))}")
+        vbound = vb.bound if vb is not None else None
         if vbound is not None:
-            text += f" (bound {format_float(vbound)}{', exceeded' if vb.get('ok') is False else ''})"
-    return DistributionView(text=text, verdict=_verdict(d.get("ok")) if "ok" in d else None)
+            text += f" (bound {format_float(vbound)}{', exceeded' if vb is not None and vb.ok is False else ''})"
+    return DistributionView(text=text, verdict=_verdict(d.ok) if "ok" in d.model_fields_set else None)
 
 
-def check_numerics(check_id: str, compares: str | None, details: dict[str, Any],
+def check_numerics(check_id: str, compares: str | None, evidence: FrameworkCheckEvidence | None,
                    records_base: str = "") -> CheckNumerics | None:
-    """Everything of the model-numerics contract one step-4 check recorded; None when nothing."""
-    tf = teacher_forced_view(check_id, details, records_base)
-    dist = distribution_view(compares, details)
-    repro = None if tf is not None else records_link(details.get("repro"), records_base)
+    """Everything of the model-numerics contract one step-4 check recorded; None when nothing
+    (or when its details do not fit its kind's evidence: ``evidence`` is None). ``compares`` is
+    what a same-framework check's two runs are (``CheckResult.compares``)."""
+    reference = evidence if isinstance(evidence, ReferenceEvidence) else None
+    tf = teacher_forced_view(check_id, reference, records_base) if reference is not None else None
+    dist = distribution_view(compares, evidence.distribution if isinstance(evidence, ComparingEvidence) else None)
+    repro = None if tf is not None or evidence is None else records_link(evidence.repro, records_base)
     if tf is None and dist is None and repro is None:
         return None
     return CheckNumerics(teacher_forced=tf, distribution=dist, repro=repro)

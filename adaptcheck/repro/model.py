@@ -1,22 +1,11 @@
 """The step-4 reproducer: a model's teacher-forced distributions on the device vs float64.
 
 :func:`write_model_repro` writes ``repro/<check id>.py``, a script that needs torch,
-transformers and the model folder (plus vLLM for the vLLM frameworks), never adaptcheck:
-
-1. the reference: transformers at float64 on the CPU (SDPA attention) scores the embedded
-   sequences teacher-forced — each sequence alone, one forward pass, log-softmax, positions
-   ``start .. len-1``, top ``reference_top_k`` kept — as the check's reference does;
-2. the device: the same with the check's dtype, device and attention implementation
-   (``transformers``, each sequence alone as the check scores it); vLLM offline ``LLM(...)`` with ``SamplingParams(max_tokens=1,
-   prompt_logprobs=K)`` (``vllm``, ``vllm_serve``); or a POST of ``prompt_logprobs`` to
-   the endpoint's ``/v1/completions`` (``endpoint`` and other served frameworks);
-3. per position, KL(reference || device) over buckets: each of the device's top-K tokens
-   that the reference's top tokens (plus the scored token) also list, and one "rest" bucket —
-   the estimator of ``adaptcheck.steps.frameworks.divergence`` (a test holds the two equal);
-4. prints KL mean / p99 / max, |Δ logprob| and the same-top rate, the bounds and what the
-   check measured; exit 1 when the mean or the p99 is over its bound, 0 otherwise.
-
-Everything from the run (sequences, bounds, URL) is embedded as JSON text, never as code.
+transformers and the model folder (plus vLLM for the vLLM frameworks), never adaptcheck: it
+scores the check's sequences on the reference and on the device as the check did and exits 1
+when the KL mean or p99 is over its bound. What it does, step by step: docs/step4-numerics.md
+("Reproducers"). Everything from the run (sequences, bounds, URL) is embedded as JSON text,
+never as code.
 """
 
 from __future__ import annotations
@@ -26,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from adaptcheck import __version__
 from adaptcheck.base import klestimate
@@ -35,6 +24,13 @@ from adaptcheck.repro.files import write_script
 
 DTYPES = FLOAT_DTYPES
 """What the device side may run in; the reference also fp64."""
+
+
+class ReproSequence(TypedDict):
+    """One token sequence the script scores teacher-forced (embedded in it as JSON)."""
+
+    token_ids: list[int]
+    start: int
 
 
 @dataclass
@@ -49,8 +45,8 @@ class ModelReproSpec:
     device: str
     """torch device string of the device side ("cpu", "cuda:0" …)."""
     attn_implementation: str | None
-    sequences: list[dict[str, Any]]
-    """[{"token_ids": [...], "start": int}]: positions start .. len-1 are scored."""
+    sequences: list[ReproSequence]
+    """Positions start .. len-1 of each are scored."""
     top_k: int
     bound_kl_mean: float
     bound_kl_p99: float

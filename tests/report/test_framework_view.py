@@ -251,14 +251,20 @@ def test_check_on_another_instance_says_so() -> None:
 
 
 def test_subcheck_ok_only_true_is_a_pass() -> None:
-    rows = [{"name": "held", "ok": True, "detail": ""}, {"name": "broke", "ok": False, "detail": "wrong"},
-            {"name": "n/a here", "ok": None, "detail": "no streaming"}, {"name": "odd", "ok": "yes"},
-            {"name": "missing"}, "not a row"]
+    rows: list[Any] = [{"name": "held", "ok": True, "detail": ""}, {"name": "broke", "ok": False, "detail": "wrong"},
+                       {"name": "n/a here", "ok": None, "detail": "no streaming"}, {"name": "missing"}]
     view = _view(_results([_step4("framework.vllm.single", "framework.single_request",
                                   details={"framework": _fw("vllm"), "subchecks": rows})]))
     got = [(s.name, s.status.key, s.status.label) for s in _row(view, "framework.vllm.single").subchecks]
     assert got == [("held", "pass", "pass"), ("broke", "fail", "fail"), ("n/a here", "notrun", "not run"),
-                   ("odd", "notrun", "not run"), ("missing", "notrun", "not run")]
+                   ("missing", "notrun", "not run")]
+    # A verdict that is not a literal boolean, or a row that is not one, does not fit the evidence:
+    # the check is still listed (under its framework), without rows, and nothing reads as a pass.
+    for odd in ({"name": "odd", "ok": "yes"}, {"name": "odd", "ok": 1}, "not a row"):
+        view = _view(_results([_step4("framework.vllm.single", "framework.single_request",
+                                      details={"framework": _fw("vllm"), "subchecks": [*rows, odd]})]))
+        row = _row(view, "framework.vllm.single")
+        assert row.subchecks == [] and row.status.key == "pass"
 
 
 def test_failed_comparison_shows_its_reason_and_caps_the_list() -> None:
@@ -278,7 +284,8 @@ def test_failed_comparison_shows_its_reason_and_caps_the_list() -> None:
     assert d.text.startswith("prompt 3: token 4 is 9 instead of 7, not in the other's top-5 — same first 4 tokens")
     assert "not in the other's top-5" in d.text and "logprob gap 2.5000" in d.text
     text = _text(_section(render(build_view(_results([_step4("framework.vllm.reference", "framework.reference",
-                                                              Status.FAIL, details={"comparison": many},
+                                                              Status.FAIL,
+                                                              details={"framework": _fw("vllm"), "comparison": many},
                                                               metrics=metrics)])))))
     assert f"{MAX_DIVERGENCES + 3} diverging prompts" in text and "and 3 more" in text
 

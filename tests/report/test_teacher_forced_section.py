@@ -116,12 +116,17 @@ def test_a_held_bound_passes_and_an_unknown_verdict_is_never_a_pass() -> None:
     tf = _tf()
     tf["bounds"]["kl_mean"]["ok"] = True
     tf["bounds"]["kl_p99"]["ok"] = None  # a writer that could not decide
-    tf["bounds"]["same_top_rate"] = {"bound": 0.9, "ok": "yes"}  # an extra bound of a newer writer
+    tf["bounds"]["same_top_rate"] = {"bound": 0.9}  # an extra bound of a newer writer, no verdict
     rows = {r.name: r for r in _tf_view(_results([_ref(tf)])).figures}
     assert rows["KL mean"].verdict.key == "pass"  # type: ignore[union-attr]
     assert rows["KL p99"].verdict.key == "notrun"  # type: ignore[union-attr]
     assert rows["same top token"].verdict.key == "notrun"  # type: ignore[union-attr]
     assert rows["same top token"].bound == "≤ 0.9"
+    # A verdict that is not a literal boolean ("yes") does not fit the record: no figures, never a pass.
+    tf["bounds"]["same_top_rate"]["ok"] = "yes"
+    row = _fw_row(_results([_ref(tf)]), REF_ID)
+    assert row.numerics is None
+    _parse(_pages(_results([_ref(tf)]))[0])  # renders
 
 
 def test_figures_render_in_the_framework_section() -> None:
@@ -133,15 +138,21 @@ def test_figures_render_in_the_framework_section() -> None:
     assert "attention : sdpa" in text and "SiLUActivation (torch op)" in text  # the implementations dict
 
 
-def test_missing_or_malformed_fields_show_as_unknown() -> None:
-    tf = {"method": "teacher_forced", "device": {"kl_mean": "n/a", "kl_p99": None}, "bounds": "garbage",
-          "histogram": {"edges": [0, 1], "device": "x"}, "localisation": "garbage", "implementations": ["x"]}
+def test_missing_fields_show_as_unknown_and_malformed_records_are_left_out() -> None:
+    tf = {"method": "teacher_forced", "device": {"kl_mean": None, "kl_p99": None},
+          "histogram": {"edges": [0, 1], "device": [1, 2]}}
     t = _tf_view(_results([_ref(tf)]))
     assert [(r.name, r.device, r.control, r.verdict) for r in t.figures] == [
         ("KL mean", "—", "—", None), ("KL p99", "—", "—", None)]
     assert t.localisation == "" and t.implementations == [] and t.chart is not None
     assert "do not match" in str(t.chart.svg)
-    _parse(_pages(_results([_ref(tf)]))[0])  # renders
+    # Details that do not fit the record (a hand-edited file): the numerics are left out, the
+    # check and its framework block stay, and the page renders.
+    bad = {"method": "teacher_forced", "device": {"kl_mean": "n/a"}, "bounds": "garbage",
+           "histogram": {"edges": [0, 1], "device": "x"}, "localisation": "garbage", "implementations": ["x"]}
+    row = _fw_row(_results([_ref(bad)]), REF_ID)
+    assert row.numerics is None and row.status.key == "fail"
+    _parse(_pages(_results([_ref(bad)]))[0])
 
 
 # ---------------------------------------------------------------- greedy fallback
@@ -390,11 +401,12 @@ def test_the_marked_ops_come_from_the_one_vllm_op_table(monkeypatch: pytest.Monk
 
 
 def test_the_batched_vs_alone_figures_are_shown_with_their_bound() -> None:
+    from adaptcheck.base.schemas.framework_evidence import Distribution
     from adaptcheck.report.numerics import distribution_view
 
     dist = {"kl_mean": 0.00012, "kl_max": 0.0093, "dlogprob_max": 0.07, "positions": 288, "ok": False,
             "vs_reference": {"alone": {"kl_mean": 0.00094}, "batched": {"kl_mean": 0.0081},
                              "bounds": {"kl_mean": {"value": 0.0081, "bound": 0.00209, "ok": False}}, "ok": False}}
-    view = distribution_view("batched vs alone", {"distribution": dist})
+    view = distribution_view("batched vs alone", Distribution.model_validate(dist))
     assert view is not None
     assert "batched vs float64 KL mean 0.0081 against alone 9.400e-04 (bound 0.00209, exceeded)" in view.text

@@ -1,22 +1,17 @@
-"""Typed evidence of the step-4 lifecycle checks (``framework.load``, ``framework.reference``, …).
+"""Typed evidence of the step-4 checks (``framework.load``, ``framework.reference``, …).
 
-Every lifecycle check runs through one framework instance (``steps.frameworks.lifecycle``) and
-records which framework answered (``details.framework``) and which model it served
-(``details.model``). Before schema 1.3 the framework was a dict of facts when it loaded and a
-bare name when it did not, and readers guessed between the two; now it is one shape,
-:class:`FrameworkInfo`, in every outcome: the name always, the facts when it loaded.
-
-One model per kind (:data:`LIFECYCLE_EVIDENCE`). This slice types the fields every reader
-shares (framework, model, sub-check rows) and each kind's top-level keys; the nested
-comparison, teacher-forced and distribution records are still plain JSON objects (typed in a
-later slice), so they are declared as such rather than left to ``extra``.
+One model per kind (:data:`LIFECYCLE_EVIDENCE`): the framework a check ran on (one shape,
+:class:`FrameworkInfo`, in every outcome), the model it served, its sub-check rows, and each
+kind's own records: the per-prompt greedy comparison, the teacher-forced figures against the
+float64 reference with their bounds, histogram and localisation, the same-framework
+distribution rule; plus the reader-side schemas of what a step-4 check records beside them
+(its metrics, an adapter's platform facts, the collectives table). The method and what each
+figure means: docs/step4-numerics.md; the results file: docs/results-schema.md.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import Field
+from pydantic import Field, JsonValue, StrictBool
 
 from adaptcheck.base.schemas.evidence import Evidence
 
@@ -40,6 +35,17 @@ class FrameworkInfo(Evidence):
                                   "reused the instance).")
 
 
+class SyntheticIdentity(Evidence):
+    """Which synthetic model was generated (the probe details stay in its folder)."""
+
+    name: str | None = Field(default=None, description="Synthetic model name, e.g. 'tiny-llama'.")
+    seed: int | None = Field(default=None, description="Seed of the weights.")
+    generator_version: int | None = Field(default=None, description="Version of the generator that wrote it.")
+    spec_hash: str | None = Field(default=None, description="SHA-256 of the model's specification.")
+    num_params: int | None = Field(default=None, description="Number of parameters.")
+    eos_step: int | None = Field(default=None, description="Step at which the planted EOS answer ends.")
+
+
 class ModelInfo(Evidence):
     """The model a framework served (``ResolvedModel.describe()``); facts it lacks are None."""
 
@@ -56,9 +62,10 @@ class ModelInfo(Evidence):
     weights_sha256: str | None = Field(default=None, description="SHA-256 over the weights files.")
     weights_bytes: int | None = Field(default=None, ge=0, description="Size of the weights files in bytes.")
     generated_s: float | None = Field(default=None, description="Seconds spent generating a synthetic model.")
-    synthetic: dict[str, Any] | None = Field(default=None, description="Identity of a synthetic model: name, seed, "
-                                             "generator_version, spec_hash, num_params, eos_step.")
-    origin: dict[str, Any] | None = Field(default=None, description="Provenance of a converted model (upstream, "
+    synthetic: SyntheticIdentity | None = Field(default=None, description="Identity of a synthetic model.")
+    # The provenance file of a converted model folder, as the model registry wrote it: its keys
+    # are the registry's (upstream, license, conversion…), foreign to step 4, kept as they are.
+    origin: dict[str, JsonValue] | None = Field(default=None, description="Provenance of a converted model (upstream, "
                                           "license, distribution, gguf_sha256).")
     auto: str | None = Field(default=None, description="What 'auto' stood for, in words.")
 
@@ -67,7 +74,9 @@ class SubcheckRow(Evidence):
     """One sub-check: held (``ok: true``), did not hold (``false``) or could not run here (``null``)."""
 
     name: str = Field(description="What the row checks, in words.")
-    ok: bool | None = Field(default=None, description="true held, false did not, null not run here (never a pass).")
+    # Strict: only a literal true is a pass; a "yes" or 1 from a hand-made file does not fit.
+    ok: StrictBool | None = Field(default=None, description="true held, false did not, null not run here (never a "
+                                  "pass).")
     detail: str = Field(default="", description="The numbers or the reason, one line.")
 
 
@@ -86,37 +95,199 @@ class FrameworkCheckEvidence(FrameworkRef):
 
     model: ModelInfo | None = Field(default=None, description="The model it served; None when it did not load.")
     subchecks: list[SubcheckRow] = Field(default_factory=list, description="Sub-check rows, in the order run.")
+    repro: str | None = Field(default=None, description="Run-folder path of the reproducer written for a failure.")
+    repro_error: str | None = Field(default=None, description="Why the reproducer could not be written.")
+
+
+class WeightsAuditFacts(Evidence):
+    """``details.weights_audit``: which folder was audited, whether it was refused, how long it took.
+
+    The audit's counts (files, tensors expected and found, missing, tied, the tokenizer's and
+    the embedding's sizes…) depend on what the folder holds and are kept as extra fields.
+    """
+
+    path: str | None = Field(default=None, description="The audited model folder.")
+    refused: bool | None = Field(default=None, description="True when the folder's weights do not cover the model.")
+    seconds: float | None = Field(default=None, ge=0, description="Seconds the audit took (headers only).")
 
 
 class LoadEvidence(FrameworkCheckEvidence):
     """``framework.load``: the load, and the header-only weights audit of a local folder."""
 
-    weights_audit: dict[str, Any] | None = Field(default=None, description="The weights audit's facts (path, refused, "
-                                                  "seconds, counts); None for an endpoint's weights.")
+    weights_audit: WeightsAuditFacts | None = Field(default=None, description="The header-only audit of the served "
+                                                    "folder; None for an endpoint's weights.")
 
 
 class SingleRequestEvidence(FrameworkCheckEvidence):
     """``framework.single_request``: lengths, long input, max_tokens, stop strings and EOS (the rows)."""
 
 
+class PromptVerdict(Evidence):
+    """One prompt's two greedy answers compared token by token (``a`` is the reference side).
+
+    Every field is written for every prompt (null where it does not apply), so a verdict has
+    one shape whether the answers were identical, diverged or were compared as text.
+    """
+
+    index: int | None = Field(default=None, description="The prompt's position in the comparison.")
+    ok: StrictBool | None = Field(default=None, description="The answers agree within the comparison's rule.")
+    exact: StrictBool | None = Field(default=None, description="The two answers are identical.")
+    common_prefix: int | None = Field(default=None, description="Tokens the answers share from the start.")
+    len_a: int | None = Field(default=None, description="Tokens of the first (reference) answer.")
+    len_b: int | None = Field(default=None, description="Tokens of the second answer.")
+    divergence: int | None = Field(default=None, description="Position of the first differing token; null when "
+                                   "identical or one side stopped.")
+    token_a: int | None = Field(default=None, description="The first answer's token at the divergence.")
+    token_b: int | None = Field(default=None, description="The second answer's token at the divergence.")
+    b_in_top_a: StrictBool | None = Field(default=None, description="token_b among the first answer's top-N (null: no "
+                                    "logprobs).")
+    a_in_top_b: StrictBool | None = Field(default=None, description="token_a among the second answer's top-N (null: no "
+                                    "logprobs).")
+    gap_a: float | None = Field(default=None, description="logprob_a(token_a) - logprob_a(token_b) at the divergence.")
+    max_logprob_diff: float | None = Field(default=None, description="Largest |logprob_a - logprob_b| of the shared "
+                                           "tokens over the common prefix.")
+    reason: str = Field(default="", description="Why the prompt failed, in words ('' when it held).")
+    by_text: StrictBool = Field(default=False, description="Compared as text (an answer had no token ids).")
+
+
+class DivergenceStats(Evidence):
+    """One side's divergence figures over every compared position (``divergence.summarize``).
+
+    Figures are None where a non-finite value was stored (JSON has no NaN or infinity).
+    """
+
+    positions: int | None = Field(default=None, ge=0, description="Positions compared.")
+    kl_mean: float | None = Field(default=None, description="Mean KL(reference || side) per position, nats.")
+    kl_p99: float | None = Field(default=None, description="99th percentile of the per-position KL.")
+    kl_max: float | None = Field(default=None, description="Largest per-position KL.")
+    dlogprob_mean: float | None = Field(default=None, description="Mean |delta logprob| of the scored token.")
+    dlogprob_max: float | None = Field(default=None, description="Largest |delta logprob| of the scored token.")
+    same_top_rate: float | None = Field(default=None, description="Share of positions whose most likely token is the "
+                                        "same on both sides.")
+
+    def recorded(self) -> dict[str, float | None]:
+        """The figures recorded, by statistic name (the name a bound is recorded under)."""
+        return {name: float(value) if value is not None else None
+                for name, value in self.model_dump(include=set(DivergenceStats.model_fields), exclude_unset=True).items()}
+
+
+class BoundVerdict(Evidence):
+    """One statistic held to its bound: ``value <= multiple x control + floor``."""
+
+    value: float | None = Field(default=None, description="The figure measured.")
+    bound: float | None = Field(default=None, description="The bound it is held to.")
+    multiple: float | None = Field(default=None, description="Allowed multiple of the control's figure.")
+    floor: float | None = Field(default=None, description="Added to the bound for the served dtype.")
+    control: float | None = Field(default=None, description="The control's (or the run alone's) figure.")
+    ok: StrictBool | None = Field(default=None, description="value <= bound.")
+
+
+class KlHistogram(Evidence):
+    """Counts of log10(KL per position) in half-decade bins, device beside control."""
+
+    edges: list[float] = Field(default_factory=list, description="log10(KL) bin edges.")
+    device: list[int] = Field(default_factory=list, description="The device's positions per bin.")
+    control: list[int] = Field(default_factory=list, description="The CPU control's positions per bin.")
+
+
+class ModuleError(Evidence):
+    """One recorded tensor (a module's first input or its output) against the float64 reference."""
+
+    module: str | None = Field(default=None, description="Module name, e.g. 'model.layers.0.mlp.act_fn'.")
+    where: str | None = Field(default=None, description="'input' or 'output'.")
+    error: float | None = Field(default=None, description="The device's normalized error ||dev - ref|| / ||ref||.")
+    control: float | None = Field(default=None, description="The CPU control's normalized error at the same tensor.")
+    bound: float | None = Field(default=None, description="The bound the device's error is held to.")
+    departs: StrictBool | None = Field(default=None, description="error > bound.")
+
+
+class Localisation(ModuleError):
+    """The first module whose output departs from the float64 reference, or why none is named.
+
+    When a module departs, its own row's fields are at the top level; otherwise ``module`` is
+    null and ``reason`` says why (no departure, no forward hooks, localisation failed).
+    """
+
+    reason: str | None = Field(default=None, description="Why no module is named; null when one is.")
+    table: list[ModuleError] = Field(default_factory=list, description="Per-tensor rows in execution order, up to and "
+                                     "a few beyond the departure.")
+    sequence: int | None = Field(default=None, description="Index of the sequence localised (the worst one).")
+
+
+class GreedyComparison(Evidence):
+    """The greedy answers against the reference's, kept beside the teacher-forced figures."""
+
+    comparison: list[PromptVerdict] = Field(default_factory=list, description="Per-prompt verdicts.")
+    compared_as_text: int | None = Field(default=None, description="Prompts compared as text (no token ids).")
+
+
+class TeacherForced(Evidence):
+    """``details.teacher_forced``: the framework's distributions against the float64 reference.
+
+    ``method`` says what ran: ``teacher_forced`` (the figures below), or ``greedy_fallback``
+    for a framework that cannot score a given sequence (only ``fallback_reason`` then).
+    """
+
+    method: str | None = Field(default=None, description="'teacher_forced' or 'greedy_fallback'.")
+    fallback_reason: str | None = Field(default=None, description="Why teacher forcing did not run; null when it did.")
+    top_k: int | None = Field(default=None, description="Alternatives per position the device reported.")
+    reference: str | None = Field(default=None, description="The reference, e.g. 'transformers fp64 on cpu (attention "
+                                  "sdpa)'.")
+    control: str | None = Field(default=None, description="The CPU control at the served dtype, in words.")
+    sequences: int | None = Field(default=None, description="Sequences scored.")
+    positions: int | None = Field(default=None, description="Positions compared.")
+    device: DivergenceStats | None = Field(default=None, description="The device's divergence from the reference.")
+    control_stats: DivergenceStats | None = Field(default=None, description="The control's divergence from the "
+                                                  "reference.")
+    bounds: dict[str, BoundVerdict] | None = Field(default=None, description="Each bounded statistic's verdict.")
+    histogram: KlHistogram | None = Field(default=None, description="KL per position, device and control.")
+    localisation: Localisation | None = Field(default=None, description="The first departing module (failures only).")
+    implementations: dict[str, JsonValue] | None = Field(default=None, description="Which implementation each layer type "
+                                                    "ran, as the framework tells.")
+    worst_sequence: int | None = Field(default=None, description="Index of the sequence with the largest mean KL.")
+    greedy: GreedyComparison | None = Field(default=None, description="The greedy comparison, when it ran.")
+
+
+class BatchedVsAlone(Evidence):
+    """The batched run's divergence from float64, held to the same framework's alone."""
+
+    alone: DivergenceStats | None = Field(default=None, description="Each sequence alone vs float64.")
+    batched: DivergenceStats | None = Field(default=None, description="All sequences in one batch vs float64.")
+    bounds: dict[str, BoundVerdict] | None = Field(default=None, description="Each bounded statistic's verdict.")
+    ok: StrictBool | None = Field(default=None, description="Every bound held.")
+
+
+class Distribution(DivergenceStats):
+    """``details.distribution``: two runs of one framework, position by position (same-framework rule).
+
+    A bound is either a verdict under ``bounds`` or, in the flat form, ``bound_<stat>``.
+    """
+
+    bounds: dict[str, BoundVerdict] | None = Field(default=None, description="Each bounded statistic's verdict.")
+    bound_kl_mean: float | None = Field(default=None, description="Flat form: the KL mean's bound.")
+    bound_kl_p99: float | None = Field(default=None, description="Flat form: the KL p99's bound.")
+    bound_kl_max: float | None = Field(default=None, description="Flat form: the KL max's bound.")
+    ok: StrictBool | None = Field(default=None, description="Every bound held; null without a CPU control (no bound).")
+    vs_reference: BatchedVsAlone | None = Field(default=None, description="Alone vs batched only: each run against "
+                                                "float64.")
+
+
 class ComparingEvidence(FrameworkCheckEvidence):
     """A step-4 kind that compares two sets of answers prompt by prompt."""
 
-    comparison: list[dict[str, Any]] | None = Field(default=None, description="Per-prompt verdicts of the greedy "
-                                                    "comparison (compare.Comparison.details()).")
-    distribution: dict[str, Any] | None = Field(default=None, description="Teacher-forced distribution comparison of "
-                                                "the two answers, scaled by the CPU control.")
+    comparison: list[PromptVerdict] | None = Field(default=None, description="Per-prompt verdicts of the greedy "
+                                                   "comparison.")
+    distribution: Distribution | None = Field(default=None, description="Teacher-forced distribution comparison of "
+                                              "the two runs, scaled by the CPU control.")
 
 
 class ReferenceEvidence(ComparingEvidence):
     """``framework.reference``: the framework's answers against the CPU float64 reference."""
 
-    teacher_forced: dict[str, Any] | None = Field(default=None, description="Teacher-forced figures against the "
-                                                  "float64 teacher (or the greedy fallback and why).")
+    teacher_forced: TeacherForced | None = Field(default=None, description="Teacher-forced figures against the "
+                                                 "float64 teacher (or the greedy fallback and why).")
     reference: str | None = Field(default=None, description="What the reference was, e.g. 'transformers fp64 on CPU'.")
     compared_as_text: int | None = Field(default=None, description="Prompts compared as text (token ids unavailable).")
-    repro: str | None = Field(default=None, description="Run-folder path of the reproducer written for a failure.")
-    repro_error: str | None = Field(default=None, description="Why the reproducer could not be written.")
 
 
 class ConcurrentEvidence(ComparingEvidence):
@@ -151,3 +322,129 @@ is read as :class:`FrameworkCheckEvidence`, the part they all share."""
 def lifecycle_evidence_model(kind: str) -> type[FrameworkCheckEvidence]:
     """The evidence model of a step-4 kind (the shared part for a kind this version does not know)."""
     return LIFECYCLE_EVIDENCE.get(kind, FrameworkCheckEvidence)
+
+
+# ------------------------------------------------------- read beside the lifecycle details
+
+
+class FrameworkMetrics(Evidence):
+    """The step-4 metrics a reader puts in words (``CheckResult.metrics``; flat name -> value).
+
+    Each kind records a few of them; the others are absent. Per-variant load times
+    (``load_s[compile on]``…) and the teacher-forced ``tf_*`` / ``control_*`` figures are kept
+    as extra fields.
+    """
+
+    load_s: float | None = Field(default=None, description="Seconds the framework took to load.")
+    model_generation_s: float | None = Field(default=None, description="Seconds spent generating a synthetic model.")
+    requests: int | None = Field(default=None, description="Requests sent (single requests).")
+    sequences: int | None = Field(default=None, description="Prompts compared.")
+    sequences_exact: int | None = Field(default=None, description="Prompts whose answers were identical.")
+    sequences_diverged_within_top_n: int | None = Field(default=None, description="Prompts whose answers diverged "
+                                                        "within the comparison's tolerance.")
+    sequences_failed: int | None = Field(default=None, description="Prompts whose answers did not agree.")
+    token_agreement: float | None = Field(default=None, description="Share of tokens before the first divergence.")
+    min_common_prefix_fraction: float | None = Field(default=None, description="The shortest common prefix, as a "
+                                                     "share of its answer.")
+    max_logprob_abs_diff: float | None = Field(default=None, description="Largest |delta logprob| over the common "
+                                               "prefixes.")
+    reference_dtype: str | None = Field(default=None, description="The CPU reference's dtype.")
+    top_n: int | None = Field(default=None, description="Top-N rule of the comparison.")
+    tie_margin: float | None = Field(default=None, description="Tie margin of a same-framework comparison (nats).")
+    batch: int | None = Field(default=None, description="Requests per batch.")
+    rounds: int | None = Field(default=None, description="Rounds of the KV-cache check.")
+    kv_usage_before: float | int | None = Field(default=None, description="KV-cache usage before the rounds.")
+    kv_usage_after: float | int | None = Field(default=None, description="KV-cache usage after the rounds.")
+    rss_growth_mib: float | None = Field(default=None, description="Resident-memory growth over the rounds, MiB.")
+
+
+class PlatformPlugin(Evidence):
+    """One vLLM platform plugin: what its detector said (``answer`` absent: it was not asked)."""
+
+    name: str = Field(default="", description="Plugin name.")
+    source: str = Field(default="", description="'built-in' or the entry point's distribution.")
+    answer: str | None = Field(default=None, description="The platform class it named; null: declined.")
+    skipped: str | None = Field(default=None, description="Why it was not asked.")
+    load_error: str | None = Field(default=None, description="Why it failed to load.")
+    detect_error: str | None = Field(default=None, description="What its detector raised.")
+
+
+class GeneralPlugin(Evidence):
+    """One vLLM general plugin."""
+
+    name: str = Field(default="", description="Plugin name.")
+    source: str = Field(default="", description="Its entry point.")
+
+
+class AdapterFacts(Evidence):
+    """The adapter facts (:attr:`FrameworkInfo.extras`) the report lays out itself.
+
+    The others are free-form and listed as they are; these are vLLM's platform resolution and
+    a served framework's capability probe.
+    """
+
+    platform: str | None = Field(default=None, description="The platform class vLLM chose.")
+    device_type: str | None = Field(default=None, description="The chosen platform's device type.")
+    platform_plugins: list[PlatformPlugin] | None = Field(default=None, description="Every platform detector's "
+                                                          "answer (vLLM only).")
+    general_plugins: list[GeneralPlugin] | None = Field(default=None, description="vLLM's general plugins.")
+    capabilities: dict[str, JsonValue] | None = Field(default=None, description="What a served framework's probe found.")
+
+
+class InstanceFacts(Evidence):
+    """The adapter facts a reproducer needs to load the same instance again."""
+
+    dtype: str | None = Field(default=None, description="The served dtype, e.g. 'bf16'.")
+    device: str | None = Field(default=None, description="The torch device it ran on.")
+    attention: str | None = Field(default=None, description="Attention implementation (in-process transformers).")
+    url: str | None = Field(default=None, description="A served framework's URL (redacted).")
+    served_model: str | None = Field(default=None, description="The model name the server answers to.")
+
+
+class RankProblem(Evidence):
+    """What one rank got wrong in one collective."""
+
+    mismatches: int | None = Field(default=None, description="Wrong elements.")
+    first_index: int | None = Field(default=None, description="Index of the first wrong element.")
+    got: str | int | float | bool | None = Field(default=None, description="The value there.")
+    expected: str | int | float | bool | None = Field(default=None, description="The value expected there.")
+    error: str | None = Field(default=None, description="What the rank raised.")
+
+
+class CollectiveRow(Evidence):
+    """One op x dtype x size of ``framework.collectives``."""
+
+    op: str = Field(default="", description="The collective, e.g. 'all_reduce'.")
+    dtype: str = Field(default="", description="Element dtype.")
+    elements: int | None = Field(default=None, description="Elements per rank.")
+    bytes_per_rank: int | None = Field(default=None, description="Bytes per rank.")
+    status: str = Field(default="", description="ok, mismatch, raised, incomplete or unsupported.")
+    time_s: float | None = Field(default=None, description="The slowest rank's time.")
+    ranks: dict[str, RankProblem] = Field(default_factory=dict, description="The ranks that were not ok, by rank.")
+    missing_ranks: list[int] = Field(default_factory=list, description="Ranks that sent no record.")
+
+
+class RankExitRecord(Evidence):
+    """How one rank process of ``framework.collectives`` ended."""
+
+    rank: int | None = Field(default=None, description="Rank.")
+    exit: str | None = Field(default=None, description="How it ended, e.g. 'exited with code 0'.")
+    killed: str | None = Field(default=None, description="Why the launcher killed it.")
+    last_line: str | None = Field(default=None, description="Its log's last line (or error line).")
+    stuck_at: str | None = Field(default=None, description="Innermost frame of a hung rank.")
+
+
+class CollectivesEvidence(Evidence):
+    """``framework.collectives``: the exact-collectives table (it runs on no framework)."""
+
+    table: list[CollectiveRow] = Field(default_factory=list, description="One row per op x dtype x size.")
+    ranks: list[RankExitRecord] = Field(default_factory=list, description="How each rank process ended.")
+    skipped_dtypes: dict[str, str] = Field(default_factory=dict, description="Dtypes not checked, and why.")
+
+
+class CollectivesMetrics(Evidence):
+    """The ``framework.collectives`` metrics a reader puts in words."""
+
+    world_size: int | None = Field(default=None, description="Ranks launched.")
+    library: str | None = Field(default=None, description="Communication library, e.g. 'nccl'.")
+    wall_s: float | None = Field(default=None, description="Wall time of the launch.")

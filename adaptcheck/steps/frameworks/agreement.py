@@ -1,23 +1,10 @@
 """Compare two greedy generations token by token, the way vLLM's own tests do.
 
-Two greedy runs of the same weights on different kernels (the device vs the CPU
-reference; compile on vs off) legitimately part ways where two tokens are nearly tied: a
-rounding difference flips the argmax and everything after differs. So, as vLLM's
-``check_logprobs_close``: the sequences must agree up to the first divergence, and there
-each side's token must be among the other side's top-N. After it nothing is compared.
-
-Two runs of the same framework with the same kernels (a prompt alone vs inside a batch,
-cache hit vs recomputed) get a stricter rule, ``near_tie``: a divergence is only excused
-when the two tokens' logprobs in the first run are within ``tie_margin`` of each other,
-because a batch that changes a confident answer is a bug (MLPerf TEST06's concern).
-
-An answer that carries only text (a server without token ids, e.g. ``transformers
-serve``) is compared as text: identical text is an exact match; at the first differing
-character the reference token covering it is found, the answer's text from that token's
-start is tokenised, and its first token must be in the reference's top-N — the one side
-that can vouch does. Same-framework modes cannot excuse a text difference (no logprobs).
-
-Everything here is pure: generations in, verdicts out.
+Two runs on different kernels must agree up to the first divergence, and there each side's
+token must be among the other's top-N (``top_n``); two runs of one framework with the same
+kernels may only part at a near tie (``near_tie``); an answer without token ids is compared
+as text. The rules and why: docs/step4-numerics.md ("Greedy comparison"). Everything here is
+pure: generations in, verdicts out.
 """
 
 from __future__ import annotations
@@ -26,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from adaptcheck.base.schemas.framework_evidence import PromptVerdict
 from adaptcheck.frameworks.base import Generation
 
 Mode = Literal["top_n", "near_tie", "exact"]
@@ -79,8 +67,8 @@ class Comparison:
     def failures(self) -> list[PairVerdict]:
         return [p for p in self.pairs if not p.ok]
 
-    def metrics(self) -> dict[str, Any]:
-        """Agreement numbers for the report."""
+    def metrics(self) -> dict[str, float | None]:
+        """Agreement numbers for the report (counts, shares; None: no logprobs to compare)."""
         n = len(self.pairs)
         tokens = sum(max(p.len_a, p.len_b) for p in self.pairs)
         agreed = sum(p.common_prefix for p in self.pairs)
@@ -96,8 +84,13 @@ class Comparison:
             "max_logprob_abs_diff": round(max(diffs), 5) if diffs else None,
         }
 
+    def verdicts(self) -> list[PromptVerdict]:
+        """Each prompt's verdict as its record (every field set: one shape for every prompt)."""
+        return [PromptVerdict.model_validate(asdict(p)) for p in self.pairs]
+
     def details(self) -> list[dict[str, Any]]:
-        return [asdict(p) for p in self.pairs]
+        """``details.comparison`` (JSON): :meth:`verdicts` as the details store them."""
+        return [v.dump() for v in self.verdicts()]
 
     def summary(self) -> str:
         m = self.metrics()

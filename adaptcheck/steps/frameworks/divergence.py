@@ -1,28 +1,20 @@
 """How far one model's next-token distributions are from another's, position by position.
 
-Teacher forcing fixes the token sequence (the float64 reference's greedy answer), so every
-position is conditioned on the same history on both sides and every position can be
-compared — not only those before a first greedy divergence. Per position:
-
-- **KL(reference || device)**, estimated over buckets: each token in the device's top-K
-  that the reference also lists is its own bucket, everything else is one "rest" bucket.
-  Merging tokens into buckets can only lower a KL divergence (data-processing
-  inequality), so the estimate is a lower bound of the true KL: it can miss part of a
-  defect, never invent one. The control is measured with the same estimator and the same
-  K, so the two figures are comparable.
-- **|Δ logprob|** of the scored (reference) token, and whether both sides' most likely
-  token is the same (llama.cpp ``perplexity --kl-divergence`` reports the same three).
-
-Everything here is pure: scores in, statistics out.
+Per position of a teacher-forced sequence: the bucketed KL(reference || device) (a lower
+bound of the true KL), the |delta logprob| of the scored token and whether both sides' most
+likely token agree; then their summaries and each bound's verdict. The estimator and the
+bounds: docs/step4-numerics.md ("Figures per position"). Everything here is pure: scores in,
+statistics out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from adaptcheck.base.klestimate import position_kl, quantile
+from adaptcheck.base.schemas.framework_evidence import BoundVerdict
 from adaptcheck.base.schemas.numerics import Rule
 
 __all__ = ["HIST_EDGES", "PositionStats", "compare_positions", "histogram", "judge", "position_kl", "quantile",
@@ -83,12 +75,13 @@ def histogram(values: Sequence[float], edges: Sequence[float] = HIST_EDGES) -> l
     return counts
 
 
-def judge(stats: dict[str, float], control: dict[str, float], rules: dict[str, Rule], dtype: str) -> dict[str, dict[str, float | bool]]:
-    """Each rule's verdict: ``{stat: {value, bound, multiple, floor, control, ok}}``."""
-    out: dict[str, dict[str, float | bool]] = {}
+def judge(stats: Mapping[str, float], control: Mapping[str, float], rules: Mapping[str, Rule],
+          dtype: str) -> dict[str, BoundVerdict]:
+    """Each rule's verdict: ``value <= multiple x control + floor[dtype]``, by statistic."""
+    out: dict[str, BoundVerdict] = {}
     for stat, rule in rules.items():
         bound = rule.bound(control[stat], dtype)
-        out[stat] = {"value": stats[stat], "bound": bound, "multiple": rule.multiple,
-                     "floor": rule.floor[dtype], "control": control[stat],  # type: ignore[index]
-                     "ok": stats[stat] <= bound}
+        out[stat] = BoundVerdict(value=stats[stat], bound=bound, multiple=rule.multiple,
+                                 floor=rule.floor[dtype],  # type: ignore[index]
+                                 control=control[stat], ok=stats[stat] <= bound)
     return out

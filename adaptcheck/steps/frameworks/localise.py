@@ -1,17 +1,9 @@
 """Name the first module whose output departs from the float64 reference (forward hooks).
 
-When a framework that runs its model in this process fails the teacher-forced comparison,
-the same token sequence is run three times with a forward pre-hook and a forward hook on
-every named module: on the device framework, on the float64 reference and on the CPU
-control at the served dtype. Each module contributes two tensors, its first input and its
-output, recorded in the order they happen, so the input of ``o_proj`` stands for the
-attention core (a function, not a module) and ``act_fn``'s output for the activation.
-
-For each tensor: the device's normalized error ``||dev - ref|| / ||ref||`` and the
-control's at the same tensor. The first tensor, in execution order, whose device error
-exceeds ``multiple x control + floor`` is the localisation: everything before it matched
-as well as healthy kernels do, so the defect is in the code that produced it. Errors
-propagate forward on both sides alike, which is why the bound is relative to the control.
+When an in-process framework fails the teacher-forced comparison, one token sequence is run
+on the device framework, the float64 reference and the CPU control with hooks on every named
+module, and the first tensor whose error exceeds its bound relative to the control's is the
+localisation (method: docs/step4-numerics.md, "Localisation").
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from adaptcheck.base.schemas.framework_evidence import Localisation, ModuleError
 from adaptcheck.base.schemas.numerics import Rule
 from adaptcheck.frameworks.base import Framework, ScoreRequest
 
@@ -100,11 +93,11 @@ def _keyed(events: list[Event]) -> dict[tuple[str, str, int], Event]:
 
 
 def first_departure(device: list[Event], reference: list[Event], control: list[Event], rule: Rule,
-                    dtype: str) -> dict[str, Any]:
+                    dtype: str) -> Localisation:
     """Compare the three recordings; the first device tensor beyond its bound, and a table."""
     ref, ctl = _keyed(reference), _keyed(control)
-    table: list[dict[str, Any]] = []
-    found: dict[str, Any] | None = None
+    table: list[ModuleError] = []
+    found: ModuleError | None = None
     seen: dict[tuple[str, str], int] = {}
     for e in device:
         k = (e.module, e.where)
@@ -116,22 +109,21 @@ def first_departure(device: list[Event], reference: list[Event], control: list[E
         if err is None or cerr is None:
             continue
         bound = rule.bound(cerr, dtype)
-        row = {"module": e.module, "where": e.where, "error": err, "control": cerr, "bound": bound,
-               "departs": err > bound}
-        if row["departs"] and found is None:
+        row = ModuleError(module=e.module, where=e.where, error=err, control=cerr, bound=bound, departs=err > bound)
+        if row.departs and found is None:
             found = row
         table.append(row)
     if found is None:
-        return {"module": None, "reason": "no module's hidden state departs beyond its bound: the difference "
-                "builds up gradually or lies in the final projection", "table": table[:MAX_TABLE]}
+        return Localisation(module=None, reason="no module's hidden state departs beyond its bound: the difference "
+                            "builds up gradually or lies in the final projection", table=table[:MAX_TABLE])
     # Keep the rows that lead up to the departure and a few after it.
     at = table.index(found)
-    return {**found, "reason": None, "table": table[max(0, at - MAX_TABLE + 6): at + 6]}
+    return Localisation(**found.model_dump(), reason=None, table=table[max(0, at - MAX_TABLE + 6): at + 6])
 
 
-def describe(found: dict[str, Any]) -> str:
+def describe(found: Localisation) -> str:
     """One line: 'model.layers.0.mlp.act_fn output: normalized error 0.071, control 0.004 (bound 0.032)'."""
-    if found.get("module") is None:
-        return str(found.get("reason") or "not localised")
-    return (f"{found['module']} {found['where']}: normalized error {found['error']:.3g}, control {found['control']:.3g} "
-            f"(bound {found['bound']:.3g})")
+    if found.module is None:
+        return str(found.reason or "not localised")
+    return (f"{found.module} {found.where}: normalized error {found.error:.3g}, control {found.control:.3g} "
+            f"(bound {found.bound:.3g})")

@@ -1,20 +1,10 @@
 """The CPU reference run and the healthy control: the same weights, transformers on the CPU.
 
-*Reference*: float64 where it fits. float64 makes the reference's own rounding negligible
-next to any device dtype, so a divergence is the device's. A model too big for float64 in
-this host's memory falls back to float32 (stated in the evidence); one too big even for
-that is a ``skip`` with the reason — never a silent pass. The reference answers each
-prompt greedily, and then scores its own sequences (prompt + continuation) teacher-forced:
-the per-position distributions every framework is compared against.
-
-*Control*: the same sequences scored by transformers on the CPU at the served dtype —
-torch's CPU kernels, taken as correct. How far the control is from the reference is what
-a correct set of kernels at that dtype costs on this model and these sequences; the
-device is held to a multiple of it (see ``matrices/tolerances.yaml`` ``model_numerics``).
-
-Results are cached in the run folder keyed by weights, prompts and settings: every
-framework of a run is compared against the same reference and control, computed once even
-though the checks run in separate worker processes.
+The *reference* (float64 where it fits in host memory, else float32, else a skip) answers each
+prompt greedily and scores its own sequences teacher-forced; the *control* scores the same
+sequences at the served dtype, and sets the scale every step-4 bound is a multiple of. Both are
+cached in the run folder by weights, prompts and settings, so every framework of a run is
+compared against the same ones (method: docs/step4-numerics.md).
 """
 
 from __future__ import annotations
@@ -24,7 +14,9 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from pydantic import BaseModel, Field, JsonValue
 
 from adaptcheck.frameworks.base import (
     FrameworkError,
@@ -168,7 +160,15 @@ TIE_NATS = 1e-9
 (float64 rounding between a batched and a single-sequence forward is ~1e-15)."""
 
 
-def _greedy_alone(fw: Any, requests: list[GenRequest], top_k: int) -> tuple[list[Generation], list[Scored], dict[str, Any]]:
+class DraftReport(TypedDict):
+    """How the reference's answers were generated (the teacher cache file's ``generation``)."""
+
+    drafted_in_batches: list[int]
+    regenerated_alone: int
+    verified: str
+
+
+def _greedy_alone(fw: Any, requests: list[GenRequest], top_k: int) -> tuple[list[Generation], list[Scored], DraftReport]:
     """Each request's greedy float64 answer *alone*, and its teacher-forced scores — the answers
     drafted in batches, then proven to be the single-request ones.
 
@@ -216,8 +216,8 @@ def _greedy_alone(fw: Any, requests: list[GenRequest], top_k: int) -> tuple[list
         gens.append(g)
         if score is not None:
             scores.append(score)
-    how = {"drafted_in_batches": [len(x) for x in groups if len(x) > 1], "regenerated_alone": redone,
-           "verified": "every drafted token is the argmax of its single-sequence float64 distribution"}
+    how = DraftReport(drafted_in_batches=[len(x) for x in groups if len(x) > 1], regenerated_alone=redone,
+                      verified="every drafted token is the argmax of its single-sequence float64 distribution")
     return gens, scores, how
 
 
@@ -299,11 +299,18 @@ def control_scores(model: ResolvedModel, teacher: TeacherData, dtype: str, top_k
     return Control(dtype=dtype, attention=attention, alone=alone, batched=together)
 
 
-def load_scored(d: dict[str, Any]) -> Scored:
-    """A ``Scored`` from its JSON form (JSON turned the token ids into strings)."""
-    return Scored(token_logprobs=[float(v) for v in d["token_logprobs"]],
-                  top_logprobs=[{int(k): float(v) for k, v in row.items()} for row in d["top_logprobs"]],
-                  extra=dict(d.get("extra") or {}))
+class _ScoredJson(BaseModel):
+    """A cached ``Scored`` as JSON wrote it (token ids turned into strings, read back as ints)."""
+
+    token_logprobs: list[float] = Field(description="Log-probability of each scored token.")
+    top_logprobs: list[dict[int, float]] = Field(description="Top alternatives per position.")
+    extra: dict[str, JsonValue] | None = Field(default=None, description="How the scores were obtained.")
+
+
+def load_scored(d: object) -> Scored:
+    """A ``Scored`` from its cached JSON form; pydantic's ValidationError (a ValueError) when it is not one."""
+    x = _ScoredJson.model_validate(d)
+    return Scored(token_logprobs=x.token_logprobs, top_logprobs=x.top_logprobs, extra=dict(x.extra or {}))
 
 
 def load_generation(d: dict[str, object]) -> Generation:

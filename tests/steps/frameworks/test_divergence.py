@@ -85,8 +85,10 @@ def test_histogram_counts_every_value_once() -> None:
 def test_judge_applies_multiple_times_control_plus_floor() -> None:
     rule = Rule(multiple=4.0, floor={"fp32": 1e-5, "fp16": 1e-4, "bf16": 1e-3}, reason="unit test of the formula")
     out = dv.judge({"kl_mean": 0.0029}, {"kl_mean": 5e-4}, {"kl_mean": rule}, "bf16")
-    assert out["kl_mean"]["bound"] == pytest.approx(4 * 5e-4 + 1e-3)
-    assert out["kl_mean"]["ok"] is True
-    assert dv.judge({"kl_mean": 0.0031}, {"kl_mean": 5e-4}, {"kl_mean": rule}, "bf16")["kl_mean"]["ok"] is False
+    assert out["kl_mean"].bound == pytest.approx(4 * 5e-4 + 1e-3)
+    assert out["kl_mean"].ok is True
+    assert dv.judge({"kl_mean": 0.0031}, {"kl_mean": 5e-4}, {"kl_mean": rule}, "bf16")["kl_mean"].ok is False
+    # The verdict's JSON form: every field written, in this order.
+    assert list(out["kl_mean"].dump()) == ["value", "bound", "multiple", "floor", "control", "ok"]
     with pytest.raises(KeyError):
         rule.bound(1.0, "fp8")

@@ -81,7 +81,7 @@ def _cross(real: dict[str, Any], scores: list[Scored], scale: float = 1.0) -> tu
     rules = {k: Rule(multiple=r.multiple * scale, floor={d: f * scale for d, f in r.floor.items()}, reason=r.reason)
              for k, r in load_numerics().cross_framework.items()}
     ok, judged, _, _ = judge_scores(real["teacher"].scores, scores, real["control"].alone, rules, DTYPE)
-    return ok, judged
+    return ok, {stat: verdict.dump() for stat, verdict in judged.items()}  # as details.teacher_forced.bounds
 
 
 def _batched(real: dict[str, Any], name: str, scale: float = 1.0) -> tuple[bool, dict[str, Any]]:
