@@ -201,12 +201,14 @@ def test_kinds_and_schema() -> None:
 
 
 def test_docs_match_the_models() -> None:
-    from adaptcheck.base.schemas.docgen import DOCS, render
+    from adaptcheck.base.schemas.docgen import DOCS, render, render_evidence
 
     root = Path(__file__).resolve().parents[2] / "docs"
     for which, (model, title, intro) in DOCS.items():
         assert (root / f"{which}-schema.md").read_text() == render(model, title, intro) + "\n", (
             f"docs/{which}-schema.md is stale: python -m adaptcheck.base.schemas.docgen {which} > docs/{which}-schema.md")
+    assert (root / "evidence-schema.md").read_text() == render_evidence() + "\n", (
+        "docs/evidence-schema.md is stale: python -m adaptcheck.base.schemas.docgen evidence > docs/evidence-schema.md")
 
 
 def test_secret_values_never_leave_the_machine(write_ladder) -> None:
