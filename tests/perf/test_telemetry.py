@@ -32,7 +32,9 @@ from adaptcheck.perf.trend import fit_trend
 from tests.backends.fakes import fake_bin, install_fake_tool
 from tests.virtual_clock import VirtualClock
 
-pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
+# Tests with real processes (a growing child, a fake vendor tool) or real waits are marked slow, outside
+# the fast lane (-m "not slow"); the sampler's schedule on virtual time takes milliseconds and stays in it.
+slow = pytest.mark.slow
 
 __all__ = ["fake_bin"]  # the fixture, used by name below
 
@@ -103,6 +105,7 @@ def grid(interval_s: float, n: int, offset: float = 0.0) -> list[Any]:
 
 
 # A real child that grows its memory: the point is real RSS read from /proc on real time.
+@slow
 def test_a_growing_process_is_sampled_and_its_trend_found() -> None:
     child = subprocess.Popen([sys.executable, "-c", GROWER], stdout=subprocess.PIPE, text=True)
     try:
@@ -179,6 +182,7 @@ def test_samples_are_taken_on_a_fixed_grid(cost_s: float, starts: list[float]) -
 
 
 # Real time: a hung tool is a real thread, cut off by stop()'s real wait (shortened here).
+@slow
 def test_stop_does_not_wait_for_a_hung_tool(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(telemetry, "STOP_WAIT_S", 0.3)
     backend = HungBackend()
@@ -197,6 +201,7 @@ def test_stop_does_not_wait_for_a_hung_tool(monkeypatch: pytest.MonkeyPatch) -> 
     assert result.device is not None and result.device.t_s == []
 
 
+@slow
 def test_a_server_that_is_gone_is_recorded_not_fatal() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
@@ -212,6 +217,7 @@ def test_a_server_that_is_gone_is_recorded_not_fatal() -> None:
 
 # --- CUDA: clocks and ECC counters from the recorded nvidia-smi -q -x ----------------------------
 
+@slow
 def test_cuda_telemetry_carries_clocks_and_ecc_counters(fake_bin: Path) -> None:
     install_fake_tool(fake_bin, "nvidia-smi", RECORDING.read_text())
     sample = CudaBackend().telemetry_sample(0)
@@ -222,6 +228,7 @@ def test_cuda_telemetry_carries_clocks_and_ecc_counters(fake_bin: Path) -> None:
                       "ecc_volatile_uncorrectable": 0.0}
 
 
+@slow
 def test_cuda_ecc_counts_add_sram_and_dram(fake_bin: Path) -> None:
     # Derived from the recording: volatile SRAM uncorrectable 1, DRAM uncorrectable 3, DRAM correctable 7.
     text = RECORDING.read_text()
@@ -234,6 +241,7 @@ def test_cuda_ecc_counts_add_sram_and_dram(fake_bin: Path) -> None:
     assert sample["ecc_volatile_uncorrectable"] == 4.0 and sample["ecc_volatile_correctable"] == 7.0
 
 
+@slow
 def test_cuda_ecc_not_reported_stays_absent(fake_bin: Path) -> None:
     # Derived from the recording: a GPU without ECC prints N/A in every counter.
     text = RECORDING.read_text()
@@ -245,6 +253,7 @@ def test_cuda_ecc_not_reported_stays_absent(fake_bin: Path) -> None:
     assert sample["sm_clock_mhz"] == 1275.0
 
 
+@slow
 def test_the_sampler_takes_cuda_readings_through_the_backend(fake_bin: Path) -> None:
     install_fake_tool(fake_bin, "nvidia-smi", RECORDING.read_text())
     sampler, clock = virtual_sampler(0.2, 2, backend=CudaBackend())
