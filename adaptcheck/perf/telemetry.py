@@ -124,10 +124,18 @@ class TelemetrySampler:
     run on this machine. ``backend``: whose :meth:`telemetry_sample` gives the device
     readings; None for none (a server on another host: this machine's device is not the one
     serving). Use as a context manager or call start/stop; :meth:`stop` returns the result.
+
+    ``clock`` (the time readings are stamped with and the grid is laid on) and ``wait`` (how a
+    sampling thread waits for its next slot: ``wait(stop_event, seconds)``, True once stop was
+    set) are injectable so that tests drive virtual time instead of sleeping through real
+    intervals (tests/virtual_clock.py); real callers leave the defaults, ``time.monotonic``
+    and ``threading.Event.wait``. :meth:`stop`'s wait for a reading in progress stays on real
+    time: a hung vendor tool is a real thread.
     """
 
     def __init__(self, interval_s: float, *, pid: int | None = None, backend: Backend | None = None,
-                 device_index: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+                 device_index: int = 0, clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[threading.Event, float], bool] = threading.Event.wait) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.interval_s = interval_s
@@ -135,6 +143,7 @@ class TelemetrySampler:
         self.backend = backend
         self.device_index = device_index
         self._clock = clock
+        self._wait = wait
         self._t0 = 0.0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -211,7 +220,7 @@ class TelemetrySampler:
             due += self.interval_s
             while due <= now:
                 due += self.interval_s
-            if self._stop.wait(due - now):
+            if self._wait(self._stop, due - now):
                 return
 
     def _error(self, source: str, message: str) -> None:
