@@ -159,13 +159,13 @@ def test_a_short_answer_is_a_problem_only_where_the_length_was_fixed() -> None:
     records = [rec(5, "stop"), rec(8, "length")]
     native = audit([(1, [Run(records)])], ignore_eos="native", api="completions", prompt_lengths="x",
                    rejected_fields=[], target_input=lambda i: 24)
-    assert native["short_outputs"] == 1 and "stopped short" in native["problems"][0]
+    assert native.short_outputs == 1 and "stopped short" in native.problems[0]
     refused = audit([(1, [Run(records)])], ignore_eos="not accepted", api="completions", prompt_lengths="x",
                     rejected_fields=["ignore_eos"], target_input=lambda i: 24)
-    assert refused["problems"] == [] and refused["short_outputs"] == 1 and "EOS" in refused["notes"][0]
+    assert refused.problems == [] and refused.short_outputs == 1 and "EOS" in refused.notes[0]
     claims_length = audit([(1, [Run([rec(5, "length")])])], ignore_eos="not accepted", api="completions",
                           prompt_lengths="x", rejected_fields=[], target_input=lambda i: 24)
-    assert "stopped short" in claims_length["problems"][0]  # 'length' after 5 of 8 tokens is no EOS
+    assert "stopped short" in claims_length.problems[0]  # 'length' after 5 of 8 tokens is no EOS
 
 
 # ------------------------------------------------------------------- per-token ITL basis --
