@@ -144,6 +144,9 @@ class LoadOptions:
     compile: bool | None = None
     """Graph capture / torch.compile on (True) or off (False); None: the framework's default."""
     tensor_parallel_size: int = 1
+    engine_args: dict[str, JsonValue] = field(default_factory=dict)
+    """The ladder's ``engine_args`` (validated against :attr:`Framework.engine_arg_names`):
+    vLLM ``LLM`` keywords in process, ``vllm serve`` flags when served."""
     extra: dict[str, JsonValue] = field(default_factory=dict)
     """Adapter-specific options (``attn_implementation``, ``server_args``, vLLM ``LLM`` keywords)."""
 
@@ -176,6 +179,17 @@ class Framework(ABC):
     supports_tensor_parallel: ClassVar[bool] = False
     supports_stream: ClassVar[bool] = False
     """Whether requests can be answered through a streaming API (endpoints)."""
+    supports_speculative_decoding: ClassVar[bool] = False
+    """Whether the adapter can load the model with a drafter (``engine_args.speculative_config``)."""
+    engine_arg_names: ClassVar[frozenset[str] | None] = frozenset()
+    """The ``engine_args`` names a ladder may give this adapter: empty takes none, None takes
+    any (a plugin adapter that validates its own). vLLM adapters: the installed ``EngineArgs``
+    fields (:meth:`accepted_engine_args`)."""
+
+    @classmethod
+    def accepted_engine_args(cls) -> frozenset[str] | None:
+        """The names :attr:`engine_arg_names` stands for (overridden where they are read at run time)."""
+        return cls.engine_arg_names
 
     @classmethod
     @abstractmethod
@@ -228,6 +242,12 @@ class Framework(ABC):
 
     def metrics(self) -> dict[str, float]:
         """The framework's own gauges and counters by name (vLLM's Prometheus metrics …)."""
+        return {}
+
+    def engine_facts(self) -> dict[str, JsonValue]:
+        """What the running engine really does, read back from it (not what was asked):
+        compilation mode and captured graph sizes, KV-cache dtype and blocks, speculative
+        method, world size … {} where the framework cannot tell. Features prove activity with it."""
         return {}
 
     def memory_state(self) -> dict[str, float]:

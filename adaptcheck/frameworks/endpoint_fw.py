@@ -321,6 +321,12 @@ class _LaunchedServer(EndpointFramework):
         if not isinstance(given, (list, dict, str)):
             raise TypeError(f"server_args must be a list of arguments, not {type(given).__name__}")
         args = [str(a) for a in given]
+        if opts.engine_args:
+            from adaptcheck.frameworks.engine_args import serve_flags
+
+            args = serve_flags(opts.engine_args) + args
+        if opts.tensor_parallel_size > 1 and self.launches_server == "vllm":
+            args = ["--tensor-parallel-size", str(opts.tensor_parallel_size), *args]
         if self.launches_server == "vllm" and not any(a.split("=", 1)[0] == "--max-logprobs" for a in args):
             from adaptcheck.frameworks.vllm_fw import SCORE_MAX_LOGPROBS
 
@@ -378,6 +384,14 @@ class VllmServeFramework(_LaunchedServer):
     launches_server = "vllm"
     supports_prefix_caching = True
     supports_compile_toggle = True
+    supports_tensor_parallel = True
+    supports_speculative_decoding = True
+
+    @classmethod
+    def accepted_engine_args(cls) -> frozenset[str] | None:
+        from adaptcheck.frameworks.engine_args import vllm_engine_arg_names
+
+        return vllm_engine_arg_names()
 
     @classmethod
     def availability(cls) -> Availability:

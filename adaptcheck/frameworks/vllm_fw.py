@@ -4,6 +4,7 @@ which plugins it found and which won (docs/frameworks.md, "vLLM in process").
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import os
 import time
@@ -136,6 +137,13 @@ class VllmFramework(Framework):
     supports_prefix_caching = True
     supports_compile_toggle = True
     supports_tensor_parallel = True
+    supports_speculative_decoding = True
+
+    @classmethod
+    def accepted_engine_args(cls) -> frozenset[str] | None:
+        from adaptcheck.frameworks.engine_args import vllm_engine_arg_names
+
+        return vllm_engine_arg_names()
 
     def __init__(self, config: FrameworkConfig | None = None) -> None:
         super().__init__(config)
@@ -179,6 +187,7 @@ class VllmFramework(Framework):
                 if opts.compile is not None:
                     kwargs["enforce_eager"] = not opts.compile
                 kwargs["max_logprobs"] = SCORE_MAX_LOGPROBS  # teacher-forced top-K (see score())
+                kwargs.update(opts.engine_args)
                 kwargs.update(opts.extra)
                 self.llm = LLM(**kwargs)
             except Exception as exc:
@@ -317,6 +326,18 @@ class VllmFramework(Framework):
             return out
         return out
 
+    def engine_facts(self) -> dict[str, JsonValue]:
+        """Read back from the running engine's ``VllmConfig`` (what vLLM resolved, not what was
+        asked): compilation mode and captured graph sizes, KV-cache dtype, blocks and block
+        size, speculative method, parallel world size, chunked prefill. Never raises."""
+        if self.llm is None:
+            return {}
+        try:
+            cfg = self.llm.llm_engine.vllm_config
+        except Exception as exc:  # noqa: BLE001 - evidence, not a requirement
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return engine_facts_from(cfg)
+
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache()) if self.llm is not None else False
 
@@ -355,6 +376,48 @@ class VllmFramework(Framework):
         import gc
 
         gc.collect()
+
+
+def _plain(value: Any) -> JsonValue:
+    """An enum, a number or a string as JSON (enums by name: CompilationMode.VLLM_COMPILE …)."""
+    name = getattr(value, "name", None)
+    if isinstance(value, enum.Enum) and isinstance(name, str):
+        return name
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return name if isinstance(name, str) else str(value)
+
+
+def engine_facts_from(cfg: Any) -> dict[str, JsonValue]:
+    """:meth:`VllmFramework.engine_facts` of a ``VllmConfig`` (each fact None where this vLLM lacks it)."""
+    def read(obj: Any, *path: str) -> Any:
+        for attr in path:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                return None
+        return obj
+
+    spec = read(cfg, "speculative_config")
+    sizes = read(cfg, "compilation_config", "cudagraph_capture_sizes")
+    return {
+        "compilation_mode": _plain(read(cfg, "compilation_config", "mode")),
+        "cudagraph_mode": _plain(read(cfg, "compilation_config", "cudagraph_mode")),
+        "cudagraph_capture_sizes": [int(x) for x in sizes] if sizes is not None else None,
+        "compile_sizes": [_plain(x) for x in (read(cfg, "compilation_config", "compile_sizes") or [])],
+        "enforce_eager": _plain(read(cfg, "model_config", "enforce_eager")),
+        "kv_cache_dtype": _plain(read(cfg, "cache_config", "cache_dtype")),
+        "num_gpu_blocks": _plain(read(cfg, "cache_config", "num_gpu_blocks")),
+        "block_size": _plain(read(cfg, "cache_config", "block_size")),
+        "enable_prefix_caching": _plain(read(cfg, "cache_config", "enable_prefix_caching")),
+        "speculative_method": _plain(read(spec, "method")) if spec is not None else None,
+        "num_speculative_tokens": _plain(read(spec, "num_speculative_tokens")) if spec is not None else None,
+        "tensor_parallel_size": _plain(read(cfg, "parallel_config", "tensor_parallel_size")),
+        "world_size": _plain(read(cfg, "parallel_config", "world_size")),
+        "distributed_executor_backend": _plain(read(cfg, "parallel_config", "distributed_executor_backend")),
+        "enable_chunked_prefill": _plain(read(cfg, "scheduler_config", "enable_chunked_prefill")),
+        "max_num_batched_tokens": _plain(read(cfg, "scheduler_config", "max_num_batched_tokens")),
+        "max_model_len": _plain(read(cfg, "model_config", "max_model_len")),
+    }
 
 
 def _compiled(llm: Any) -> bool:

@@ -298,11 +298,31 @@ class KvCacheEvidence(ComparingEvidence):
     """``framework.kv_cache``: repeated rounds, KV-cache and memory baseline, prefix cache."""
 
 
-class CompileEvidence(ComparingEvidence):
+class FeatureProof(Evidence):
+    """That a serving feature was really active while it was compared, read back from the
+    engine (not what was asked): a check whose feature never ran fails on this, not passes."""
+
+    feature: str = Field(description="The feature's name in the certificate (spec_decode, fp8_kv_cache …).")
+    active: StrictBool | None = Field(default=None, description="The engine shows the feature ran; null where "
+                                      "nothing could be read back.")
+    how: str | None = Field(default=None, description="What showed it, in words (counter deltas, engine settings).")
+    engine: dict[str, JsonValue] = Field(default_factory=dict, description="The feature instance's engine facts "
+                                         "as read back (compilation mode, cache dtype, world size …).")
+    counters: dict[str, float] = Field(default_factory=dict, description="The framework's own counters that moved "
+                                       "while the feature instance answered (deltas).")
+
+
+class FeatureEvidence(ComparingEvidence):
+    """A serving feature against the same framework without it (``framework.spec_decode`` …)."""
+
+    feature: FeatureProof | None = Field(default=None, description="That the feature was active, and how it shows.")
+
+
+class CompileEvidence(FeatureEvidence):
     """``framework.compile``: graph capture / compile off vs on."""
 
 
-class TensorParallelEvidence(ComparingEvidence):
+class TensorParallelEvidence(FeatureEvidence):
     """``framework.tensor_parallel``: one device vs every device."""
 
 
@@ -314,6 +334,10 @@ LIFECYCLE_EVIDENCE: dict[str, type[FrameworkCheckEvidence]] = {
     "framework.kv_cache": KvCacheEvidence,
     "framework.compile": CompileEvidence,
     "framework.tensor_parallel": TensorParallelEvidence,
+    "framework.spec_decode": FeatureEvidence,
+    "framework.fp8_kv_cache": FeatureEvidence,
+    "framework.preemption": FeatureEvidence,
+    "framework.long_context": FeatureEvidence,
 }
 """The evidence model of each lifecycle kind. A kind not listed (a plugin's step-4 kind)
 is read as :class:`FrameworkCheckEvidence`, the part they all share."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from adaptcheck.base.dtypes import FloatDtype
 
@@ -26,6 +26,7 @@ class LoadOverrides(TypedDict, total=False):
     compile: bool | None
     enable_prefix_caching: bool | None
     tensor_parallel_size: int
+    engine_args: dict[str, JsonValue]
 
 
 class FrameworkParams(BaseModel):
@@ -42,6 +43,12 @@ class FrameworkParams(BaseModel):
     compile: bool | None = Field(default=None, description="Graph capture / torch.compile on or off (vLLM: "
                                  "enforce_eager = not compile); None: the framework's default.")
     prefix_caching: bool | None = Field(default=None, description="Prefix caching on or off; None: the framework's default.")
+    engine_args: dict[str, JsonValue] = Field(default_factory=dict, description="The framework's own engine "
+                                              "arguments (vLLM: ``EngineArgs`` names, e.g. kv_cache_dtype, "
+                                              "speculative_config), passed to ``LLM(...)`` in process and as "
+                                              "``vllm serve`` flags when served. A name the installed framework "
+                                              "does not take is a ladder error; a value it rejects fails the load "
+                                              "with its own message.")
 
     @field_validator("framework")
     @classmethod
@@ -50,10 +57,20 @@ class FrameworkParams(BaseModel):
 
         return validate_name(v)
 
+    @model_validator(mode="after")
+    def _engine_args_known(self) -> FrameworkParams:
+        if self.engine_args:
+            from adaptcheck.frameworks.engine_args import validate
+            from adaptcheck.frameworks.registry import framework_class
+
+            cls = framework_class(self.framework)
+            validate(self.engine_args, cls.accepted_engine_args(), cls.display_name)
+        return self
+
     def load_overrides(self) -> LoadOverrides:
         """The keyword arguments that select the loaded instance (shared by checks that agree)."""
         return {"model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len, "compile": self.compile,
-                "enable_prefix_caching": self.prefix_caching}
+                "enable_prefix_caching": self.prefix_caching, "engine_args": dict(self.engine_args)}
 
 
 class TeacherSize(BaseModel):

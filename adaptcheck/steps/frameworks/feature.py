@@ -1,0 +1,127 @@
+"""A serving feature against the same framework without it: the shared body of the feature kinds
+(``framework.spec_decode``, ``framework.fp8_kv_cache``, ``framework.preemption`` …; docs/features.md).
+
+Every feature check has the same three parts, and only the first and last differ by feature:
+
+1. the same requests on the shared plain instance (the one the ladder's other checks reuse) and
+   on an instance loaded with the feature's engine arguments;
+2. the answers compared by the same-framework rules: greedy tokens by the top-N rule at the first
+   divergence, teacher-forced distributions scaled by the CPU control (docs/step4-numerics.md);
+3. proof that the feature really ran, read back from the engine: its own counters' deltas over
+   the feature instance's requests and its resolved settings. A feature that silently fell back
+   (vLLM ignoring a setting, a drafter that never drafted) fails on this row, never passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import Field, JsonValue
+
+from adaptcheck.base.schemas.framework_evidence import FeatureProof, SubcheckRow
+from adaptcheck.frameworks.base import Framework, Generation, GenRequest
+from adaptcheck.ladder.check import CheckContext, Outcome
+from adaptcheck.steps.frameworks.agreement import compare
+from adaptcheck.steps.frameworks.lifecycle import Active, acquire, release, run_with_framework
+from adaptcheck.steps.frameworks.params import LoadOverrides, VariantsParams
+from adaptcheck.steps.frameworks.probes import (
+    generations_distribution_row,
+    local_tokenizer,
+    strip_eos,
+    subcheck,
+    verdict,
+)
+
+
+class FeatureParams(VariantsParams):
+    """A feature kind's params: the prompts compared, and how they are submitted. The check's
+    ``engine_args`` apply to both instances; the feature's own arguments come from the kind."""
+
+    together: bool = Field(default=False, description="Submit the prompts together (one batch) on both instances, "
+                           "instead of one at a time.")
+
+
+@dataclass
+class Proof:
+    """What :data:`Prover` found: the feature's activity row(s), figures for the metrics, and the record."""
+
+    rows: list[SubcheckRow]
+    record: FeatureProof
+    metrics: dict[str, float | str | None] = field(default_factory=dict)
+
+
+Prover = Callable[[Active, dict[str, float]], Proof]
+"""Reads the feature instance (its ``engine_facts()``) and its counters' deltas over the
+compared requests; returns the activity rows (one ``ok=False`` row when the feature did not run)."""
+
+
+def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counters that moved between two ``Framework.metrics()`` readings (gauges included when they moved)."""
+    return {k: round(after[k] - before.get(k, 0.0), 6) for k in after if after[k] != before.get(k, 0.0)}
+
+
+def answer(fw: Framework, reqs: list[GenRequest], together: bool) -> list[Generation]:
+    """The requests as one batch, or one at a time (each alone in the engine)."""
+    return fw.generate(reqs) if together else [fw.generate([r])[0] for r in reqs]
+
+
+def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: LoadOverrides,
+                     requests: Callable[[Active], list[GenRequest]], prove: Prover, *,
+                     names: tuple[str, str] = ("without", "with"), plain: LoadOverrides | None = None,
+                     extra_rows: Callable[[Active], list[SubcheckRow]] | None = None) -> Outcome:
+    """Compare the plain instance with one loaded with ``feature`` merged onto the check's own
+    load options (``engine_args`` merged key by key), and prove the feature ran.
+
+    ``plain`` overrides the plain instance's options (default: the check's, which is the shared
+    instance the other checks reuse). ``extra_rows`` runs on the feature instance after the
+    compared requests (an over-length request, a second probe) and adds its rows.
+    """
+    base = p.load_overrides()
+    plain_opts: LoadOverrides = {**base, **(plain or {})}
+    feat_opts: LoadOverrides = {**base, **feature}
+    feat_opts["engine_args"] = {**base.get("engine_args", {}), **feature.get("engine_args", {})}
+
+    def body(ctx: CheckContext, active: Active, params: FeatureParams) -> Outcome:
+        tok = local_tokenizer(active)
+        eos = tok.eos_ids()
+        reqs = requests(active)
+        plain_answers = [strip_eos(g, eos) for g in answer(active.framework, reqs, p.together)]
+        loads: dict[str, float | str | None] = {f"load_s[{names[0]}]": round(active.load_s, 2)}
+        other = acquire(ctx, p.framework, ctx.check_id, **feat_opts)
+        try:
+            loads[f"load_s[{names[1]}]"] = round(other.load_s, 2)
+            before = other.framework.metrics()
+            feat_answers = [strip_eos(g, eos) for g in answer(other.framework, reqs, p.together)]
+            proof = prove(other, counter_deltas(before, other.framework.metrics()))
+            more = extra_rows(other) if extra_rows is not None else []
+        finally:
+            release(ctx)
+        cmp = compare(plain_answers, feat_answers, mode="top_n", top_n=p.top_n, codec=tok.codec())
+        rows = [*proof.rows, subcheck(f"greedy tokens: {names[0]} vs {names[1]}", cmp.ok, cmp.summary())]
+        dist_row, distribution = generations_distribution_row(
+            ctx, active, tok, p.teacher, f"distributions: {names[0]} vs {names[1]}", plain_answers, feat_answers)
+        rows.append(dist_row)
+        rows.extend(more)
+        return verdict(rows, what, metrics={**cmp.metrics(), **loads, **proof.metrics},
+                       details={"comparison": cmp.details(), "distribution": distribution,
+                                "feature": proof.record.dump()})
+
+    plain_params = p.model_copy(update={k: v for k, v in _as_params(plain_opts).items()})
+    return run_with_framework(ctx, plain_params, body)
+
+
+def _as_params(opts: LoadOverrides) -> dict[str, object]:
+    """Load overrides back as the params fields that select the same instance."""
+    rename = {"enable_prefix_caching": "prefix_caching"}
+    return {rename.get(k, k): v for k, v in opts.items() if k not in ("tensor_parallel_size",)}
+
+
+def engine_row(name: str, ok: bool | None, detail: str) -> SubcheckRow:
+    """The activity row a prover returns (named so the report groups it with the feature)."""
+    return subcheck(f"feature active: {name}", ok, detail)
+
+
+def facts_of(active: Active) -> dict[str, JsonValue]:
+    """The feature instance's engine facts ({} where the adapter reads none back)."""
+    return active.framework.engine_facts()
