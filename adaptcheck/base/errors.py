@@ -115,11 +115,29 @@ def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
     return "valid choices: " + ", ".join(sorted(choices))
 
 
+def _validation_error(exc: BaseException) -> str | None:
+    """A pydantic-style validation error (a library's config model refusing a value) as
+    ``Model.field = value: message``: the value first, so a cut line still names it."""
+    errors = getattr(exc, "errors", None)
+    title = getattr(exc, "title", None)
+    if not callable(errors) or not isinstance(title, str):
+        return None
+    try:
+        first = errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return f"{title}.{where} = {first.get('input')!r}: {' '.join(str(first.get('msg', '')).split())}"
+    except Exception:  # noqa: BLE001 - any other shape: the plain first line
+        return None
+
+
 def exception_line(exc: BaseException, limit: int = 300, *, with_type: bool = True) -> str:
     """An exception as one line for a message: ``Type: first line`` (whitespace collapsed),
     cut at ``limit`` characters; the type alone when the exception has no text."""
     lines = str(exc).strip().splitlines()
     text = " ".join(lines[0].split()) if lines else ""
+    first_error = _validation_error(exc)
+    if first_error:  # pydantic's first line is only "1 validation error for X": say which field, what value
+        text = first_error
     if not with_type:
         return (text or type(exc).__name__)[:limit]
     return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]

@@ -22,17 +22,17 @@ from pathlib import Path
 from pydantic import JsonValue
 
 RESERVED: dict[str, str] = {
-    "model": "model",
-    "dtype": "dtype",
-    "max_model_len": "max_model_len",
-    "enforce_eager": "compile",
-    "enable_prefix_caching": "prefix_caching",
-    "tensor_parallel_size": "tensor_parallel_size (framework.tensor_parallel sets it)",
-    "served_model_name": "nothing: adaptcheck names the served model",
-    "seed": "nothing: adaptcheck seeds every engine with 0 (greedy answers must repeat)",
+    "model": "set it with the check's param model",
+    "dtype": "set it with the check's param dtype",
+    "max_model_len": "set it with the check's param max_model_len",
+    "enforce_eager": "set it with the check's param compile (enforce_eager = not compile)",
+    "enable_prefix_caching": "set it with the check's param prefix_caching",
+    "tensor_parallel_size": "framework.tensor_parallel sets it",
+    "served_model_name": "adaptcheck names the served model itself",
+    "seed": "adaptcheck seeds every engine with 0 so that greedy answers repeat",
 }
-"""Engine arguments adaptcheck sets from its own params: the param to use instead. Two
-spellings of one setting would make the loaded instance's key (which checks share it) lie."""
+"""Engine arguments adaptcheck sets itself, and where they are set instead. Two spellings of
+one setting would make the loaded instance's key (which checks share it) lie."""
 
 VLLM_032_NAMES = frozenset({
     "_api_process_count", "_api_process_rank", "additional_config", "aggregate_engine_logging", "all2all_backend",
@@ -125,8 +125,7 @@ def validate(args: dict[str, JsonValue], accepted: frozenset[str] | None, owner:
     adapter validates); else :class:`EngineArgsError` naming the first bad one."""
     for name in args:
         if name in RESERVED:
-            raise EngineArgsError(f"engine_args.{name}: set by adaptcheck; use the check's param "
-                                  f"{RESERVED[name]} instead")
+            raise EngineArgsError(f"engine_args.{name}: adaptcheck sets this one: {RESERVED[name]}")
         if accepted is None:
             continue
         if not accepted:

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field, JsonValue
 
 from adaptcheck.base.dtypes import framework_dtype
+from adaptcheck.base.errors import exception_line
 from adaptcheck.base.paths import cache_dir
 from adaptcheck.base.procs import process_local_environ
 from adaptcheck.frameworks.base import (
@@ -191,9 +192,7 @@ class VllmFramework(Framework):
                 kwargs.update(opts.extra)
                 self.llm = LLM(**kwargs)
             except Exception as exc:
-                first = str(exc).strip().splitlines()
-                raise FrameworkError(f"vLLM could not start on {opts.model_path}: {type(exc).__name__}"
-                                     f"{': ' + first[0][:300] if first else ''}") from exc
+                raise FrameworkError(f"vLLM could not start on {opts.model_path}: {exception_line(exc)}") from exc
         self.opts = opts
         took = time.perf_counter() - start
         # Learnt now, not when first asked: the traced request must not land between the
