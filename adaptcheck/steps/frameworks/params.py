@@ -60,9 +60,11 @@ class FrameworkParams(BaseModel):
     @model_validator(mode="after")
     def _engine_args_known(self) -> FrameworkParams:
         if self.engine_args:
-            from adaptcheck.frameworks.engine_args import validate
+            from adaptcheck.frameworks.engine_args import EngineArgsError, validate
             from adaptcheck.frameworks.registry import framework_class
 
+            if self.framework == "auto":  # step 5's server choice: the arguments need to know whose they are
+                raise EngineArgsError("engine_args need a named framework (vllm_serve, endpoint …), not auto")
             cls = framework_class(self.framework)
             validate(self.engine_args, cls.accepted_engine_args(), cls.display_name)
         return self

@@ -74,7 +74,7 @@ from adaptcheck.steps.frameworks.lifecycle import (
     framework_facts,
     run_with_framework,
 )
-from adaptcheck.steps.frameworks.params import FrameworkParams
+from adaptcheck.steps.frameworks.params import FrameworkParams, LoadOverrides
 from adaptcheck.steps.frameworks.probes import local_tokenizer
 
 AUTO = "auto"
@@ -112,6 +112,12 @@ class ServerParams(FrameworkParams):
                            "(the one step 4 launched, when the load options agree), endpoint (--endpoint), or "
                            "auto: the --endpoint when one is given, else vllm_serve where vLLM is installed, "
                            "else transformers_serve.")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="Serve with tensor parallel over this many "
+                                      "ranks (vllm serve --tensor-parallel-size): the multi-card scenario. 1: the "
+                                      "server step 4 left running, when the other load options agree.")
+
+    def load_overrides(self) -> LoadOverrides:
+        return {**super().load_overrides(), "tensor_parallel_size": self.tensor_parallel_size}
 
     @field_validator("framework")
     @classmethod
