@@ -333,3 +333,48 @@ def test_the_first_screen_says_in_one_line_when_nothing_was_tested() -> None:
     page = render(build_view(results))
     grade_section = page[page.index('<section id="grade"'):page.index('<section id="steps"')]
     assert "Serving features: none tested" in grade_section and "Serving features</h3>" not in grade_section
+
+
+# --- beside the level, never folded into it: a real run of a small ladder --------------------
+
+RUN_CHECKS = [
+    {"id": "first", "step": 1, "kind": "dummy.pass"},
+    {"id": "fw.compile", "step": 2, "kind": "dummy.fail", "tags": ["compile", "feature:graph_capture"]},
+    {"id": "fw.spec", "step": 2, "kind": "dummy.pass", "tags": ["feature:spec_decode"]},
+    {"id": "smoke.streams_events", "step": 2, "kind": "smoke.streams_events", "tags": ["feature:tensor_parallel"]},
+]
+# L2 as the shipped grade's L3 becomes: what the level names, no graph-capture condition.
+RUN_GRADE = """
+grade:
+  levels:
+    - level: L1
+      name: device usable
+      conditions:
+        - {id: first, description: the first check passes, checks: [first]}
+    - level: L2
+      name: service usable
+      conditions:
+        - {id: serving, description: the serving check passes, checks: [fw.spec]}
+"""
+
+
+@pytest.fixture(scope="module")
+def run_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import finished_run
+
+    return finished_run(tmp_path_factory.mktemp("features-run"), RUN_CHECKS, grade=RUN_GRADE) / "results.json"
+
+
+@pytest.mark.slow
+def test_a_run_writes_the_table_beside_its_grade(run_results: Path) -> None:
+    results = RunResults.load(run_results)
+    assert results.schema_version == "1.5" and results.grade.level == "L2"  # the failed feature costs no level
+    rows = {f.name: f for f in results.features}
+    assert rows["graph_capture"].label.startswith("failed: fw.compile fail")
+    assert rows["spec_decode"].status is FeatureStatus.CERTIFIED
+    assert rows["tensor_parallel"].status is FeatureStatus.NOT_APPLICABLE
+    assert rows["preemption"].status is FeatureStatus.NOT_TESTED
+    assert "<h3>Serving features</h3>" in (run_results.parent / "report.html").read_text()
+    assert _grade(run_results, "--require", "L2", "--require-feature", "spec_decode")[0] == 0
+    code, _, err = _grade(run_results, "--require", "L2", "--require-feature", "spec_decode,graph_capture")
+    assert code == 1 and "required feature graph_capture: failed: fw.compile fail" in err
