@@ -10,16 +10,22 @@ Checks tagged ``quant:FORMAT`` (int8 GEMM, fp8 quantizer …) are graded only fo
 quantized in FORMAT (``model.quantization``; 'other' grades them all): a bf16 model runs no
 int8 GEMM, so a host whose int8 path is broken still serves it correctly. Their results
 stay in the report, and the grade lists them as left out.
+
+Beside the level, never folded into it, the features table (:func:`compute_features`): per
+known serving feature (:mod:`adaptcheck.base.features`), what the checks tagged
+``feature:<name>`` established. ``adaptcheck grade --require-feature`` gates on it.
 """
 
 from __future__ import annotations
 
 import fnmatch
 
+from adaptcheck.base.features import FEATURES, Outcome, Planned, feature_table
 from adaptcheck.base.schemas.ladder import QUANT_TAG, ConditionSpec, GradeSpec
 from adaptcheck.base.schemas.results import (
     CheckResult,
     ConditionResult,
+    FeatureResult,
     GradeResult,
     LevelResult,
     PlannedCheck,
@@ -166,3 +172,16 @@ def compute_grade(
 def level_at_least(level: str, required: str) -> bool:
     """'L3' >= 'L2'."""
     return int(level[1:]) >= int(required[1:])
+
+
+def compute_features(planned: list[PlannedCheck], results: list[CheckResult], steps_run: list[int]) -> list[FeatureResult]:
+    """The features table: every known feature's status from the checks tagged ``feature:<name>``.
+
+    Every check counts, ``quant:``-tagged ones too: a feature is a property of the serving stack,
+    whichever model the grade is for.
+    """
+    outcomes = [Outcome(id=r.id, status=r.status.value, applicable=r.applicable, message=r.message,
+                        tags=tuple(r.tags)) for r in results]
+    plans = [Planned(id=p.id, step=p.step, tags=tuple(p.tags)) for p in planned]
+    return [FeatureResult(name=v.name, description=FEATURES[v.name], status=v.status, reason=v.reason, checks=v.checks)
+            for v in feature_table(outcomes, plans, steps_run)]

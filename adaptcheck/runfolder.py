@@ -25,7 +25,7 @@ from adaptcheck.base.schemas.results import (
     utcnow,
 )
 from adaptcheck.frameworks.modelsrc import is_named_model
-from adaptcheck.grade import compute_grade
+from adaptcheck.grade import compute_features, compute_grade
 
 RUN_META = "run.json"
 LADDER_SNAPSHOT = "ladder.yaml"
@@ -142,14 +142,17 @@ def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]]
         environment=environment, planned=planned, grade_rules=spec.grade, checks=checks, model=spec.model,
         grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count, spec.model.precision,
                             spec.model.quantization),
+        features=compute_features(planned, checks, meta.steps),
     )
 
 
 def regrade(results: RunResults) -> RunResults:
-    """Recompute the grade from the file's own checks and rules (what ``adaptcheck grade`` trusts)."""
+    """Recompute the grade and the features table from the file's own checks and rules (what
+    ``adaptcheck grade`` trusts)."""
     grade = compute_grade(results.grade_rules, results.planned, results.checks, results.steps,
                           results.device.device_count, results.model.precision, results.model.quantization)
-    return results.model_copy(update={"grade": grade})
+    features = compute_features(results.planned, results.checks, results.steps)
+    return results.model_copy(update={"grade": grade, "features": features})
 
 
 def write_outputs(results: RunResults, run_dir: Path) -> None:

@@ -1,4 +1,5 @@
-"""``adaptcheck grade``: recompute the grade of a results file; exit 1 below ``--require``.
+"""``adaptcheck grade``: recompute the grade of a results file; exit 1 below ``--require``, or
+when a feature named by ``--require-feature`` is not certified (docs/features.md).
 
 Also the CI entry point for an existing results.json: ``--junit PATH`` writes its JUnit XML.
 A file edited after its run or without digest is refused (exit 5) — CI must not certify a
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import typer
 
-from adaptcheck.base.errors import GradeBelowRequired, UsageError
+from adaptcheck.base.errors import GradeBelowRequired, UnknownNameError, UsageError
+from adaptcheck.base.features import FEATURES, parse_feature_list
 from adaptcheck.base.schemas.certificate import certificate_subject
 from adaptcheck.base.schemas.ladder import LEVELS
 from adaptcheck.base.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
@@ -28,24 +30,47 @@ def check_level(level: str) -> str:
     return level
 
 
+def check_features(values: list[str] | None) -> list[str]:
+    """Validate ``--require-feature`` values (repeatable, comma-separated) into known names.
+
+    An unknown name is a usage error (exit 2) with its "did you mean"; so is a value that names
+    nothing (``--require-feature ,``): a gate on nothing would pass vacuously.
+    """
+    if not values:
+        return []
+    names, problems = parse_feature_list(values)
+    if problems:
+        raise UnknownNameError("--require-feature: " + "; ".join(problems),
+                               hint="known features: " + ", ".join(FEATURES))
+    if not names:
+        raise UsageError("--require-feature names no feature", hint="e.g. --require-feature spec_decode,fp8_kv_cache")
+    return names
+
+
 def grade(
     results_path: Path = typer.Argument(..., metavar="RESULTS.json", help="results.json written by 'adaptcheck run'."),
     require: str | None = typer.Option(None, "--require", "-r", help="Exit 1 unless the grade is at least this level (L1-L5)."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="table, json or yaml."),
-    junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade') to this path."),
+    require_feature: list[str] | None = typer.Option(
+        None, "--require-feature", metavar="NAME[,NAME…]",
+        help="Exit 1 unless each named serving feature is certified (repeatable or comma-separated): "
+        + ", ".join(FEATURES) + "."),
+    junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade' "
+                                      "and one per feature) to this path."),
     allow_unverified: bool = typer.Option(False, ALLOW_OPTION, help=ALLOW_HELP),
 ) -> None:
     """Print the grade and the blockers for the next level, one per line.
 
     Exit codes:
-      0  the grade meets --require, or no --require was given
-      1  the grade is below --require
-      2  usage error (e.g. --require L9)
+      0  the grade meets --require and every --require-feature is certified (or neither was given)
+      1  the grade is below --require, or a --require-feature is not certified (one line each)
+      2  usage error (e.g. --require L9, an unknown --require-feature name)
       3  the file is unreadable or not a valid results.json
       5  the file was edited after its run or carries no digest (see --allow-unverified)
     """
     if require is not None:
         check_level(require)
+    features = check_features(require_feature)
     out = Output(fmt)
     stored, integrity = load_verified(results_path, allow_unverified)
     results = regrade(stored)
@@ -58,18 +83,31 @@ def grade(
         out.info(f"note: the file says {stored.grade.level}, but its checks and rules give {results.grade.level};"
                  " using the recomputed grade", style="yellow")
     print_grade(out, results)
-    meets = require is None or level_at_least(results.grade.level, require)
+    level_meets = require is None or level_at_least(results.grade.level, require)
+    missing = [results.feature(name) for name in features if not results.feature(name).certified]
+    for row in missing:
+        # One line each, greppable: the feature, then its status and why.
+        out.info(f"required feature {row.name}: {row.label}", style="bold red")
     if junit is not None:
         from adaptcheck.report.junit import write_junit
 
-        write_junit(results, junit, require, unverified=unverified)
+        write_junit(results, junit, require, unverified=unverified, required_features=features)
         out.info(f"junit:   {junit}")
     subject = certificate_subject(results)
-    out.data({"grade": results.grade.level, "name": results.grade.name, "required": require, "meets": meets,
+    out.data({"grade": results.grade.level, "name": results.grade.name, "required": require,
+              "meets": level_meets and not missing,
+              # Beside the level, never folded into it (docs/features.md): each row's status and the checks behind it.
+              "features": {row.name: {"status": row.status.value, "reason": row.reason, "label": row.label,
+                                      "checks": row.checks} for row in results.feature_rows()},
+              "required_features": features, "features_not_certified": [row.name for row in missing],
               "blockers": results.grade.blockers, "steps_not_run": results.grade.steps_not_run,
               "integrity": integrity.status.value, "verified": integrity.intact,
               "unverified_reason": unverified,
               # What the grade certifies (docs/ci.md): the model with its digest and dtype, the frameworks.
               "subject": subject.line(), **subject.model_dump(mode="json")})
-    if not meets:
-        raise GradeBelowRequired(f"grade {results.grade.level} is below the required {require}")
+    problems = [] if level_meets else [f"grade {results.grade.level} is below the required {require}"]
+    if missing:
+        problems.append("required feature(s) not certified: "
+                        + ", ".join(f"{row.name} ({row.status.value})" for row in missing))
+    if problems:
+        raise GradeBelowRequired("; ".join(problems))

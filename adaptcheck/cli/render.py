@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from adaptcheck.base.features import FeatureStatus
 from adaptcheck.base.schemas.certificate import certificate_subject, subject_label
 from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.cli.output import Output
@@ -32,11 +33,13 @@ def print_summary(out: Output, results: RunResults) -> None:
 
 
 def print_grade(out: Output, results: RunResults) -> None:
-    """The grade line, what it certifies (model, digest, dtype, frameworks) and the blockers for the next level."""
+    """The grade line, what it certifies (model, digest, dtype, frameworks), the features table's
+    summary and the blockers for the next level."""
     g = results.grade
     out.info(f"Grade: {g.level} ({g.name}) on {results.device.device_name} [{results.device.backend}]",
              style="bold green" if g.level != "L0" else "bold red")
     out.info(f"{subject_label(g.level)}: {certificate_subject(results).line()}")
+    print_features(out, results)
     if g.steps_not_run:
         out.info(f"Steps not run: {', '.join(map(str, g.steps_not_run))}", style="yellow")
     if g.blockers:
@@ -44,3 +47,18 @@ def print_grade(out: Output, results: RunResults) -> None:
         for b in g.blockers:
             # One line each (a check message may span lines): a CI log reader greps "  - ".
             out.info("  - " + " ".join(b.split()))
+
+
+def print_features(out: Output, results: RunResults) -> None:
+    """The features table in one line when nothing was tested, else one line per status:
+    ``Features certified: spec_decode, fp8_kv_cache`` … (the reasons are in --format json)."""
+    by_status: dict[FeatureStatus, list[str]] = {}
+    for row in results.feature_rows():
+        by_status.setdefault(row.status, []).append(row.name)
+    if set(by_status) <= {FeatureStatus.NOT_TESTED}:
+        out.info("Features: none tested (no check of this run is tagged feature:NAME)")
+        return
+    styles = {FeatureStatus.CERTIFIED: "green", FeatureStatus.FAILED: "bold red"}
+    for status in FeatureStatus:
+        if status in by_status:
+            out.info(f"Features {status.value}: {', '.join(by_status[status])}", style=styles.get(status))

@@ -1,5 +1,6 @@
 """JUnit XML of a run, for CI systems (Jenkins, GitLab, GitHub test reporters): one suite per
-step plus the grade's, shaped to the schema Jenkins' xUnit plugin validates against
+step plus the grade's and the features' (one testcase per serving feature, a failure only for a
+feature ``--require-feature`` named and the run did not certify), shaped to the schema Jenkins' xUnit plugin validates against
 (``junit-10.xsd``), every string scrubbed of secrets and of what XML 1.0 cannot carry.
 
 The layout, element by element: docs/ci.md (JUnit XML).
@@ -17,13 +18,14 @@ from pathlib import Path
 from adaptcheck.base.atomic import write_text_atomic
 from adaptcheck.base.redact import scrub_text
 from adaptcheck.base.schemas.certificate import UNKNOWN, CertificateSubject, certificate_subject
-from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.base.schemas.results import CheckResult, FeatureResult, PlannedCheck, RunResults, Status
 from adaptcheck.grade import level_at_least
 from adaptcheck.report.view import step_name
 
 # A failure body is for reading in a CI page, not for archiving: the full details are in results.json.
 MAX_BODY_CHARS = 20_000
 GRADE_SUITE = "adaptcheck.grade"
+FEATURES_SUITE = "adaptcheck.features"
 # Characters XML 1.0 does not allow at all (ElementTree would write them and produce a file
 # no parser accepts), e.g. the ANSI escapes a crashing subprocess prints.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -134,6 +136,24 @@ def _grade_case(results: RunResults, require: str | None, unverified: str = "",
     return case
 
 
+def _feature_case(row: FeatureResult, required: bool) -> _Case:
+    """A feature's testcase: passes when certified; otherwise a failure if ``--require-feature``
+    named it (so the JUnit verdict and the exit code agree), else skipped with its status — a
+    failed check behind it is already a failure in its step's suite."""
+    lines = [f"{row.name}: {row.description}", f"status: {row.label}", f"required: {'yes' if required else 'no'}",
+             "checks: " + (", ".join(row.checks) or "none")]
+    case = _Case(classname=FEATURES_SUITE, name=row.name, time=0.0, outcome="pass", stdout=lines)
+    if row.certified:
+        return case
+    if required:
+        case.outcome, case.type = "failure", "FeatureNotCertified"
+        case.message = f"required feature {row.name}: {row.label}"
+        case.body = "\n".join(lines)
+    else:
+        case.outcome, case.type, case.message = "skipped", row.status.value, row.label
+    return case
+
+
 def _subject_properties(subject: CertificateSubject) -> list[tuple[str, str]]:
     """The certificate subject as properties: always the model's name, source, digest,
     architecture, layers, dtype, quantization and the frameworks; a pretrained model's origin
@@ -157,8 +177,14 @@ def _subject_properties(subject: CertificateSubject) -> list[tuple[str, str]]:
     ]
 
 
+def _feature_properties(results: RunResults, required: list[str]) -> list[tuple[str, str]]:
+    """``adaptcheck.required_features`` and one ``adaptcheck.feature.<name>`` per feature with its status line."""
+    return [("adaptcheck.required_features", ",".join(required)),
+            *((f"adaptcheck.feature.{row.name}", row.label) for row in results.feature_rows())]
+
+
 def _properties(results: RunResults, require: str | None, unverified: str = "",
-                subject: CertificateSubject | None = None) -> list[tuple[str, str]]:
+                subject: CertificateSubject | None = None, required: list[str] | None = None) -> list[tuple[str, str]]:
     return [
         ("adaptcheck.verified", "false" if unverified else "true"),
         *([("adaptcheck.unverified", unverified)] if unverified else []),
@@ -174,12 +200,14 @@ def _properties(results: RunResults, require: str | None, unverified: str = "",
         ("adaptcheck.ladder_sha256", results.ladder.sha256),
         ("adaptcheck.device", f"{results.device.device_name} [{results.device.backend}]"),
         *_subject_properties(subject or certificate_subject(results)),
+        *_feature_properties(results, required or []),
     ]
 
 
 def _suites(results: RunResults, require: str | None, unverified: str = "",
-            subject: CertificateSubject | None = None) -> list[tuple[str, list[_Case]]]:
-    """(suite name, cases) per step in ladder order, then the grade suite."""
+            subject: CertificateSubject | None = None,
+            required: list[str] | None = None) -> list[tuple[str, list[_Case]]]:
+    """(suite name, cases) per step in ladder order, then the grade suite, then the features suite."""
     result_ids = {c.id for c in results.checks}
     by_step: dict[int, list[_Case]] = {}
     for c in results.checks:
@@ -189,6 +217,8 @@ def _suites(results: RunResults, require: str | None, unverified: str = "",
             by_step.setdefault(p.step, []).append(_not_run_case(p, results))
     suites = [(f"adaptcheck.step{s} {step_name(s)}", by_step[s]) for s in sorted(by_step)]
     suites.append((GRADE_SUITE, [_grade_case(results, require, unverified, subject)]))
+    wanted = set(required or [])
+    suites.append((FEATURES_SUITE, [_feature_case(row, row.name in wanted) for row in results.feature_rows()]))
     return suites
 
 
@@ -207,20 +237,23 @@ def _case_element(parent: ET.Element, case: _Case) -> None:
         ET.SubElement(el, "system-out").text = _text("\n".join(case.stdout))
 
 
-def junit_xml(results: RunResults, require: str | None = None, unverified: str = "") -> str:
+def junit_xml(results: RunResults, require: str | None = None, unverified: str = "",
+              required_features: list[str] | None = None) -> str:
     """The JUnit XML document of ``results`` (with declaration). ``require``: the level the
     caller gated on (``--require``), which decides whether the ``grade`` testcase fails.
-    ``unverified``: why nothing vouches for the results file ('' when its digest matched)."""
+    ``unverified``: why nothing vouches for the results file ('' when its digest matched).
+    ``required_features``: the features the caller gated on (``--require-feature``), whose
+    testcases fail when not certified."""
     started = results.started_at.astimezone(timezone.utc).replace(tzinfo=None)
     # junit-10.xsd leaves timestamp free, but Ant's schema wants no zone: naive UTC fits both.
     timestamp = started.isoformat(timespec="seconds")
     hostname = results.environment.hostname if results.environment else "unknown"
     subject = certificate_subject(results)
-    suites = _suites(results, require, unverified, subject)
+    suites = _suites(results, require, unverified, subject, required_features)
     every = [c for _, cases in suites for c in cases]
     root = ET.Element("testsuites", name="adaptcheck", tests=str(len(every)), failures=_count(every, "failure"),
                       errors=_count(every, "error"), time=_seconds(sum(c.time for c in every)))
-    properties = _properties(results, require, unverified, subject)
+    properties = _properties(results, require, unverified, subject, required_features)
     for index, (name, cases) in enumerate(suites):
         suite = ET.SubElement(root, "testsuite", name=_text(name), tests=str(len(cases)),
                               failures=_count(cases, "failure"), errors=_count(cases, "error"),
@@ -236,9 +269,10 @@ def junit_xml(results: RunResults, require: str | None = None, unverified: str =
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def write_junit(results: RunResults, path: Path, require: str | None = None, unverified: str = "") -> None:
+def write_junit(results: RunResults, path: Path, require: str | None = None, unverified: str = "",
+                required_features: list[str] | None = None) -> None:
     """Write :func:`junit_xml` to ``path`` (UTF-8, atomically, parent folders created).
 
     A path that cannot be written (a folder, no permission) is a one-line OutputError (exit 2).
     """
-    write_text_atomic(Path(path), junit_xml(results, require, unverified), what="JUnit XML")
+    write_text_atomic(Path(path), junit_xml(results, require, unverified, required_features), what="JUnit XML")

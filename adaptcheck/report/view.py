@@ -13,6 +13,7 @@ import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from adaptcheck.base.features import FeatureStatus
 from adaptcheck.base.schemas.certificate import CertificateSubject, certificate_subject, subject_label
 from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
 from adaptcheck.report.comparison import CompareView, build_compare
@@ -190,6 +191,18 @@ class SubjectView:
 
 
 @dataclass
+class FeatureView:
+    """One row of the features table on the first screen (:mod:`adaptcheck.base.features`)."""
+
+    name: str
+    description: str
+    # The status styled like a check's: certified as a pass, failed as a fail, n/a, not tested as not run.
+    status: Label
+    reason: str
+    checks: list[Ref]
+
+
+@dataclass
 class ReportView:
     title: str
     run_id: str
@@ -207,6 +220,10 @@ class ReportView:
     """Checks the grade left out ('id (worst status)'): quantized-format checks for another quantization."""
     quantization: str
     subject: SubjectView
+    features: list[FeatureView]
+    """Every known serving feature with its status, beside the grade (never folded into it)."""
+    features_tested: bool
+    """Whether any feature was tested at all (else the page says so in one line)."""
     levels: list[LevelView]
     steps: list[StepView]
     slowest: list[DurationBar]
@@ -388,6 +405,7 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
     on_details += [f"{s.block}-details" for s in perf.serving]
     framework = build_framework(results, anchors, records_base)
     on_details += framework.localised
+    features = _features(results, anchors)
     return ReportView(
         title=f"adaptcheck {results.grade.level} — {results.device.device_name}",
         run_id=results.run_id,
@@ -401,12 +419,32 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
         next_level=next_level, blockers=list(results.grade.blockers), left_out=_left_out(results),
         quantization=results.model.quantization, levels=levels,
         subject=_subject(certificate_subject(results), results.grade.level),
+        features=features, features_tested=any(f.status.key != "notrun" for f in features),
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
         matrix=build_matrix(env, results.checks, anchors), ops=ops,
         framework=framework, perf=perf, check_groups=groups,
         reproduce=_reproduce(results, unverified), compare=build_compare(results, anchors),
         detail_anchors=on_details,
     )
+
+
+_FEATURE_LABELS: dict[FeatureStatus, tuple[str, str]] = {
+    FeatureStatus.CERTIFIED: ("pass", "certified"),
+    FeatureStatus.FAILED: ("fail", "failed"),
+    FeatureStatus.NOT_APPLICABLE: ("na", "n/a"),
+    FeatureStatus.NOT_TESTED: ("notrun", "not tested"),
+}
+
+
+def _features(results: RunResults, anchors: dict[str, str]) -> list[FeatureView]:
+    """The features table's rows, each status as the check status it reads like, the checks linked."""
+    rows = []
+    for row in results.feature_rows():
+        key, text = _FEATURE_LABELS[row.status]
+        rows.append(FeatureView(name=row.name, description=row.description,
+                                status=Label(key=key, label=text, glyph=_label(key).glyph), reason=row.reason,
+                                checks=[Ref(id=x, anchor=anchors.get(x, "")) for x in row.checks]))
+    return rows
 
 
 def _left_out(results: RunResults) -> list[str]:

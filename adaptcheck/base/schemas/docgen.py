@@ -123,6 +123,11 @@ DOCS: dict[str, tuple[type[BaseModel], str, str]] = {
                  "Since 1.4 each check result records its kind's report label (`kind_label`) and, for a kind that "
                  "compares two runs of one framework, what they are (`compares`), taken from the kind; planned checks "
                  "carry `kind_label` too. Older files get them from the labels of their time when read.\n\n"
+                 "Since 1.5 the file carries `features`, the features table: one row per known serving feature "
+                 "(`adaptcheck.base.features`) with its status — `certified`, `failed`, `n/a`, `not tested` — why, "
+                 "and the checks tagged `feature:<name>` behind it, beside the grade and never folded into it "
+                 "([features.md](features.md)). Older files get it computed from their checks' tags when read: "
+                 "no older ladder tagged a feature, so every row of theirs is `not tested`.\n\n"
                  "Every kind's `details` is described in [evidence-schema.md](evidence-schema.md).")),
     "ladder": (LadderSpec, "Ladder file schema",
                f"Ladder `schema_version: {LADDER_SCHEMA_VERSION}`. Unknown keys are errors. Each check's `params` "

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from adaptcheck.base.dtypes import FloatDtype
+from adaptcheck.base.features import FEATURE_TAG, unknown_feature
 
 LADDER_SCHEMA_VERSION = 1
 LEVELS = ("L1", "L2", "L3", "L4", "L5")
@@ -59,7 +60,10 @@ class CheckSpec(Strict):
     timeout_s: float | None = Field(default=None, gt=0, description="Time limit; defaults.timeout_s when absent.")
     params: dict[str, Any] = Field(default_factory=dict, description="Kind-specific parameters, validated strictly.")
     tags: list[str] = Field(default_factory=list, description="Free tags used by grade conditions; "
-                            "'quant:FORMAT' marks a check only models quantized in FORMAT need.")
+                            "'quant:FORMAT' marks a check only models quantized in FORMAT need; "
+                            "'feature:NAME' makes the check certify the serving feature NAME (prefix_caching, "
+                            "graph_capture, spec_decode, fp8_kv_cache, preemption, long_context, chunked_prefill, "
+                            "tensor_parallel) in the features table (docs/features.md).")
 
     @field_validator("tags")
     @classmethod
@@ -68,6 +72,10 @@ class CheckSpec(Strict):
             if tag.startswith(QUANT_TAG) and tag[len(QUANT_TAG):] not in QUANT_FORMATS:
                 raise ValueError(f"unknown quantization format in tag {tag!r}; known: "
                                  + ", ".join(QUANT_TAG + f for f in QUANT_FORMATS))
+            # A misspelt feature tag would certify nothing, silently: the table would say 'not tested'.
+            complaint = unknown_feature(tag[len(FEATURE_TAG):]) if tag.startswith(FEATURE_TAG) else None
+            if complaint:
+                raise ValueError(f"tag {tag!r}: {complaint}")
         return tags
 
 

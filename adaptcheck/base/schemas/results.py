@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from adaptcheck.base import safejson
 from adaptcheck.base.atomic import write_text_atomic
 from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.features import FEATURES, FeatureStatus, status_text
 from adaptcheck.base.integrity import DIGEST_FIELD, compute_digest
 from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.base.schemas.evidence import Evidence, EvidenceError
@@ -35,7 +36,10 @@ from adaptcheck.base.schemas.upgrade import upgrade_results
 # 1.4: every check and planned check records its kind's report label (``kind_label``) and, for a
 #      kind comparing two runs of one framework, what the two runs are (``compares``), so the report
 #      needs no table of kinds. Older files get the labels of the kinds of their time on load.
-SCHEMA_VERSION = "1.4"
+# 1.5: ``features``: the features table (base.features), one row per known serving feature with what the
+#      run's checks tagged ``feature:<name>`` established. Older files get it computed from their checks'
+#      tags on load (no older ladder had such tags, so every row of theirs reads 'not tested').
+SCHEMA_VERSION = "1.5"
 
 E = TypeVar("E", bound=Evidence)
 
@@ -148,6 +152,33 @@ class GradeResult(BaseModel):
                                 "'quant:FORMAT' for a quantization the model does not use (results still reported).")
 
 
+class FeatureResult(BaseModel):
+    """One row of the features table: what the run established about one serving feature."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Feature name, one of base.features.FEATURES (e.g. 'spec_decode').")
+    description: str = Field(default="", description="What certifying the feature means, in one line.")
+    status: FeatureStatus = Field(description="'certified': a check tagged feature:<name> passed and none failed "
+                                  "or errored; 'failed': one failed or errored; 'n/a': every tagged check was "
+                                  "skipped as not applicable here; 'not tested': no tagged check in the run, or "
+                                  "none ran.")
+    reason: str = Field(default="", description="'' when certified; else the failing checks with their messages "
+                        "('failed'), the first not-applicable reason ('n/a'), or why nothing was tested.")
+    checks: list[str] = Field(default_factory=list, description="Ids of the tagged checks behind the status "
+                              "(results, and planned checks without a result).")
+
+    @property
+    def label(self) -> str:
+        """The status as one line: 'certified', 'failed: …', 'n/a: …', 'not tested: …'."""
+        return status_text(self.status, self.reason)
+
+    @property
+    def certified(self) -> bool:
+        """Only a certified feature meets ``--require-feature``."""
+        return self.status is FeatureStatus.CERTIFIED
+
+
 class LadderRef(BaseModel):
     """Which ladder produced the run."""
 
@@ -216,6 +247,24 @@ class RunResults(BaseModel):
     grade_rules: GradeSpec = Field(description="The ladder's grade rules, so the grade can be recomputed from this file alone.")
     checks: list[CheckResult] = Field(default_factory=list, description="Every check result, in ladder order.")
     grade: GradeResult = Field(description="The grade computed from checks + ladder rules.")
+    features: list[FeatureResult] = Field(
+        default_factory=list,
+        description="The features table: one row per known serving feature (docs/features.md), in a fixed order, "
+        "computed from the checks tagged 'feature:<name>' beside the grade, never folded into it. Files "
+        "older than schema 1.5 get it computed on load.")
+
+    def feature_rows(self) -> list[FeatureResult]:
+        """Every known feature's row, in the registry's order (a row missing from a hand-made file reads
+        'not tested'): what every output of the table shows."""
+        return [self.feature(name) for name in FEATURES]
+
+    def feature(self, name: str) -> FeatureResult:
+        """The features table's row of ``name`` (a known feature); 'not tested' when the table lacks it."""
+        for row in self.features:
+            if row.name == name:
+                return row
+        return FeatureResult(name=name, description=FEATURES.get(name, ""), status=FeatureStatus.NOT_TESTED,
+                             reason="the results file has no row for it")
 
     @model_validator(mode="before")
     @classmethod

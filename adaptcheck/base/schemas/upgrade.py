@@ -18,6 +18,8 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from adaptcheck.base.features import FEATURES, Outcome, Planned, feature_table
+
 FRAMEWORK_STEP = 4
 COLLECTIVES_KIND = "framework.collectives"
 """The one step-4 kind that runs no framework (its details have no ``framework``)."""
@@ -113,9 +115,40 @@ def _kind_labels_1_4(raw: dict[str, Any]) -> None:
                 item["compares"] = COMPARES_1_3[kind]
 
 
+def _str_list(value: Any) -> tuple[str, ...]:
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _features_1_5(raw: dict[str, Any]) -> None:
+    """1.5: the features table, computed from the file's own checks and their ``feature:`` tags.
+
+    No ladder before 1.5 tagged a feature, so an older file's rows all read 'not tested', which
+    is what such a run established. Entries of an unexpected shape are ignored here (validation
+    judges them); an existing ``features`` (a hand-made file) is left as it is.
+    """
+    if "features" in raw:
+        return
+    outcomes = [Outcome(id=str(c.get("id", "")), status=str(c.get("status", "")),
+                        applicable=c.get("applicable", True) is not False, message=str(c.get("message", "")),
+                        tags=_str_list(c.get("tags")))
+                for c in _dicts(raw.get("checks"))]
+    planned = [Planned(id=str(p.get("id", "")), step=step if isinstance(step := p.get("step"), int) else 0,
+                       tags=_str_list(p.get("tags")))
+               for p in _dicts(raw.get("planned"))]
+    steps = [s for s in raw["steps"] if isinstance(s, int)] if isinstance(raw.get("steps"), list) else []
+    raw["features"] = [{"name": v.name, "description": FEATURES[v.name], "status": v.status.value,
+                        "reason": v.reason, "checks": v.checks}
+                       for v in feature_table(outcomes, planned, steps)]
+
+
 UPGRADES: list[tuple[tuple[int, int], Callable[[dict[str, Any]], None]]] = [
     ((1, 3), _framework_1_3),
     ((1, 4), _kind_labels_1_4),
+    ((1, 5), _features_1_5),
 ]
 """(version that introduced the shape, in-place upgrade of the parsed file), oldest first."""
 
