@@ -8,7 +8,7 @@ Run: PYTHONPATH=. python benchmarks/attention_backend_seeds.py [--seeds 5]
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
 from adaptcheck.steps.ops.providers import vllm_attention as va
 from adaptcheck.steps.ops.providers.vllm_provider import VllmProvider
 
-CASES: dict[str, list[dict[str, Any]]] = {
+CASES: dict[str, list[Mapping[str, object]]] = {
     "paged_attention": [{"name": "gqa_bs32", "batch": 3, "max_seq_len": 70, "num_q_heads": 8, "num_kv_heads": 2,
                          "head_size": 64, "block_size": 32}],
     "paged_attention_fp8": [{"name": "e4m3", "batch": 3, "max_seq_len": 70, "num_q_heads": 8, "num_kv_heads": 2,
@@ -37,7 +37,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
 
 def _passes(op: str, seed: int) -> bool:
     ctx = CheckContext(backend=CpuBackend(), device_index=0, seed=seed, run_dir=Path("."), model=ModelSpec())
-    params = OpCheckParams(op=op, provider="vllm", dtypes=["fp32", "bf16"], cases=CASES[op])
+    params = OpCheckParams(op=op, provider="vllm", dtypes=["fp32", "bf16"], cases=list(CASES[op]))
     return all(o.status is Status.PASS for o in OpCheck(VllmProvider()).run(ctx, params))
 
 
