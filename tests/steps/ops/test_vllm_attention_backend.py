@@ -80,8 +80,9 @@ def test_the_backend_is_vllms_selection_and_is_named() -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("op", sorted(CASES))
+@pytest.mark.parametrize("op", ["paged_attention_fp8", "reshape_and_cache_fp8"])
 def test_healthy_backend_passes(op: str, seed: int) -> None:
+    # (paged_attention itself: tests/steps/ops/test_vllm_provider.py, and seed 0 below)
     assert _run(VllmProvider(), op, seed) == _expected(op, Status.PASS)
 
 
