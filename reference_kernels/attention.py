@@ -11,11 +11,22 @@ Conventions (vLLM's): grouped-query attention maps query head ``h`` to kv head
 sequence ``b`` lives at ``block_tables[b, i // block_size]``, offset ``i % block_size``;
 ``slot_mapping[t] = block * block_size + offset``, and slot −1 marks a padding token that is
 not written.
+
+fp8 KV caches (``paged_attention_fp8``, ``reshape_and_cache_fp8``): a cache holds fp8 codes and a
+per-tensor scale, ``value = code · scale``. The attention reference dequantizes exactly what the
+cache holds; the cache-write reference quantizes in float64 (``x / scale``, clamped to the finite
+range, rounded to nearest-even on the format's grid, built from its definition in
+``reference_kernels.quant``), so that the bound is about the kernel and not about fp8 rounding.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from reference_kernels.quant import E4M3FN, FP8_FORMATS, Fp8Format, round_to_fp8
+
+E5M2 = Fp8Format("e5m2", bias=15, max_finite=57344.0, mantissa_bits=2)
+"""OCP e5m2: 5 exponent bits, 2 mantissa bits, largest finite 1.11 x 2^15 = 57344."""
 
 
 def kv_head_for(q_head: int, num_q_heads: int, num_kv_heads: int) -> int:
@@ -133,3 +144,36 @@ def reshape_and_cache(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
         key_out[block, offset] = key[t]
         value_out[block, offset] = value[t]
     return key_out, value_out
+
+
+def kv_cache_format(kv_cache_dtype: str, e4m3_flavour: str = "e4m3fn") -> Fp8Format:
+    """The fp8 format of a vLLM ``kv_cache_dtype`` ('fp8_e4m3' in the backend's e4m3 flavour)."""
+    if kv_cache_dtype == "fp8_e5m2":
+        return E5M2
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return FP8_FORMATS.get(e4m3_flavour, E4M3FN)
+    raise ValueError(f"not an fp8 kv_cache_dtype: {kv_cache_dtype!r} (fp8_e4m3 or fp8_e5m2)")
+
+
+def quantize_kv(x: np.ndarray, scale: float, fmt: Fp8Format) -> np.ndarray:
+    """The code an fp8 cache stores for ``x``: x / scale clamped to ±max, nearest-even on the grid."""
+    v = np.clip(np.asarray(x, dtype=np.float64) / float(scale), -fmt.max_finite, fmt.max_finite)
+    return round_to_fp8(v, fmt)
+
+
+def paged_attention_fp8(q: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray, block_tables: np.ndarray,
+                        seq_lens: np.ndarray, scale: float, kv_cache_dtype: str, k_scale: float,
+                        v_scale: float) -> np.ndarray:
+    """Paged decode attention over fp8 caches: the codes given (as float64 values) times their scale."""
+    keys = np.asarray(key_cache, dtype=np.float64) * float(k_scale)
+    values = np.asarray(value_cache, dtype=np.float64) * float(v_scale)
+    return paged_attention(q, keys, values, block_tables, seq_lens, scale)
+
+
+def reshape_and_cache_fp8(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
+                          slot_mapping: np.ndarray, kv_cache_dtype: str, k_scale: float, v_scale: float,
+                          e4m3_flavour: str = "e4m3fn") -> tuple[np.ndarray, np.ndarray]:
+    """The fp8 caches (codes as float64 values) after writing ``quantize_kv(key / value)`` by slot."""
+    fmt = kv_cache_format(kv_cache_dtype, e4m3_flavour)
+    return reshape_and_cache(quantize_kv(key, k_scale, fmt), quantize_kv(value, v_scale, fmt), key_cache,
+                             value_cache, slot_mapping)

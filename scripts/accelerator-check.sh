@@ -14,7 +14,8 @@
 #      --no-deps: it declares llama.cpp bindings that are never used); where it cannot be
 #      installed (no index reachable) the run falls back to the synthetic model, with a warning;
 #   3. `adaptcheck run` of the standard ladder (vLLM's checks run where vLLM is installed, else
-#      they are n/a and step 5 serves with transformers) into a new run folder;
+#      they are n/a and step 5 serves with transformers) into a new run folder; step 3's vLLM
+#      attention ops go through the attention backend vLLM selects there (named in the log);
 #   4. a tarball of the run folder (with this script's log in it) next to the folder.
 #
 # Usage: scripts/accelerator-check.sh [--device NAME] [--ladder NAME|PATH] [--steps S] [--out DIR]
@@ -152,6 +153,12 @@ else
 fi
 if [[ -n "$vllm_v" ]]; then
   say "vLLM $vllm_v installed: the ladder's vLLM checks run (vllm serve for step 5)"
+  # Step 3's attention ops (ops.vllm.prefill/decode/paged_attention, reshape_and_cache and their
+  # fp8-cache forms) run through the attention backend vLLM selects on this platform, not a
+  # named kernel: say which one, before the run (FlashAttention, FlashInfer, Triton, ROCm's …).
+  attn="$(probe "$venv/bin/python" -c 'from adaptcheck.steps.ops.providers.vllm_provider import selected_attention
+print(selected_attention())' 2>/dev/null | tail -n 1 || true)"
+  say "step-3 attention goes through: ${attn:-unknown (the selection probe failed; the ops checks say why)}"
 else
   say "vLLM not installed: its checks are n/a and step 5 serves with transformers serve"
 fi

@@ -55,8 +55,14 @@ class VllmOp:
 
 _LAYERNORM = "vllm.model_executor.layers.layernorm"
 _ACTIVATION = "vllm.model_executor.layers.activation"
-_ATTENTION_KERNELS = ("_C.cpu_attention_with_kv_cache", "_C.get_scheduler_metadata")
-_PAGED_COPY = f"K/V copied into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE}"
+# Attention goes through the backend vLLM selects for the platform (CPU_ATTN on CPU, what
+# CUDA/ROCm/plugins select elsewhere): the layer a model builds, its backend's builder and impl.
+_ATTENTION_KERNELS = ("vllm.v1.attention.selector:get_attn_backend", "vllm.model_executor.layers.attention:Attention")
+_BACKEND = "through the attention backend vLLM selects here (Attention layer, builder metadata, impl.forward)"
+_BACKEND_WRITE = ("through the selected backend's impl.do_kv_cache_update; the cache read back from the"
+                  " backend's layout")
+_PAGED_COPY = f"{_BACKEND}; K/V written into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE} first"
+_FP8_NOTE = "; fp8 caches: the layer's k_scale/v_scale set, codes loaded through the backend's quantizing write"
 
 VLLM_OPS: dict[str, VllmOp] = {
     # CustomOp layers: their platform path may be bypassed by forward_native (served_ops).
@@ -72,9 +78,10 @@ VLLM_OPS: dict[str, VllmOp] = {
     "rope": VllmOp(("_C.rotary_embedding",), "cos/sin cache cast to the query dtype, as vLLM does",
                    layer="vllm.model_executor.layers.rotary_embedding:RotaryEmbedding"),
     # Kernels (or vLLM Python code) outside any CustomOp with a forward_native alternative.
-    "reshape_and_cache": VllmOp(("_C.cpu_attn_reshape_and_cache",),
-                                "catalog cache layout converted to/from vLLM's packed per-ISA layout"),
-    "paged_attention": VllmOp(_ATTENTION_KERNELS),
+    "reshape_and_cache": VllmOp(_ATTENTION_KERNELS, _BACKEND_WRITE),
+    "reshape_and_cache_fp8": VllmOp(_ATTENTION_KERNELS, _BACKEND_WRITE + _FP8_NOTE),
+    "paged_attention": VllmOp(_ATTENTION_KERNELS, _BACKEND + "; the catalog cache loaded through the backend's write"),
+    "paged_attention_fp8": VllmOp(_ATTENTION_KERNELS, _BACKEND + _FP8_NOTE),
     "decode_attention": VllmOp(_ATTENTION_KERNELS, _PAGED_COPY),
     "prefill_attention": VllmOp(_ATTENTION_KERNELS, _PAGED_COPY),
     "fused_moe": VllmOp(("_C.cpu_fused_moe", "_C.prepack_moe_weight",

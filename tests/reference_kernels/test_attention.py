@@ -103,3 +103,34 @@ def test_reshape_and_cache_writes_slots_and_skips_padding() -> None:
     assert key_cache[2, 1, 0, 0] == -9.0  # the input is not modified
     with pytest.raises(ValueError):
         reshape_and_cache(key, value, key_cache, value_cache, np.array([6, 0, 0]))
+
+
+# ---- fp8 KV caches -------------------------------------------------------------------------
+
+
+def test_quantize_kv_rounds_to_nearest_even_on_each_grid_and_saturates() -> None:
+    from reference_kernels.attention import E5M2, kv_cache_format, quantize_kv
+    from reference_kernels.quant import E4M3FN, E4M3FNUZ
+
+    assert kv_cache_format("fp8_e5m2") is E5M2 and kv_cache_format("fp8_e4m3") is E4M3FN
+    assert kv_cache_format("fp8_e4m3", "e4m3fnuz") is E4M3FNUZ
+    # e4m3 around 1: steps of 1/8; 1.0625 is a tie → even (1.0), 1.1875 → 1.25. Scale 0.5 divides.
+    assert quantize_kv(np.array([0.53125, 0.59375, 1000.0]), 0.5, E4M3FN).tolist() == [1.0, 1.25, 448.0]
+    # e5m2 around 1: steps of 1/4; 1.125 is a tie → 1.0, 1.375 → 1.5; max 57344.
+    assert quantize_kv(np.array([1.125, 1.375, -1e6]), 1.0, E5M2).tolist() == [1.0, 1.5, -57344.0]
+    with pytest.raises(ValueError, match="fp8_e4m3 or fp8_e5m2"):
+        kv_cache_format("auto")
+
+
+def test_fp8_references_dequantize_and_write_codes() -> None:
+    from reference_kernels.attention import paged_attention_fp8, reshape_and_cache_fp8
+
+    q = np.array([[[1.0, 0.0]]])
+    codes_k = np.array([[[[2.0, 0.0]], [[0.0, 0.0]]]])  # keys 2·0.5 = 1 and 0
+    codes_v = np.array([[[[4.0, 0.0]], [[0.0, 8.0]]]])  # values 1 and 2 (·0.25)
+    got = paged_attention_fp8(q, codes_k, codes_v, np.array([[0]]), np.array([2]), 1.0, "fp8_e4m3", 0.5, 0.25)
+    w = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()
+    assert np.allclose(got[0, 0], [w[0] * 1.0, w[1] * 2.0])
+    kc, vc = reshape_and_cache_fp8(np.array([[[0.53125, 1.0]]]), np.array([[[3.0, -3.0]]]), np.zeros((1, 2, 1, 2)),
+                                   np.zeros((1, 2, 1, 2)), np.array([1]), "fp8_e5m2", 0.5, 2.0)
+    assert kc[0, 1, 0].tolist() == [1.0, 2.0] and vc[0, 1, 0].tolist() == [1.5, -1.5] and not kc[0, 0].any()

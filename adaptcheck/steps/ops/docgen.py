@@ -126,14 +126,27 @@ The catalog's signatures are mapped onto vLLM's compiled ops (`torch.ops._C` thr
 `vllm._custom_ops`) and, where vLLM has no kernel but its own Python code path is what a
 served model runs (MoE routing, top-k/top-p masking), onto that code. The adapters only
 reshape and allocate: every number is computed by vLLM. vLLM's kernels write into an `out`
-tensor or in place, and its CPU attention keeps the KV cache in a packed per-ISA layout, so
-the adapters allocate outputs and convert the catalog's plain cache layout
-`[num_blocks, block_size, Hk, D]` into vLLM's layout and back by explicit permutations
-(checked exact by the tests). vLLM is imported lazily; `available()` says why it cannot be
-used and never raises, and ops the installed build has no kernel for are skipped with the
-reason. Whether the current platform dispatches a layer class to its kernel or to
-`forward_native` is stated in the provider's description, so a report says when the kernel
-under test is not what the layer would run.
+tensor or in place, so the adapters allocate outputs. vLLM is imported lazily; `available()`
+says why it cannot be used and never raises, and ops the installed build has no kernel for
+are skipped with the reason. Whether the current platform dispatches a layer class to its
+kernel or to `forward_native` is stated in the provider's description, so a report says when
+the kernel under test is not what the layer would run.
+
+Attention (`prefill_attention`, `decode_attention`, `paged_attention`, `reshape_and_cache` and
+the fp8-cache `paged_attention_fp8`, `reshape_and_cache_fp8`) goes through the attention
+backend vLLM selects for the platform, as a model does
+(`adaptcheck/steps/ops/providers/vllm_attention.py`): vLLM's `Attention` layer (whose
+constructor calls `get_attn_backend`), the KV cache the model runner allocates for the
+backend's spec and layout, the metadata of the backend's builder, and the impl's
+`do_kv_cache_update` and `forward`. No backend is named in that path: CPU_ATTN on CPU, what
+CUDA, ROCm or a plugin selects elsewhere. The provider's description (stored in each result)
+names what ran, e.g. "vLLM attention backend CPU_ATTN (impl CPUAttentionBackendImpl)". A
+catalog cache is loaded by writing every slot through the backend's own write; only reading a
+cache back (`reshape_and_cache`) needs its layout (CPU_ATTN's per-ISA packed blocks, checked
+by the tests; elsewhere the `[B, H, N, C]` page split into K and V). Where the backend refuses
+an fp8 cache for a dtype (CPU_ATTN without AVX-512 or AMX), the fp8 ops are not applicable
+with vLLM's message; a head size it refuses (CPU_ATTN with fp8: `head_size % 32 != 0`) fails
+that case with vLLM's message.
 
 ## Reproducers
 

@@ -12,6 +12,7 @@ import pytest
 from adaptcheck.frameworks import vllm_ops
 from adaptcheck.frameworks.vllm_ops import VLLM_OPS, VllmOp, custom_op_layers
 from adaptcheck.steps.ops.catalog import all_ops
+from adaptcheck.steps.ops.providers import vllm_attention as va
 from adaptcheck.steps.ops.providers import vllm_provider as vp
 
 
@@ -22,7 +23,7 @@ def test_the_provider_reads_its_kernels_notes_layers_and_gaps_from_the_table() -
         {op: (vp.ADAPTERS[op], VLLM_OPS[op].kernels, VLLM_OPS[op].note) for op in with_kernels}
     assert vp.LAYER_CLASSES == {op: o.layer for op, o in VLLM_OPS.items() if o.layer}
     assert vp.NO_KERNEL == {op: o.no_kernel for op, o in VLLM_OPS.items() if o.no_kernel}
-    assert vp.CONTIGUOUS_BLOCK_SIZE is vllm_ops.CONTIGUOUS_BLOCK_SIZE
+    assert va.CONTIGUOUS_BLOCK_SIZE is vllm_ops.CONTIGUOUS_BLOCK_SIZE
 
 
 def test_the_table_names_catalog_ops_each_with_a_kernel_or_a_reason() -> None:

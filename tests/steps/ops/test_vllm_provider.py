@@ -32,6 +32,7 @@ from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.steps.ops.catalog import all_ops
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.providers import vllm_attention as va
 from adaptcheck.steps.ops.providers import vllm_provider as vp
 from adaptcheck.steps.ops.providers.base import DictProvider
 from adaptcheck.steps.ops.providers.registry import load_provider
@@ -113,7 +114,8 @@ def test_provider_is_available_and_names_version_and_platform() -> None:
     assert set(CASES) - set(provider.ops()) == NOT_BUILT, "every op mapped here is provided by the CPU build"
     for op in NOT_BUILT:
         assert "quantize_fp8e4m3_vec" in provider.lacks_reason(op)
-    assert info["ops"]["reshape_and_cache"]["kernels"] == ["_C.cpu_attn_reshape_and_cache"]
+    assert info["ops"]["reshape_and_cache"]["kernels"] == ["vllm.v1.attention.selector:get_attn_backend",
+                                                           "vllm.model_executor.layers.attention:Attention"]
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -199,7 +201,7 @@ def _neox_swapped(positions: torch.Tensor, query: torch.Tensor, key: torch.Tenso
 def _slot_off_by_one(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                      slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     shifted = torch.where(slot_mapping >= 0, slot_mapping + 1, slot_mapping)
-    return vp.reshape_and_cache(key, value, key_cache, value_cache, shifted)
+    return va.reshape_and_cache(key, value, key_cache, value_cache, shifted)
 
 
 def _per_tensor_weight_scale(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -210,7 +212,7 @@ def _per_tensor_weight_scale(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Te
 def _kv_head_mapping_wrong(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
     # Query heads read KV heads in the wrong order: a GQA mapping bug.
-    return vp.paged_attention(q, key_cache.flip(2), value_cache.flip(2), block_tables, seq_lens, scale)
+    return va.paged_attention(q, key_cache.flip(2), value_cache.flip(2), block_tables, seq_lens, scale)
 
 
 DEFECTS: list[tuple[str, Callable[..., Any], str]] = [

@@ -20,18 +20,30 @@ as models do it, by repeating each kv head over its group of query heads
 boolean mask; a paged cache is first gathered into contiguous per-sequence K/V through the
 block tables. The cache write is an ``index_copy_`` into the flattened slots, in place.
 
+fp8 KV caches (``paged_attention_fp8``, ``reshape_and_cache_fp8``, vLLM's ``kv_cache_dtype``
+fp8_e4m3 / fp8_e5m2 with per-tensor ``k_scale`` / ``v_scale``): caches are given and returned as
+fp8 codes in the catalog layout. The attention inputs are codes already (drawn, then quantized), so
+the reference dequantizes exactly what the cache holds and the bound is about the kernel, not about
+fp8 rounding; the scales are powers of two, so ``code · scale`` is exact in every dtype and a
+provider that loads a cache through its own quantizing write stores the very same codes. What goes
+wrong: the scale multiplied where it divides, K's scale used for V, a decode reading the wrong
+block, fp8 formats swapped (e4m3 ↔ e5m2).
+
 Adding an op to a family: docs/adding-an-op.md.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from adaptcheck.base.dtypes import torch_dtype
+from adaptcheck.steps.ops.families.quant import current_fp8_flavour, fp8_flavour_scope, fp8_torch_dtype
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
 from reference_kernels import attention as ref
 
@@ -186,6 +198,61 @@ class CacheWriteCase(CaseBase):
         return self.model_copy(update={"num_kv_heads": kv, "num_blocks": min(self.num_blocks, blocks)})
 
 
+class Fp8CacheFields(CaseBase):
+    """The fp8 cache format and its per-tensor scales."""
+
+    kv_cache_dtype: Literal["fp8_e4m3", "fp8_e5m2"] = Field(
+        default="fp8_e4m3", description="vLLM's kv_cache_dtype: fp8_e4m3 (the backend's e4m3 flavour) or fp8_e5m2.")
+    k_scale: float = Field(default=0.0625, gt=0, description="Key cache scale (key = code · k_scale); a power of "
+                                                             "two, so code · scale is exact in every dtype.")
+    v_scale: float = Field(default=0.03125, gt=0, description="Value cache scale; a power of two, unlike k_scale "
+                                                              "so that the two cannot be swapped unseen.")
+
+    @model_validator(mode="after")
+    def _powers_of_two(self) -> Fp8CacheFields:
+        for name in ("k_scale", "v_scale"):
+            if math.frexp(getattr(self, name))[0] != 0.5:
+                raise ValueError(f"{name} must be a power of two (e.g. 0.0625), not {getattr(self, name)}")
+        if self.k_scale == self.v_scale:
+            raise ValueError("k_scale and v_scale must differ, else a swapped scale goes unseen")
+        return self
+
+
+class PagedFp8Case(Fp8CacheFields, PagedCase):
+    """Paged decode attention over fp8 caches (block_size 32 by default: CPU_ATTN's fp8 kernel block)."""
+
+    block_size: int = Field(default=32, ge=1, description="Tokens per cache block.")
+
+
+class CacheWriteFp8Case(Fp8CacheFields, CacheWriteCase):
+    """reshape_and_cache into fp8 caches."""
+
+    block_size: int = Field(default=32, ge=1, description="Tokens per cache block.")
+
+
+def _fp8_scope(backend: Any) -> AbstractContextManager[None]:
+    """OpDef.device_scope of the fp8-cache ops: the backend's e4m3 flavour for fp8_e4m3."""
+    return fp8_flavour_scope(backend.fp8_flavour)
+
+
+def kv_fp8_dtype(kv_cache_dtype: str) -> torch.dtype:
+    """The torch dtype of the codes in an fp8 cache (e4m3 in the flavour in effect)."""
+    return torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else fp8_torch_dtype()
+
+
+def _to_codes(x: torch.Tensor, scale: float, kv_cache_dtype: str) -> torch.Tensor:
+    """x / scale clamped to the format's finite range, cast (nearest-even) to its codes."""
+    fdt = kv_fp8_dtype(kv_cache_dtype)
+    top = torch.finfo(fdt).max
+    return (x.to(torch.float64) / scale).clamp(-top, top).to(fdt)
+
+
+def _fp8_notes(case: Fp8CacheFields) -> dict[str, object]:
+    flavour = current_fp8_flavour() if case.kv_cache_dtype == "fp8_e4m3" else "e5m2"
+    return {"kv_cache_dtype": case.kv_cache_dtype, "fp8_format": flavour, "k_scale": case.k_scale,
+            "v_scale": case.v_scale}
+
+
 def _normal(shape: tuple[int, ...], gen: torch.Generator, std: float = 1.0) -> torch.Tensor:
     return torch.randn(shape, generator=gen, dtype=torch.float32) * std
 
@@ -293,6 +360,38 @@ def _cache_write_inputs(case: CacheWriteCase, dtype: str, gen: torch.Generator) 
                            "needs_more_than_int16": bool(slot_mapping.max() > 2**15 - 1)})
 
 
+
+def _paged_fp8_inputs(case: PagedFp8Case, dtype: str, gen: torch.Generator) -> OpInputs:
+    base = _paged_inputs(case, dtype, gen)
+    kw = dict(base.kwargs)
+    kw["key_cache"] = _to_codes(_as_tensor(kw["key_cache"]), case.k_scale, case.kv_cache_dtype)
+    kw["value_cache"] = _to_codes(_as_tensor(kw["value_cache"]), case.v_scale, case.kv_cache_dtype)
+    kw.update(kv_cache_dtype=case.kv_cache_dtype, k_scale=case.k_scale, v_scale=case.v_scale)
+    return OpInputs(kw, notes={**base.notes, **_fp8_notes(case)})
+
+
+def _cache_write_fp8_inputs(case: CacheWriteFp8Case, dtype: str, gen: torch.Generator) -> OpInputs:
+    base = _cache_write_inputs(case, dtype, gen)
+    kw = dict(base.kwargs)
+    # Old contents: codes spread over the format's range (the first draw was ~N(0, 100)).
+    kw["key_cache"] = _to_codes(_as_tensor(kw["key_cache"]) * case.k_scale, case.k_scale, case.kv_cache_dtype)
+    kw["value_cache"] = _to_codes(_as_tensor(kw["value_cache"]) * case.v_scale, case.v_scale, case.kv_cache_dtype)
+    # New rows at a spread the scales quantize across many binades (|x| / scale up to ~64).
+    kw["key"] = (_as_tensor(kw["key"]).float() * 16 * case.k_scale).to(torch_dtype(dtype))
+    kw["value"] = (_as_tensor(kw["value"]).float() * 16 * case.v_scale).to(torch_dtype(dtype))
+    kw.update(kv_cache_dtype=case.kv_cache_dtype, k_scale=case.k_scale, v_scale=case.v_scale)
+    return OpInputs(kw, notes={**base.notes, **_fp8_notes(case)})
+
+
+def _as_tensor(x: object) -> torch.Tensor:
+    assert isinstance(x, torch.Tensor)
+    return x
+
+
+def _reshape_and_cache_fp8_reference(**kwargs: Any) -> Any:
+    flavour = current_fp8_flavour() if kwargs["kv_cache_dtype"] == "fp8_e4m3" else "e5m2"
+    return ref.reshape_and_cache_fp8(**kwargs, e4m3_flavour=flavour)
+
 # --- native: the torch provider's implementation (device-generic torch, the path a model takes
 # without custom kernels); each OpDef below names its function, and the provider reads them there.
 
@@ -341,6 +440,24 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     return key_cache, value_cache
 
 
+
+def paged_attention_fp8(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, kv_cache_dtype: str,
+                        k_scale: float, v_scale: float) -> torch.Tensor:
+    # Dequantize (exact: codes times a power of two) and attend as from a model-dtype cache.
+    return paged_attention(q, key_cache.to(q.dtype) * k_scale, value_cache.to(q.dtype) * v_scale, block_tables,
+                           seq_lens, scale)
+
+
+def reshape_and_cache_fp8(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: float,
+                          v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # Moved as bytes: index_copy_ has no fp8 kernels, and a copy of codes is a copy of their bytes.
+    byte = torch.uint8
+    reshape_and_cache(_to_codes(key, k_scale, kv_cache_dtype).view(byte), _to_codes(value, v_scale, kv_cache_dtype).view(byte),
+                      key_cache.view(byte), value_cache.view(byte), slot_mapping)
+    return key_cache, value_cache
+
 OPS = [
     OpDef(
         name="prefill_attention", family="attention",
@@ -377,5 +494,27 @@ OPS = [
         case_model=CacheWriteCase, make_inputs=_cache_write_inputs, reference=ref.reshape_and_cache, native=reshape_and_cache,
         outputs=("key_cache_out", "value_cache_out"), tolerance=("exact", "exact"),
         in_place=True,
+    ),
+    OpDef(
+        name="paged_attention_fp8", family="attention",
+        description="Decode attention over fp8 paged KV caches (kv_cache_dtype fp8_e4m3 / fp8_e5m2, k_scale, v_scale).",
+        signature=("paged_attention_fp8(q: [B, Hq, D], key_cache: [num_blocks, block_size, Hk, D] fp8 codes, "
+                   "value_cache: same, block_tables: [B, max_blocks] int64, seq_lens: [B] int64, scale: float, "
+                   "kv_cache_dtype: 'fp8_e4m3' | 'fp8_e5m2', k_scale: float, v_scale: float) -> out: [B, Hq, D]; "
+                   "key = code · k_scale, value = code · v_scale; addressing as paged_attention"),
+        case_model=PagedFp8Case, make_inputs=_paged_fp8_inputs, reference=ref.paged_attention_fp8,
+        native=paged_attention_fp8, outputs=("out",), tolerance=("fp8_kv_attention",), requires=("fp8_e4m3",),
+        device_scope=_fp8_scope,
+    ),
+    OpDef(
+        name="reshape_and_cache_fp8", family="attention",
+        description="Write new keys and values into fp8 paged KV caches by slot: code = fp8(x / scale).",
+        signature=("reshape_and_cache_fp8(key: [T, Hk, D], value: [T, Hk, D], key_cache: [num_blocks, block_size, "
+                   "Hk, D] fp8 codes, value_cache: same, slot_mapping: [T] int64, kv_cache_dtype: 'fp8_e4m3' | "
+                   "'fp8_e5m2', k_scale: float, v_scale: float) -> (key_cache_out, value_cache_out) fp8 codes; "
+                   "code = fp8(clamp(x / scale)); slot -1 skipped; may write the caches in place"),
+        case_model=CacheWriteFp8Case, make_inputs=_cache_write_fp8_inputs, reference=_reshape_and_cache_fp8_reference,
+        native=reshape_and_cache_fp8, outputs=("key_cache_out", "value_cache_out"),
+        tolerance=("fp8_kv_cache", "fp8_kv_cache"), requires=("fp8_e4m3",), device_scope=_fp8_scope, in_place=True,
     ),
 ]

