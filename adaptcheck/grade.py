@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from adaptcheck.base.features import FEATURES, Outcome, Planned, feature_table
+from adaptcheck.base.features import FEATURES, Outcome, Planned, feature_names, feature_table
 from adaptcheck.base.schemas.ladder import QUANT_TAG, ConditionSpec, GradeSpec
 from adaptcheck.base.schemas.results import (
     CheckResult,
@@ -41,6 +41,12 @@ def _matches(check_id: str, pattern: str) -> bool:
 
 
 def _selects(cond: ConditionSpec, check_id: str, step: int, tags: list[str]) -> bool:
+    if feature_names(tags):
+        # An optimisation feature's check (feature:NAME) is certified beside the level, in the
+        # features table: a level demands it only by naming it (its tag or its exact id), never
+        # through a wildcard or a whole step (ops.*.bf16 must not fold the fp8 KV-cache kernels
+        # into "the operators the model needs").
+        return any(p == check_id or check_id.startswith(p + ".") for p in cond.checks) or bool(set(tags) & set(cond.tags))
     return (
         any(_matches(check_id, p) for p in cond.checks)
         or step in cond.steps
@@ -51,8 +57,8 @@ def _selects(cond: ConditionSpec, check_id: str, step: int, tags: list[str]) -> 
 def _selects_planned(cond: ConditionSpec, check_id: str, step: int, tags: list[str]) -> bool:
     """Like _selects, but a planned check is also selected when the pattern names its
     sub-results ('ops.*.bf16' selects the planned 'ops.gemm', whose results are 'ops.gemm.bf16')."""
-    return _selects(cond, check_id, step, tags) or any(
-        "." in p and fnmatch.fnmatchcase(check_id, p.rsplit(".", 1)[0]) for p in cond.checks)
+    return _selects(cond, check_id, step, tags) or (not feature_names(tags) and any(
+        "." in p and fnmatch.fnmatchcase(check_id, p.rsplit(".", 1)[0]) for p in cond.checks))
 
 
 def substitute(cond: ConditionSpec, precision: str) -> ConditionSpec:

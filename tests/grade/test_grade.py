@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from adaptcheck.base.schemas.ladder import GradeSpec
 from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, Status
-from adaptcheck.grade import compute_grade, level_at_least
+from adaptcheck.grade import compute_features, compute_grade, level_at_least
 from adaptcheck.ladder.loader import load_ladder
 
 RULES = GradeSpec.model_validate({"levels": [
@@ -241,3 +241,27 @@ def test_an_untagged_check_counts_whatever_the_quantization() -> None:
     for quantization in ("none", "int8_w8a8", "fp8", "other"):
         g = compute_grade(RULES, PLANNED, results, [1, 2, 3, 4], 1, quantization=quantization)
         assert g.level == "L1" and g.left_out == [], quantization
+
+
+def test_a_failing_feature_check_is_beside_the_level_unless_a_condition_names_it() -> None:
+    """An fp8 KV-cache kernel caught by ``ops.*`` or a whole step is not folded into the level;
+    a condition that names the check (its id or a tag) still demands it."""
+    rules = GradeSpec.model_validate({"levels": [
+        {"level": "L1", "name": "ops", "conditions": [
+            {"id": "ops", "description": "every op", "checks": ["ops.*"]},
+            {"id": "step3", "description": "step 3", "steps": [3]}]},
+        {"level": "L2", "name": "named", "conditions": [
+            {"id": "named", "description": "named", "checks": ["ops.paged_fp8"]}]},
+    ]})
+    tags = ["feature:fp8_kv_cache"]
+    planned = [PlannedCheck(id="ops.gemm", step=3, kind="k", timeout_s=1),
+               PlannedCheck(id="ops.paged_fp8", step=3, kind="k", tags=tags, timeout_s=1)]
+    results = [r("ops.gemm", 3), r("ops.paged_fp8.bf16", 3, Status.FAIL, tags=tags)]
+    g = compute_grade(rules, planned, results, [3], device_count=1)
+    assert g.level == "L1"  # the wildcard and the step left the feature out; the named condition did not
+    assert any("ops.paged_fp8" in b for b in g.blockers)
+    fp8 = next(f for f in compute_features(planned, results, [3]) if f.name == "fp8_kv_cache")
+    assert fp8.status == "failed"
+    untagged = [r("ops.gemm", 3), r("ops.paged_fp8.bf16", 3, Status.FAIL)]
+    assert compute_grade(rules, [p.model_copy(update={"tags": []}) for p in planned], untagged, [3],
+                         device_count=1).level == "L0"  # without the tag, ops.* demands it
