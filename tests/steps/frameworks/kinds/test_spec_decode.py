@@ -169,3 +169,22 @@ def test_a_drafter_that_never_drafts_fails_the_feature_active_row(ladder_run: di
     assert rows(check)["feature active"] is False
     assert rows(check)["greedy tokens"] is True  # the answers alone could not tell
     assert "nothing was drafted" in check["message"]
+
+
+def test_the_benchmark_ladder_is_valid(tmp_path: Path) -> None:
+    """benchmarks/feature_spec_decode.py's ladder loads (its runs are minutes; this is its smoke test)."""
+    import importlib.util
+
+    import yaml
+
+    from adaptcheck.ladder.loader import load_ladder
+
+    spec = importlib.util.spec_from_file_location("feature_spec_decode", Path(__file__).parents[4] / "benchmarks"
+                                                  / "feature_spec_decode.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = tmp_path / "l.yaml"
+    path.write_text(yaml.safe_dump(bench.ladder(served=True), sort_keys=False) + bench.GRADE)
+    ids = [c.id for c in load_ladder(str(path)).spec.checks]
+    assert ids == ["load", *bench.HEALTHY, *bench.PLANTED_IDS, "served.ngram"]
