@@ -180,7 +180,8 @@ def _prove(active: Active, deltas: dict[str, float], method: str = "ngram") -> P
     ok = drafted > 0 and accepted > 0 and same_method
     how = (f"{drafted:.0f} tokens drafted, {accepted:.0f} accepted"
            + (f" (acceptance {rate:.0%})" if rate is not None else "")
-           + f"; engine speculative method {resolved!r}")
+           + (f"; engine speculative method {resolved!r}" if resolved is not None
+              else "; the engine's settings are not read back here (served): the counters show it"))
     if drafted == 0:
         how += ": nothing was drafted, so nothing was verified"
     elif accepted == 0:
