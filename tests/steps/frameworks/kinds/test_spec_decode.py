@@ -115,7 +115,6 @@ def spec_check(id_: str, framework: str, **params: Any) -> dict[str, Any]:
 def ladder_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     root = tmp_path_factory.mktemp("spec_decode")
     checks = [
-        {"id": "load", "step": 4, "kind": "framework.load", "params": {"framework": "vllm", "compile": False}},
         spec_check("ngram", "vllm"),
         spec_check("draft", "vllm", method="draft_model"),
         spec_check("accept_all.ngram", PLANTED + "AcceptAllDrafts"),
