@@ -191,6 +191,26 @@ class SyntheticSpec:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class DraftSpec(SyntheticSpec):
+    """A draft model for speculative decoding: the first ``num_layers`` layers of ``target``
+    (same seed), with the target's embedding, final norm and LM head, and the same tokenizer.
+
+    Cut from the target rather than drawn afresh: a random draft would agree with the target
+    on almost no token, so the verifier would reject nearly every draft and "accepted > 0"
+    could not be shown. A truncated target proposes the target's own token most of the time
+    (the successor spike of the LM head) but not always, so a verifier is exercised both ways.
+    """
+
+    target: str = ""
+    """The embedded model this draft is cut from; its folder is written first (same seed, same root)."""
+
+    def spec_hash(self) -> str:
+        """Also the target's hash: a change to the target's bytes moves the draft's folder too."""
+        both = super().spec_hash() + _spec(self.target).spec_hash()
+        return hashlib.sha256(both.encode()).hexdigest()
+
+
 EMBEDDED: dict[str, SyntheticSpec] = {
     spec.name: spec
     for spec in (
@@ -220,6 +240,15 @@ EMBEDDED: dict[str, SyntheticSpec] = {
             description="Mixtral MoE, 8 experts top-2, head_dim 64",
             hidden_size=256, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
             num_experts=8, experts_per_token=2,
+        ),
+        # Speculative decoding's draft of tiny-llama (framework.spec_decode, method draft_model).
+        DraftSpec(
+            name="tiny-llama-draft",
+            architecture="LlamaForCausalLM",
+            model_type="llama",
+            description="draft of tiny-llama: its first layer, embedding and LM head (same tokenizer)",
+            hidden_size=256, intermediate_size=512, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=64,
+            target="tiny-llama",
         ),
     )
 }
@@ -312,6 +341,9 @@ def ensure_model(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
         return final
     _require_writers()
     spec = _spec(name)
+    if isinstance(spec, DraftSpec):
+        target = ensure_model(spec.target, seed=seed, root=root)
+        return publish_folder(final, lambda out: _write_draft(spec, target, seed, out), is_complete)
     return publish_folder(final, lambda out: _write_model(spec, seed, out), is_complete)
 
 
@@ -807,4 +839,46 @@ def _write_model(spec: SyntheticSpec, seed: int, out: Path) -> None:
     }
     # No timings in here: the metadata is byte-identical for a given seed as well. It is
     # written last, so its presence marks a complete folder.
+    (out / METADATA_FILE).write_text(_dumps(meta))
+
+
+def _write_draft(spec: DraftSpec, target: Path, seed: int, out: Path) -> None:
+    """Write the draft ``spec`` cut from the finished ``target`` folder into ``out``.
+
+    The target's bytes are read after its EOS relabelling, so the draft's vocabulary means the
+    same as the target's, id for id. No probes of its own: the draft is not meant to be certified
+    as a model (a run on it skips the EOS and stop probes, as for any model without them).
+    """
+    from safetensors.torch import load_file
+
+    target_spec = _spec(spec.target)
+    same = ("model_type", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
+            "vocab_size", "max_position_embeddings", "rope_theta")
+    if any(getattr(spec, f) != getattr(target_spec, f) for f in same) or spec.num_layers > target_spec.num_layers:
+        raise ValueError(f"{spec.name}: a draft must have {spec.target}'s shapes and at most its layers")
+    for fname in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        shutil.copyfile(target / fname, out / fname)
+    (out / "config.json").write_text(_dumps(_config_dict(spec)))
+    kept = {name for name, _, _ in _tensor_layout(spec)}
+    tensors = {k: v for k, v in load_file(str(target / "model.safetensors")).items() if k in kept}
+    if set(tensors) != kept:
+        raise RuntimeError(f"{spec.name}: {target} lacks {sorted(kept - set(tensors))}")
+    _write_weights(tensors, out / "model.safetensors")
+    target_meta = synthetic_info(target) or {}
+    meta = {
+        "created_by": "adaptcheck",
+        "generator_version": GENERATOR_VERSION,
+        "name": spec.name,
+        "seed": seed,
+        "spec_hash": spec.spec_hash(),
+        "description": spec.description,
+        "architecture": spec.architecture,
+        "model_type": spec.model_type,
+        "head_dim": spec.head_dim,
+        "num_params": sum(int(x.numel()) for x in tensors.values()),
+        "stored_dtype": "bfloat16",
+        "eos_token_id": EOS_ID,
+        "draft_of": spec.target,
+        "draft_of_spec_hash": target_meta.get("spec_hash"),
+    }
     (out / METADATA_FILE).write_text(_dumps(meta))

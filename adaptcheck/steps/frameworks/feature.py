@@ -69,13 +69,17 @@ def answer(fw: Framework, reqs: list[GenRequest], together: bool) -> list[Genera
 def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: LoadOverrides,
                      requests: Callable[[Active], list[GenRequest]], prove: Prover, *,
                      names: tuple[str, str] = ("without", "with"), plain: LoadOverrides | None = None,
-                     extra_rows: Callable[[Active], list[SubcheckRow]] | None = None) -> Outcome:
+                     extra_rows: Callable[[Active], list[SubcheckRow]] | None = None,
+                     tie_margin: Callable[[Active], float] | None = None) -> Outcome:
     """Compare the plain instance with one loaded with ``feature`` merged onto the check's own
     load options (``engine_args`` merged key by key), and prove the feature ran.
 
     ``plain`` overrides the plain instance's options (default: the check's, which is the shared
     instance the other checks reuse). ``extra_rows`` runs on the feature instance after the
     compared requests (an over-length request, a second probe) and adds its rows.
+    ``tie_margin`` (nats, from the plain instance) compares greedy tokens by the near-tie rule
+    instead of the top-N rule: for a feature that must not change which token wins, only numerics
+    (bf16 rounding of another batch shape) may part the answers, and only at a near-tie.
     """
     base = p.load_overrides()
     plain_opts: LoadOverrides = {**base, **(plain or {})}
@@ -97,7 +101,12 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
             more = extra_rows(other) if extra_rows is not None else []
         finally:
             release(ctx)
-        cmp = compare(plain_answers, feat_answers, mode="top_n", top_n=p.top_n, codec=tok.codec())
+        if tie_margin is None:
+            cmp = compare(plain_answers, feat_answers, mode="top_n", top_n=p.top_n, codec=tok.codec())
+        else:
+            loads["tie_margin"] = margin = tie_margin(active)
+            cmp = compare(plain_answers, feat_answers, mode="near_tie", top_n=p.top_n, tie_margin=margin,
+                          codec=tok.codec())
         rows = [*proof.rows, subcheck(f"greedy tokens: {names[0]} vs {names[1]}", cmp.ok, cmp.summary())]
         dist_row, distribution = generations_distribution_row(
             ctx, active, tok, p.teacher, f"distributions: {names[0]} vs {names[1]}", plain_answers, feat_answers)
