@@ -262,15 +262,10 @@ def prove(active: Active, cache: str) -> Proof:
     # Evidence models keep extra fields: the per-layer tensors ride along as ``layers``.
     record = FeatureProof.model_validate({"feature": "fp8_kv_cache", "active": ok, "how": how, "engine": facts,
                                           **({"layers": layers} if not isinstance(layers, str) else {})})
-    metrics: dict[str, float | str | None] = {"kv_cache_dtype": _text(facts.get("kv_cache_dtype")),
-                                              "kv_cache_blocks": _number(facts.get("num_gpu_blocks"))}
+    metrics: dict[str, float | str | None] = {"kv_cache_blocks": _number(facts.get("num_gpu_blocks"))}
     if not isinstance(layers, str) and layers:
         metrics["kv_cache_element_bytes"] = _number(layers[0]["element_bytes"])
     return Proof(rows=[engine_row(f"{cache} KV cache", ok, how)], record=record, metrics=metrics)
-
-
-def _text(x: JsonValue) -> str | None:
-    return x if isinstance(x, str) else None
 
 
 def _number(x: JsonValue) -> float | None:
