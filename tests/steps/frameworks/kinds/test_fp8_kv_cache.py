@@ -159,8 +159,9 @@ def test_a_framework_without_the_argument_is_not_applicable_per_format() -> None
 
 # ------------------------------------------------------------- slow: one ladder, real CLI --
 
+# Eager (compile: false): a compiled vLLM start-up costs seconds per instance, and this run loads six.
 SMALL = {"teacher": {"prompts": 2, "long_prompt_tokens": 0, "chat": False, "max_tokens": 16}, "prompts": 2,
-         "max_tokens": 8}
+         "max_tokens": 8, "compile": False}
 
 
 def fp8_check(id_: str, framework: str, formats: list[str], **params: Any) -> dict[str, Any]:
