@@ -27,6 +27,21 @@ class Rule(BaseModel):
         return self.multiple * control + self.floor[dtype]
 
 
+class Fp8KvCachePolicy(BaseModel):
+    """The fp8 KV-cache bound (``framework.fp8_kv_cache``, docs/features.md "FP8 KV cache"): the
+    fp8 instance against the float64 reference, each statistic held to
+    ``multiple x control x (1 + kv_share x (u_cache / u_served)^2) + floor[dtype]``, where ``u`` is
+    a format's unit roundoff (the kind holds them: e4m3 2^-4, e5m2 2^-3, bf16 2^-8 …)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_share: float = Field(gt=0, description="The KL that storing K and V at the served dtype's roundoff costs, "
+                            "as a share of the control's whole KL (every rounding of the forward): measured, with margin.")
+    reason: str = Field(min_length=10, description="How kv_share was measured, and why the form of the bound.")
+    bounds: dict[Literal["kl_mean", "kl_p99"], Rule] = Field(description="Per statistic: its multiple (applied to the "
+                                                              "fp8-scaled control) and floor.")
+
+
 class ModelNumericsPolicy(BaseModel):
     """Bounds of step 4's teacher-forced comparisons and of the layer localisation."""
 
@@ -46,3 +61,5 @@ class ModelNumericsPolicy(BaseModel):
                     "grows with the model's depth exactly as the figure does.")
     localisation: Rule = Field(description="Per-module normalized error of the device's hidden states vs the "
                                "reference, relative to the control's at the same module.")
+    fp8_kv_cache: Fp8KvCachePolicy | None = Field(default=None, description="The fp8 KV-cache instance vs the float64 "
+                                                  "reference (absent: framework.fp8_kv_cache cannot judge, says so).")

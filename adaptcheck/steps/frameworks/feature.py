@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pydantic import Field, JsonValue
 
 from adaptcheck.base.schemas.framework_evidence import FeatureProof, SubcheckRow
-from adaptcheck.frameworks.base import Framework, Generation, GenRequest
+from adaptcheck.frameworks.base import Framework, FrameworkError, Generation, GenRequest
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks.agreement import compare
 from adaptcheck.steps.frameworks.lifecycle import Active, acquire, release, run_with_framework
@@ -70,7 +70,9 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
                      requests: Callable[[Active], list[GenRequest]], prove: Prover, *,
                      names: tuple[str, str] = ("without", "with"), plain: LoadOverrides | None = None,
                      extra_rows: Callable[[Active], list[SubcheckRow]] | None = None,
-                     tie_margin: Callable[[Active], float] | None = None) -> Outcome:
+                     tie_margin: Callable[[Active], float] | None = None,
+                     distributions: bool = True,
+                     refused: Callable[[FrameworkError], str | None] | None = None) -> Outcome:
     """Compare the plain instance with one loaded with ``feature`` merged onto the check's own
     load options (``engine_args`` merged key by key), and prove the feature ran.
 
@@ -80,6 +82,11 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
     ``tie_margin`` (nats, from the plain instance) compares greedy tokens by the near-tie rule
     instead of the top-N rule: for a feature that must not change which token wins, only numerics
     (bf16 rounding of another batch shape) may part the answers, and only at a near-tie.
+    ``distributions=False`` leaves out the same-framework distribution row, for a feature that
+    changes numerics on purpose and is held to the float64 reference in ``extra_rows`` instead
+    (fp8 KV cache). ``refused`` reads a failed load of the feature instance: the reason the
+    framework itself gives for not running the feature here (the outcome is then n/a with it),
+    or None for a real failure (an error, as before).
     """
     base = p.load_overrides()
     plain_opts: LoadOverrides = {**base, **(plain or {})}
@@ -92,7 +99,13 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
         reqs = requests(active)
         plain_answers = [strip_eos(g, eos) for g in answer(active.framework, reqs, p.together)]
         loads: dict[str, float | str | None] = {f"load_s[{names[0]}]": round(active.load_s, 2)}
-        other = acquire(ctx, p.framework, ctx.check_id, **feat_opts)
+        try:
+            other = acquire(ctx, p.framework, ctx.check_id, **feat_opts)
+        except FrameworkError as exc:
+            why = refused(exc) if refused is not None else None
+            if why is None:
+                raise
+            return Outcome.skipped(why, applicable=False, metrics=loads)
         try:
             loads[f"load_s[{names[1]}]"] = round(other.load_s, 2)
             before = other.framework.metrics()
@@ -108,9 +121,11 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
             cmp = compare(plain_answers, feat_answers, mode="near_tie", top_n=p.top_n, tie_margin=margin,
                           codec=tok.codec())
         rows = [*proof.rows, subcheck(f"greedy tokens: {names[0]} vs {names[1]}", cmp.ok, cmp.summary())]
-        dist_row, distribution = generations_distribution_row(
-            ctx, active, tok, p.teacher, f"distributions: {names[0]} vs {names[1]}", plain_answers, feat_answers)
-        rows.append(dist_row)
+        distribution = None
+        if distributions:
+            dist_row, distribution = generations_distribution_row(
+                ctx, active, tok, p.teacher, f"distributions: {names[0]} vs {names[1]}", plain_answers, feat_answers)
+            rows.append(dist_row)
         rows.extend(more)
         return verdict(rows, what, metrics={**cmp.metrics(), **loads, **proof.metrics},
                        details={"comparison": cmp.details(), "distribution": distribution,
