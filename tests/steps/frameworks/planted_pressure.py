@@ -62,3 +62,32 @@ class PreemptStaleBlocks(_Patched):
             Scheduler._make_cached_request_data = original  # type: ignore[method-assign]
 
         return undo
+
+
+class ChunkPositionsRestart(_Patched):
+    """Every prefill chunk after the first is positioned as if it started the sequence: the
+    rotary offset restarts at 0 at each chunk boundary instead of continuing from the tokens
+    already in the cache. A prompt prefilled in one step, and single-token decode steps, are
+    untouched, so only chunked prefill meets it."""
+
+    display_name = "planted: chunked prefill restarts positions at each chunk"
+
+    def patch(self) -> Callable[[], None]:
+        from vllm.model_executor.models.llama import LlamaForCausalLM
+
+        original = LlamaForCausalLM.forward
+
+        def restarts(model: Any, input_ids: Any, positions: Any, *args: Any, **kwargs: Any) -> Any:
+            if positions is not None and positions.dim() == 1 and positions.numel() > 1:
+                first = int(positions[0])
+                consecutive = int(positions[-1]) - first == positions.numel() - 1
+                if first > 0 and consecutive:
+                    positions = positions - first
+            return original(model, input_ids, positions, *args, **kwargs)
+
+        LlamaForCausalLM.forward = restarts  # type: ignore[method-assign]
+
+        def undo() -> None:
+            LlamaForCausalLM.forward = original  # type: ignore[method-assign]
+
+        return undo
