@@ -17,12 +17,15 @@ from pydantic import Field, model_validator
 
 from adaptcheck.base.schemas.framework_evidence import FeatureProof
 from adaptcheck.frameworks.base import GenRequest
+from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.feature import FeatureParams, Proof, engine_row, facts_of, feature_vs_plain
 from adaptcheck.steps.frameworks.lifecycle import Active
+from adaptcheck.steps.frameworks.probes import not_applicable
 
+ENGINE_ARGS = frozenset({"num_gpu_blocks_override", "block_size"})
 PREEMPTIONS = ("vllm:num_preemptions", "vllm:num_preemptions_total")
 """vLLM's preemption counter: its in-process name, and the Prometheus name a server exposes."""
 
@@ -98,6 +101,11 @@ class PreemptionCheck(FrameworkCheck):
     typical_s = 20.0
 
     def run(self, ctx: CheckContext, params: PreemptionParams) -> Outcome:
+        cls = framework_class(params.framework)
+        names = cls.accepted_engine_args()
+        if names is not None and not ENGINE_ARGS <= names:
+            return not_applicable(params, f"{cls.display_name} has no KV-cache size settings "
+                                  f"({', '.join(sorted(ENGINE_ARGS))})")
         feature = {"max_model_len": params.pressure_max_model_len,
                    "engine_args": {"num_gpu_blocks_override": params.kv_blocks, "block_size": params.block_size}}
         return feature_vs_plain(ctx, params, "preemption", feature,  # type: ignore[arg-type]

@@ -114,3 +114,11 @@ def test_chunk_positions_restarting_fails_the_chunked_rows(checks: dict[str, dic
     assert rows["feature active: chunked prefill"] is True  # it did chunk: the answers are what fail
     assert rows["distributions: one-step prefill vs prefill in 128-token chunks"] is False
     assert rows["over-length request refused"] is True
+
+
+def test_a_framework_without_chunked_prefill_settings_is_not_applicable() -> None:
+    from adaptcheck.steps.frameworks.kinds.long_context import LongContextCheck, LongContextParams
+
+    outcome = LongContextCheck().run(None, LongContextParams(framework="transformers"))  # type: ignore[arg-type]
+    assert outcome.status == "skip" and outcome.applicable is False
+    assert "chunked-prefill settings" in outcome.message

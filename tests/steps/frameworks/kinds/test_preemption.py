@@ -102,3 +102,13 @@ def test_resuming_on_stale_blocks_fails_the_check(checks: dict[str, dict[str, An
     # Preemption really happened (the defect only bites on resume), and the answers name why.
     assert c["metrics"]["preemptions"] > 0
     assert "unpressured vs 5-block cache" in c["message"]
+
+
+def test_a_framework_without_kv_cache_settings_is_not_applicable() -> None:
+    from adaptcheck.steps.frameworks.kinds.preemption import PreemptionCheck
+
+    check = PreemptionCheck()
+    params = PreemptionParams(framework="transformers")
+    outcome = check.run(None, params)  # type: ignore[arg-type]  # decided before any context is read
+    assert outcome.status == "skip" and outcome.applicable is False
+    assert "KV-cache size settings" in outcome.message
