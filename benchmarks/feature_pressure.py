@@ -11,7 +11,8 @@ with it) one throw-away ladder runs through the real CLI with four checks on
 
 It prints, per kind, how many seeds the healthy check passed and the planted one failed, with
 the activity figures (preemptions; prefill chunks) and each check's seconds. The kinds' default
-params are what is measured unless ``--small`` (the sizes the slow tests use). Docs:
+params are what is measured unless ``--small`` (the sizes the slow tests use); vLLM runs eager
+(``compile: false``), as the shipped ladders run it in process. Docs:
 docs/features.md "Preemption" and "Long context and chunked prefill".
 
     python benchmarks/feature_pressure.py              # seeds 0..4, default params
@@ -49,7 +50,7 @@ def ladder(small: bool) -> list[dict[str, Any]]:
         sizes = SMALL[kind] if small else {}
         for name, fw in (("healthy", "vllm"), ("planted", f"{PLANTED}:{planted}")):
             checks.append({"id": f"{kind}.{name}", "step": 4, "kind": kind,
-                           "params": {"framework": fw, "teacher": dict(TEACHER), **sizes}})
+                           "params": {"framework": fw, "compile": False, "teacher": dict(TEACHER), **sizes}})
     return checks
 
 

@@ -19,7 +19,7 @@ from adaptcheck.steps.frameworks.kinds.long_context import (
 from tests.conftest import ladder_text, run_cli
 
 PLANTED = "tests.steps.frameworks.planted_pressure:ChunkPositionsRestart"
-SMALL = {"max_model_len": 512, "chunk_tokens": 128, "max_tokens": 8,
+SMALL = {"compile": False, "max_model_len": 512, "chunk_tokens": 128, "max_tokens": 8,
          "teacher": {"prompts": 2, "long_prompt_tokens": 0, "chat": False, "max_tokens": 8}}
 
 

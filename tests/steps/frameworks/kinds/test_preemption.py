@@ -19,7 +19,7 @@ from adaptcheck.steps.frameworks.kinds.preemption import (
 from tests.conftest import ladder_text, run_cli
 
 PLANTED = "tests.steps.frameworks.planted_pressure:PreemptStaleBlocks"
-SMALL = {"prompts": 4, "max_tokens": 48, "kv_blocks": 5, "pressure_max_model_len": 128,
+SMALL = {"compile": False, "prompts": 4, "max_tokens": 48, "kv_blocks": 5, "pressure_max_model_len": 128,
          "teacher": {"prompts": 2, "long_prompt_tokens": 0, "chat": False, "max_tokens": 8}}
 """The smallest pressure that still preempts on tiny-llama: 4 requests growing to ~56 tokens
 each (8 blocks of 32) against a 5-block cache."""
