@@ -214,8 +214,12 @@ def _prove(active: Active, deltas: dict[str, float], p: LongContextParams, seen:
         problems.append(chunk_how)
     how = (f"engine: chunked prefill {on}, max_num_batched_tokens {budget} for a {n}-token prompt (plain instance: "
            f"{plain_budget}); {chunk_how}")
-    ok = not problems
-    detail = how if ok else "; ".join(problems)
+    ok: bool | None = not problems
+    if ok and on is None and budget is None and steps is None:
+        # Nothing read back (a server without engine facts): what was asked is no proof.
+        ok, how = None, (f"not observable here: the engine reports neither its chunked-prefill settings nor its "
+                         f"scheduler's steps (asked: max_num_batched_tokens {p.chunk_tokens} for a {n}-token prompt)")
+    detail = how if ok is not False else "; ".join(problems)
     record = FeatureProof(feature="chunked_prefill", active=ok, how=detail, engine=facts, counters=deltas)
     metrics: dict[str, float | str | None] = {"prompt_tokens": n, "prefill_chunks": len(steps) if steps else None,
                                               "max_num_batched_tokens": budget if isinstance(budget, int) else None}

@@ -122,3 +122,48 @@ def test_a_framework_without_chunked_prefill_settings_is_not_applicable() -> Non
     outcome = LongContextCheck().run(None, LongContextParams(framework="transformers"))  # type: ignore[arg-type]
     assert outcome.status == "skip" and outcome.applicable is False
     assert "chunked-prefill settings" in outcome.message
+
+
+class _Engine:
+    """An engine that answers and reports the given facts (no scheduler in this process)."""
+
+    def __init__(self, facts: dict[str, Any]) -> None:
+        self.facts = facts
+
+    def engine_facts(self) -> dict[str, Any]:
+        return self.facts
+
+    def generate(self, requests: list[Any]) -> list[Any]:
+        return []
+
+
+def _proof(facts: dict[str, Any], plain: dict[str, Any] | None = None) -> Any:
+    from types import SimpleNamespace
+
+    from adaptcheck.steps.frameworks.kinds.long_context import LongContextParams, _prove
+
+    seen = {"plain": plain or {"max_num_batched_tokens": 4096, "enable_chunked_prefill": True},
+            "prompt_tokens": 496, "first_ids": list(range(496))}
+    active = SimpleNamespace(framework=_Engine(facts))
+    return _prove(active, {}, LongContextParams(framework="vllm", chunk_tokens=128), seen)  # type: ignore[arg-type]
+
+
+def test_chunk_proof_from_the_resolved_settings_alone() -> None:
+    proof = _proof({"enable_chunked_prefill": True, "max_num_batched_tokens": 128})
+    assert proof.rows[0].ok is True and proof.record.active is True
+
+
+def test_a_budget_that_holds_the_prompt_is_no_chunking() -> None:
+    proof = _proof({"enable_chunked_prefill": True, "max_num_batched_tokens": 4096})
+    assert proof.rows[0].ok is False and "nothing to chunk" in proof.rows[0].detail
+
+
+def test_both_sides_chunking_compares_nothing() -> None:
+    proof = _proof({"enable_chunked_prefill": True, "max_num_batched_tokens": 128},
+                   plain={"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
+    assert proof.rows[0].ok is False and "both sides chunk" in proof.rows[0].detail
+
+
+def test_nothing_read_back_is_not_a_proof() -> None:
+    proof = _proof({})
+    assert proof.rows[0].ok is None and "not observable" in proof.rows[0].detail
