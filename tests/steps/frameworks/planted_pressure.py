@@ -39,27 +39,43 @@ class _Patched(VllmFramework):
 
 
 class PreemptStaleBlocks(_Patched):
-    """A preempted request resumes on its stale block table: the scheduler no longer tells the
-    model runner that the request was resumed, so the runner appends the newly allocated blocks
-    after the freed ones instead of replacing them, and the recomputed request reads and writes
-    KV blocks it no longer owns (some already handed to other requests)."""
+    """A preempted request resumes on its stale blocks: the scheduler remembers the block ids a
+    request held when it was preempted (and freed), and when the request resumes it hands the
+    model runner those stale ids in place of the newly allocated ones, as many as both lists
+    have. The recomputed request then reads and writes KV blocks it no longer owns (some
+    already given to other requests), while the block table keeps its length (no crash)."""
 
     display_name = "planted: preempted requests resume on stale KV blocks"
 
     def patch(self) -> Callable[[], None]:
         from vllm.v1.core.sched.scheduler import Scheduler
 
-        original = Scheduler._make_cached_request_data
+        preempt, cached = Scheduler._preempt_request, Scheduler._make_cached_request_data
 
-        def forgets_resumes(sched: Any, *args: Any, **kwargs: Any) -> Any:
-            out = original(sched, *args, **kwargs)
-            out.resumed_req_ids = set()
+        def remembers(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            stale = getattr(sched, "_planted_stale", None)
+            if stale is None:
+                stale = sched._planted_stale = {}
+            stale[request.request_id] = [list(ids) for ids in sched.kv_cache_manager.get_block_ids(request.request_id)]
+            return preempt(sched, request, *args, **kwargs)
+
+        def resumes_stale(sched: Any, *args: Any, **kwargs: Any) -> Any:
+            out = cached(sched, *args, **kwargs)
+            stale = getattr(sched, "_planted_stale", {})
+            for i, req_id in enumerate(out.req_ids):
+                old, new = stale.pop(req_id, None), out.new_block_ids[i]
+                if req_id in out.resumed_req_ids and old is not None and new is not None:
+                    for group_old, group_new in zip(old, new, strict=False):
+                        n = min(len(group_old), len(group_new))
+                        group_new[:n] = group_old[:n]
             return out
 
-        Scheduler._make_cached_request_data = forgets_resumes  # type: ignore[method-assign]
+        Scheduler._preempt_request = remembers  # type: ignore[method-assign]
+        Scheduler._make_cached_request_data = resumes_stale  # type: ignore[method-assign]
 
         def undo() -> None:
-            Scheduler._make_cached_request_data = original  # type: ignore[method-assign]
+            Scheduler._preempt_request = preempt  # type: ignore[method-assign]
+            Scheduler._make_cached_request_data = cached  # type: ignore[method-assign]
 
         return undo
 
