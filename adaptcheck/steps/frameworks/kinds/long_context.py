@@ -32,6 +32,7 @@ from adaptcheck.steps.frameworks.bounds import load_numerics
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.feature import FeatureParams, Proof, engine_row, facts_of, feature_vs_plain
 from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir
+from adaptcheck.steps.frameworks.params import LoadOverrides
 from adaptcheck.steps.frameworks.probes import local_tokenizer, not_applicable, subcheck
 from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, teacher_data
 
@@ -123,8 +124,9 @@ class LongContextCheck(FrameworkCheck):
             return not_applicable(params, f"{cls.display_name} has no chunked-prefill settings "
                                   f"({', '.join(sorted(ENGINE_ARGS))})")
         seen: dict[str, Any] = {}
-        feature = {"engine_args": {"enable_chunked_prefill": True, "max_num_batched_tokens": params.chunk_tokens}}
-        return feature_vs_plain(ctx, params, "long context", feature,  # type: ignore[arg-type]
+        feature: LoadOverrides = {
+            "engine_args": {"enable_chunked_prefill": True, "max_num_batched_tokens": params.chunk_tokens}}
+        return feature_vs_plain(ctx, params, "long context", feature,
                                 lambda active: _requests(ctx, active, params, seen),
                                 lambda active, deltas: _prove(active, deltas, params, seen),
                                 names=("one-step prefill", f"prefill in {params.chunk_tokens}-token chunks"),

@@ -23,6 +23,7 @@ from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.feature import FeatureParams, Proof, engine_row, facts_of, feature_vs_plain
 from adaptcheck.steps.frameworks.lifecycle import Active
+from adaptcheck.steps.frameworks.params import LoadOverrides
 from adaptcheck.steps.frameworks.probes import not_applicable
 
 ENGINE_ARGS = frozenset({"num_gpu_blocks_override", "block_size"})
@@ -106,9 +107,10 @@ class PreemptionCheck(FrameworkCheck):
         if names is not None and not ENGINE_ARGS <= names:
             return not_applicable(params, f"{cls.display_name} has no KV-cache size settings "
                                   f"({', '.join(sorted(ENGINE_ARGS))})")
-        feature = {"max_model_len": params.pressure_max_model_len,
-                   "engine_args": {"num_gpu_blocks_override": params.kv_blocks, "block_size": params.block_size}}
-        return feature_vs_plain(ctx, params, "preemption", feature,  # type: ignore[arg-type]
+        feature: LoadOverrides = {
+            "max_model_len": params.pressure_max_model_len,
+            "engine_args": {"num_gpu_blocks_override": params.kv_blocks, "block_size": params.block_size}}
+        return feature_vs_plain(ctx, params, "preemption", feature,
                                 lambda active: requests(params, ctx.seed),
                                 lambda active, deltas: prove(active, deltas, params),
                                 names=("unpressured", f"{params.kv_blocks}-block cache"))
