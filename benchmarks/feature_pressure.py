@@ -17,6 +17,7 @@ docs/features.md "Preemption" and "Long context and chunked prefill".
 
     python benchmarks/feature_pressure.py              # seeds 0..4, default params
     python benchmarks/feature_pressure.py --seeds 0 1 --small
+    python benchmarks/feature_pressure.py --small --kinds framework.long_context
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ CASES = (("framework.preemption", "PreemptStaleBlocks", "preemptions"),
          ("framework.long_context", "ChunkPositionsRestart", "prefill_chunks"))
 
 
-def ladder(small: bool) -> list[dict[str, Any]]:
+def ladder(small: bool, kinds: list[str]) -> list[dict[str, Any]]:
     checks = []
     for kind, planted, _ in CASES:
+        if kind not in kinds:
+            continue
         sizes = SMALL[kind] if small else {}
         for name, fw in (("healthy", "vllm"), ("planted", f"{PLANTED}:{planted}")):
             checks.append({"id": f"{kind}.{name}", "step": 4, "kind": kind,
@@ -54,9 +57,9 @@ def ladder(small: bool) -> list[dict[str, Any]]:
     return checks
 
 
-def run_seed(seed: int, small: bool, root: Path) -> dict[str, dict[str, Any]]:
+def run_seed(seed: int, small: bool, kinds: list[str], root: Path) -> dict[str, dict[str, Any]]:
     path = root / f"ladder-{seed}.yaml"
-    path.write_text(ladder_text(ladder(small), timeout_s=900))
+    path.write_text(ladder_text(ladder(small, kinds), timeout_s=900))
     out = root / f"run-{seed}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
@@ -73,14 +76,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--small", action="store_true", help="the slow tests' sizes instead of the defaults")
+    ap.add_argument("--kinds", nargs="+", default=[k for k, _, _ in CASES], choices=[k for k, _, _ in CASES],
+                    help="the kinds to run (default both)")
     args = ap.parse_args()
     tally: dict[str, dict[str, int]] = {kind: {"healthy": 0, "planted": 0} for kind, _, _ in CASES}
     with tempfile.TemporaryDirectory(prefix="feature-pressure-") as tmp:
         for seed in args.seeds:
             start = time.perf_counter()
-            by_id = run_seed(seed, args.small, Path(tmp))
+            by_id = run_seed(seed, args.small, args.kinds, Path(tmp))
             print(f"seed {seed} ({time.perf_counter() - start:.0f} s)")
             for kind, _, figure in CASES:
+                if kind not in args.kinds:
+                    continue
                 for name, wanted in (("healthy", "pass"), ("planted", "fail")):
                     c = by_id.get(f"{kind}.{name}")
                     if c is None:
@@ -91,7 +98,7 @@ def main() -> int:
                     print(f"  {kind:24} {name:8} {c['status']:5} {figure}={metrics.get(figure)} "
                           f"{c.get('duration_s') or 0:.0f} s  {c['message'][:150]}")
     n = len(args.seeds)
-    for kind, _, _ in CASES:
+    for kind in args.kinds:
         print(f"{kind}: healthy passes {tally[kind]['healthy']}/{n}, planted fails {tally[kind]['planted']}/{n}")
     return 0
 

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from adaptcheck.base.errors import exception_line
 from adaptcheck.base.schemas.framework_evidence import FeatureProof, SubcheckRow
-from adaptcheck.frameworks.base import FrameworkUnavailable, GenRequest, ScoringUnsupported
+from adaptcheck.frameworks.base import FrameworkUnavailable, GenRequest, ScoreRequest, ScoringUnsupported
 from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
@@ -33,8 +33,9 @@ from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.feature import FeatureParams, Proof, engine_row, facts_of, feature_vs_plain
 from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir
 from adaptcheck.steps.frameworks.params import LoadOverrides
-from adaptcheck.steps.frameworks.probes import local_tokenizer, not_applicable, subcheck
+from adaptcheck.steps.frameworks.probes import TOP_K, local_tokenizer, not_applicable, subcheck, teacher_and_control
 from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, teacher_data
+from adaptcheck.steps.frameworks.teacher import score_alone
 
 ENGINE_ARGS = frozenset({"enable_chunked_prefill", "max_num_batched_tokens"})
 REQUEST_ERRORS = frozenset({"ValueError", "VLLMClientError"})
@@ -150,7 +151,23 @@ def _requests(ctx: CheckContext, active: Active, p: LongContextParams, seen: dic
     reqs = [GenRequest(prompt_ids=prompts.long_prompt_ids(tok.hf, n, seed=ctx.seed * 1000 + i),
                        max_tokens=p.max_tokens, logprobs=p.top_n) for i in range(p.prompts)]
     seen.update(plain=facts_of(active), limit=limit, prompt_tokens=n, first_ids=reqs[0].prompt_ids)
+    # The whole prompt teacher-forced on the one-step instance, for the chunked one to be held
+    # to position by position: the generated tokens alone see a chunk defect only through the
+    # cache it left, the prompt's own positions see it directly.
+    try:
+        seen["plain_scores"] = score_alone(active.framework, [_prompt_score(reqs[0])], TOP_K)
+    except ScoringUnsupported as exc:
+        seen["plain_scores_error"] = exception_line(exc, with_type=False)
+    # Scoring filled the prefix cache: the compared answer must prefill the prompt in one step.
+    reset = getattr(active.framework, "reset_prefix_cache", None)
+    if callable(reset):
+        reset()
     return reqs
+
+
+def _prompt_score(req: GenRequest) -> ScoreRequest:
+    """Every position of the prompt after the first, scored from the tokens before it."""
+    return ScoreRequest(token_ids=list(req.prompt_ids or []), start=1, top_k=TOP_K)
 
 
 def _scheduler(fw: Any) -> Any:
@@ -231,7 +248,24 @@ def _prove(active: Active, deltas: dict[str, float], p: LongContextParams, seen:
 def _limit_rows(ctx: CheckContext, active: Active, p: LongContextParams, seen: dict[str, Any]) -> list[SubcheckRow]:
     """On the chunked instance: the near-limit prompt vs float64, the over-length refusal, and
     the request after it."""
-    return [_reference_row(ctx, active, p, seen), *_over_length_rows(active, p)]
+    return [_prompt_row(ctx, active, p, seen), _reference_row(ctx, active, p, seen), *_over_length_rows(active, p)]
+
+
+def _prompt_row(ctx: CheckContext, active: Active, p: LongContextParams, seen: dict[str, Any]) -> SubcheckRow:
+    """The near-limit prompt's own distributions, one-step vs chunked, by the same-framework rule."""
+    name = "prompt distributions: one-step vs chunked prefill"
+    plain = seen.get("plain_scores")
+    ids = seen.get("first_ids")
+    if plain is None or not ids:
+        return subcheck(name, None, f"not possible here: {seen.get('plain_scores_error', 'no near-limit prompt')}")
+    try:
+        chunked = score_alone(active.framework, [_prompt_score(GenRequest(prompt_ids=list(ids)))], TOP_K)
+    except ScoringUnsupported as exc:
+        return subcheck(name, None, f"not possible here: {exception_line(exc, with_type=False)}")
+    found = teacher_and_control(ctx, active, local_tokenizer(active), p.teacher)
+    row, _distribution = tf_rules.same_framework_row(name, plain, chunked, found[1] if found else None,
+                                                    load_numerics(), active.options.dtype)
+    return SubcheckRow.model_validate(row)
 
 
 def _reference_row(ctx: CheckContext, active: Active, p: LongContextParams, seen: dict[str, Any]) -> SubcheckRow:
