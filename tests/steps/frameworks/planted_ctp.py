@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import JsonValue
+
 from adaptcheck.frameworks.base import LoadOptions
 from adaptcheck.frameworks.vllm_fw import VllmFramework
 
@@ -84,3 +86,29 @@ class PaddedSizesCompiled(VllmFramework):
         # In process (VLLM_ENABLE_V1_MULTIPROCESSING=0, one rank) the model lives in this process.
         self.llm.apply_model(_plant_padded_sizes)
         return took
+
+
+TEACHER: dict[str, JsonValue] = {"prompts": 1, "long_prompt_tokens": 0, "chat": False, "max_tokens": 8}
+"""A small float64 teacher: the same-framework bound needs only its CPU control (shared by the checks)."""
+
+
+def compile_checks() -> list[dict[str, JsonValue]]:
+    """One ladder for every compile outcome: healthy, eager under compile (defect 1), and the
+    compiled path wrong at padded sizes (defect 2). Ids: compile.healthy / .eager / .padded."""
+    def check(id_: str, **params: JsonValue) -> dict[str, JsonValue]:
+        return {"id": id_, "step": 4, "kind": "framework.compile",
+                "params": {"framework": "vllm", "teacher": dict(TEACHER), "max_tokens": 12, **params}}
+
+    return [check("compile.healthy"),
+            check("compile.eager", engine_args={"compilation_config": {"mode": 0}}),
+            check("compile.padded", framework=f"{__name__}:PaddedSizesCompiled")]
+
+
+def tensor_parallel_checks() -> list[dict[str, JsonValue]]:
+    """Healthy TP 2 on the CPU and the dropped partial sum. Ids: tp.healthy / tp.dropped."""
+    def check(id_: str, **params: JsonValue) -> dict[str, JsonValue]:
+        return {"id": id_, "step": 4, "kind": "framework.tensor_parallel",
+                "params": {"framework": "vllm", "compile": False, "teacher": dict(TEACHER), "max_tokens": 12, **params}}
+
+    return [check("tp.healthy"),
+            check("tp.dropped", engine_args={"worker_extension_cls": f"{__name__}.DropRankPartial"})]

@@ -64,7 +64,7 @@ class CompileCheck(FrameworkCheck):
                    "batches; the engine really compiled or captured.")
     params_model = CompileParams
     label = "compile on vs off"
-    compares = "compile off vs compile on"
+    compares = "compile on vs off"
     typical_s = 60.0
 
     def run(self, ctx: CheckContext, params: CompileParams) -> Outcome:

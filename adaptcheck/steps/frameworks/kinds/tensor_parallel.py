@@ -53,7 +53,6 @@ class TensorParallelCheck(FrameworkCheck):
                    "same answers; the engine's world size shows the ranks ran.")
     params_model = TensorParallelParams
     label = "tensor parallel vs one device"
-    compares = "one rank vs tensor parallel"
     typical_s = 40.0
 
     def run(self, ctx: CheckContext, params: TensorParallelParams) -> Outcome:
