@@ -21,6 +21,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from pydantic import JsonValue
 
 from tests.conftest import ladder_text
 from tests.steps.frameworks.planted_ctp import compile_checks, tensor_parallel_checks
@@ -29,9 +32,9 @@ EXPECT = {"compile.healthy": "pass", "compile.eager": "fail", "compile.padded": 
           "tp.healthy": "pass", "tp.dropped": "fail"}
 
 
-def run_seed(seed: int, checks: list[dict[str, object]], root: Path) -> tuple[list[dict[str, object]], float]:
+def run_seed(seed: int, checks: list[dict[str, JsonValue]], root: Path) -> tuple[list[dict[str, Any]], float]:
     ladder = root / f"ladder-{seed}.yaml"
-    ladder.write_text(ladder_text(checks, timeout_s=900))  # type: ignore[arg-type]
+    ladder.write_text(ladder_text([dict(c) for c in checks], timeout_s=900))
     out = root / f"run-{seed}"
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "adaptcheck", "run", "--ladder", str(ladder), "--device", "cpu",
@@ -51,10 +54,10 @@ def main() -> None:
     tally: dict[str, list[str]] = {c["id"]: [] for c in checks}  # type: ignore[misc]
     with tempfile.TemporaryDirectory(prefix="feature-ctp-") as tmp:
         for seed in args.seeds:
-            got, took = run_seed(seed, checks, Path(tmp))  # type: ignore[arg-type]
+            got, took = run_seed(seed, checks, Path(tmp))
             print(f"seed {seed}: {took:.0f} s", flush=True)
             for c in got:
-                rows = c.get("details", {}).get("subchecks", [])  # type: ignore[union-attr]
+                rows = c.get("details", {}).get("subchecks", [])
                 failed = next((r["name"] for r in rows if r["ok"] is False), "-")
                 active = next((r["detail"] for r in rows if r["name"].startswith("feature active")), "")
                 tally[str(c["id"])].append(str(c["status"]))

@@ -71,7 +71,7 @@ def _plant_padded_sizes(model: Any) -> int:
             return out
 
         call._planted = True  # type: ignore[attr-defined]
-        cls.__call__ = call  # type: ignore[method-assign]
+        cls.__call__ = call
         planted += 1
     return planted
 
