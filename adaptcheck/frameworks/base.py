@@ -147,6 +147,9 @@ class LoadOptions:
     engine_args: dict[str, JsonValue] = field(default_factory=dict)
     """The ladder's ``engine_args`` (validated against :attr:`Framework.engine_arg_names`):
     vLLM ``LLM`` keywords in process, ``vllm serve`` flags when served."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment the framework's processes start with for this instance only (vLLM on CPU:
+    ``VLLM_CPU_OMP_THREADS_BIND`` for tensor-parallel ranks, one core each)."""
     extra: dict[str, JsonValue] = field(default_factory=dict)
     """Adapter-specific options (``attn_implementation``, ``server_args``, vLLM ``LLM`` keywords)."""
 
@@ -177,6 +180,12 @@ class Framework(ABC):
     supports_prefix_caching: ClassVar[bool] = False
     supports_compile_toggle: ClassVar[bool] = False
     supports_tensor_parallel: ClassVar[bool] = False
+    host_tensor_parallel_env: ClassVar[str | None] = None
+    """Set where the adapter runs tensor-parallel ranks as processes on the host's cores when the
+    device is the CPU (vLLM's CPU backend: gloo + a shared-memory communicator), so TP needs
+    cores, not devices: the environment variable that gives each rank its cores, as core lists
+    separated by '|' (vLLM: VLLM_CPU_OMP_THREADS_BIND). None: tensor parallel needs devices
+    (docs/features.md, "Tensor parallel on one host")."""
     supports_stream: ClassVar[bool] = False
     """Whether requests can be answered through a streaming API (endpoints)."""
     supports_speculative_decoding: ClassVar[bool] = False

@@ -308,7 +308,7 @@ class _LaunchedServer(EndpointFramework):
                           device=device, max_model_len=opts.max_model_len,
                           enable_prefix_caching=opts.enable_prefix_caching,
                           enforce_eager=None if opts.compile is None else not opts.compile,
-                          extra_args=self._server_args(opts))
+                          extra_args=self._server_args(opts), env=dict(opts.env))
         self.server = ManagedServer(spec, self.config.log_dir or opts.model_path.parent)
         self.server.start()
         self.client = self.server.client(timeout_s=REQUEST_TIMEOUT_S)
@@ -385,6 +385,7 @@ class VllmServeFramework(_LaunchedServer):
     supports_prefix_caching = True
     supports_compile_toggle = True
     supports_tensor_parallel = True
+    host_tensor_parallel_env = "VLLM_CPU_OMP_THREADS_BIND"
     supports_speculative_decoding = True
 
     @classmethod

@@ -138,6 +138,7 @@ class VllmFramework(Framework):
     supports_prefix_caching = True
     supports_compile_toggle = True
     supports_tensor_parallel = True
+    host_tensor_parallel_env = "VLLM_CPU_OMP_THREADS_BIND"
     supports_speculative_decoding = True
 
     @classmethod
@@ -168,6 +169,9 @@ class VllmFramework(Framework):
         with process_local_environ():
             for key, value in {**vllm_env_defaults(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
                 os.environ.setdefault(key, value)
+            # This instance's own environment: its worker processes inherit it while it starts.
+            env_before = {key: os.environ.get(key) for key in opts.env}
+            os.environ.update(opts.env)
             start = time.perf_counter()
             try:
                 from vllm import LLM
@@ -193,6 +197,12 @@ class VllmFramework(Framework):
                 self.llm = LLM(**kwargs)
             except Exception as exc:
                 raise FrameworkError(f"vLLM could not start on {opts.model_path}: {exception_line(exc)}") from exc
+            finally:
+                for key, old in env_before.items():
+                    if old is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = old
         self.opts = opts
         took = time.perf_counter() - start
         # Learnt now, not when first asked: the traced request must not land between the
@@ -335,7 +345,13 @@ class VllmFramework(Framework):
             cfg = self.llm.llm_engine.vllm_config
         except Exception as exc:  # noqa: BLE001 - evidence, not a requirement
             return {"error": f"{type(exc).__name__}: {exc}"}
-        return engine_facts_from(cfg)
+        facts = engine_facts_from(cfg)
+        try:
+            # What torch.compile really compiled (rank 0's model), not what the config asks for.
+            facts["compiled_modules"] = list(self.llm.apply_model(compiled_modules)[0])
+        except Exception:  # noqa: BLE001 - not readable here (e.g. ranks in other processes): unknown
+            facts["compiled_modules"] = None
+        return facts
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache()) if self.llm is not None else False
@@ -417,6 +433,15 @@ def engine_facts_from(cfg: Any) -> dict[str, JsonValue]:
         "max_num_batched_tokens": _plain(read(cfg, "scheduler_config", "max_num_batched_tokens")),
         "max_model_len": _plain(read(cfg, "model_config", "max_model_len")),
     }
+
+
+def compiled_modules(model: Any) -> list[str]:
+    """The modules of ``model`` that vLLM's torch.compile wrapper compiled (run in the worker):
+    ``do_not_compile`` unset, and ``compiled`` set by the first traced call or an ahead-of-time
+    compiled function in place (one loaded from vLLM's compile cache leaves ``compiled`` unset)."""
+    return [f"{name or 'model'}:{type(mod).__name__}" for name, mod in model.named_modules()
+            if getattr(mod, "do_not_compile", True) is False
+            and (getattr(mod, "compiled", False) is True or getattr(mod, "aot_compiled_fn", None) is not None)]
 
 
 def _compiled(llm: Any) -> bool:

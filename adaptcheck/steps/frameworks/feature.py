@@ -72,13 +72,16 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
                      extra_rows: Callable[[Active], list[SubcheckRow]] | None = None,
                      tie_margin: Callable[[Active], float] | None = None,
                      distributions: bool = True,
-                     refused: Callable[[FrameworkError], str | None] | None = None) -> Outcome:
+                     refused: Callable[[FrameworkError], str | None] | None = None,
+                     submit: Callable[[Framework, list[GenRequest]], list[Generation]] | None = None) -> Outcome:
     """Compare the plain instance with one loaded with ``feature`` merged onto the check's own
     load options (``engine_args`` merged key by key), and prove the feature ran.
 
     ``plain`` overrides the plain instance's options (default: the check's, which is the shared
     instance the other checks reuse). ``extra_rows`` runs on the feature instance after the
-    compared requests (an over-length request, a second probe) and adds its rows.
+    compared requests (an over-length request, a second probe) and adds its rows. ``submit``
+    sends the requests to each instance (default: :func:`answer` with ``together``); both
+    instances get the same submission, and the answers it returns are compared in order.
     ``tie_margin`` (nats, from the plain instance) compares greedy tokens by the near-tie rule
     instead of the top-N rule: for a feature that must not change which token wins, only numerics
     (bf16 rounding of another batch shape) may part the answers, and only at a near-tie.
@@ -93,11 +96,14 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
     feat_opts: LoadOverrides = {**base, **feature}
     feat_opts["engine_args"] = {**base.get("engine_args", {}), **feature.get("engine_args", {})}
 
+    def send(fw: Framework, reqs: list[GenRequest]) -> list[Generation]:
+        return submit(fw, reqs) if submit is not None else answer(fw, reqs, p.together)
+
     def body(ctx: CheckContext, active: Active, params: FeatureParams) -> Outcome:
         tok = local_tokenizer(active)
         eos = tok.eos_ids()
         reqs = requests(active)
-        plain_answers = [strip_eos(g, eos) for g in answer(active.framework, reqs, p.together)]
+        plain_answers = [strip_eos(g, eos) for g in send(active.framework, reqs)]
         loads: dict[str, float | str | None] = {f"load_s[{names[0]}]": round(active.load_s, 2)}
         try:
             other = acquire(ctx, p.framework, ctx.check_id, **feat_opts)
@@ -109,7 +115,7 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
         try:
             loads[f"load_s[{names[1]}]"] = round(other.load_s, 2)
             before = other.framework.metrics()
-            feat_answers = [strip_eos(g, eos) for g in answer(other.framework, reqs, p.together)]
+            feat_answers = [strip_eos(g, eos) for g in send(other.framework, reqs)]
             proof = prove(other, counter_deltas(before, other.framework.metrics()))
             more = extra_rows(other) if extra_rows is not None else []
         finally:
@@ -138,7 +144,7 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
 def _as_params(opts: LoadOverrides) -> dict[str, object]:
     """Load overrides back as the params fields that select the same instance."""
     rename = {"enable_prefix_caching": "prefix_caching"}
-    return {rename.get(k, k): v for k, v in opts.items() if k not in ("tensor_parallel_size",)}
+    return {rename.get(k, k): v for k, v in opts.items() if k not in ("tensor_parallel_size", "env")}
 
 
 def engine_row(name: str, ok: bool | None, detail: str) -> SubcheckRow:

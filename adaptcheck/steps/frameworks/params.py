@@ -27,6 +27,7 @@ class LoadOverrides(TypedDict, total=False):
     enable_prefix_caching: bool | None
     tensor_parallel_size: int
     engine_args: dict[str, JsonValue]
+    env: dict[str, str]
 
 
 class FrameworkParams(BaseModel):

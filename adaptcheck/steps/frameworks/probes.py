@@ -17,23 +17,18 @@ from adaptcheck.frameworks.base import Framework, Generation, GenRequest
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks import teacher as tf_rules
-from adaptcheck.steps.frameworks.agreement import TextCodec, compare
+from adaptcheck.steps.frameworks.agreement import TextCodec
 from adaptcheck.steps.frameworks.bounds import load_numerics
 from adaptcheck.steps.frameworks.lifecycle import (
     Active,
-    acquire,
     framework_dir,
     not_loaded,
-    release,
-    run_with_framework,
     with_evidence,
 )
 from adaptcheck.steps.frameworks.params import (
     DEFAULT_TIE_MARGIN,
     FrameworkParams,
-    LoadOverrides,
     TeacherSize,
-    VariantsParams,
 )
 from adaptcheck.steps.frameworks.reference import (
     ReferenceUnavailable,
@@ -221,38 +216,3 @@ def not_applicable(p: FrameworkParams, why: str) -> Outcome:
     """A kind that does not apply to this framework or machine: nothing was loaded, but the
     outcome still names its framework (the same shape as a load)."""
     return with_evidence(Outcome.skipped(why, applicable=False), not_loaded(p.framework))
-
-
-Variant = tuple[str, LoadOverrides]
-"""A way to load the framework for :func:`compare_variants`: its name in the rows, and its load options."""
-
-
-def compare_variants(ctx: CheckContext, p: VariantsParams, what: str, first: Variant, second: Variant) -> Outcome:
-    """Load the framework two ways and compare greedy answers (compile off/on; TP 1 vs n).
-
-    ``p`` loads the first variant through the shared loader (the instance later checks reuse);
-    the second is loaded beside it with ``p``'s options and its own, compared and released.
-    """
-
-    def body(ctx: CheckContext, active: Active, params: VariantsParams) -> Outcome:
-        tok = local_tokenizer(active)
-        eos = tok.eos_ids()
-        reqs = [GenRequest(prompt=t, max_tokens=p.max_tokens, logprobs=p.top_n)
-                for t in (prompts.SHORT_PROMPTS * 4)[: p.prompts]]
-        answers = [[strip_eos(g, eos) for g in active.framework.generate(reqs)]]
-        loads = {f"load_s[{first[0]}]": round(active.load_s, 2)}
-        overrides = params.load_overrides()
-        overrides.update(second[1])
-        other = acquire(ctx, p.framework, ctx.check_id, **overrides)
-        loads[f"load_s[{second[0]}]"] = round(other.load_s, 2)
-        answers.append([strip_eos(g, eos) for g in other.framework.generate(reqs)])
-        release(ctx)
-        cmp = compare(answers[0], answers[1], mode="top_n", top_n=p.top_n, codec=tok.codec())
-        rows = [subcheck(f"{first[0]} vs {second[0]}", cmp.ok, cmp.summary())]
-        dist_row, distribution = generations_distribution_row(
-            ctx, active, tok, p.teacher, f"distributions: {first[0]} vs {second[0]}", answers[0], answers[1])
-        rows.append(dist_row)
-        return verdict(rows, what, metrics={**cmp.metrics(), **loads},
-                       details={"comparison": cmp.details(), "distribution": distribution})
-
-    return run_with_framework(ctx, p, body)

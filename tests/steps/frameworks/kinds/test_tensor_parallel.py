@@ -1,0 +1,94 @@
+"""framework.tensor_parallel: when it applies and how it is proven (fast), and one real run of
+TP 2 on two CPU cores (slow): healthy passes with world size 2, a dropped rank partial sum fails
+(tests/steps/frameworks/planted_ctp.py; docs/features.md, "Tensor parallel on one host")."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from pydantic import JsonValue
+
+from adaptcheck.frameworks.registry import framework_class
+from adaptcheck.steps.frameworks.kinds.tensor_parallel import _prove, tp_plan
+from adaptcheck.steps.frameworks.lifecycle import Active
+from tests.conftest import ladder_text, run_cli
+from tests.steps.frameworks.planted_ctp import tensor_parallel_checks
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+
+def test_cpu_host_runs_two_ranks_one_core_each() -> None:
+    vllm = framework_class("vllm")
+    assert tp_plan(vllm, "cpu", 1, [4, 7, 9]) == {"tensor_parallel_size": 2,
+                                                   "env": {"VLLM_CPU_OMP_THREADS_BIND": "4|7"}}
+    assert tp_plan(framework_class("vllm_serve"), "cpu", 1, [0, 1])["env"]  # type: ignore[index]
+    assert "needs 2 cores" in str(tp_plan(vllm, "cpu", 1, [0]))
+    # An adapter without host ranks needs devices, as before.
+    assert tp_plan(framework_class("transformers"), "cpu", 1, [0, 1]) == "tensor parallel needs more than one device"
+
+
+def test_accelerators_keep_every_device() -> None:
+    assert tp_plan(framework_class("vllm"), "cuda", 4, [0, 1]) == {"tensor_parallel_size": 4}
+    assert tp_plan(framework_class("vllm"), "cuda", 1, [0, 1]) == "tensor parallel needs more than one device"
+
+
+def fake(facts: dict[str, JsonValue], log: Path | None = None) -> Active:
+    fw = SimpleNamespace(engine_facts=lambda: facts,
+                         describe=lambda: {"server_log": str(log)} if log is not None else {})
+    return cast(Active, SimpleNamespace(framework=fw))
+
+
+def test_world_size_is_the_proof(tmp_path: Path) -> None:
+    assert _prove(fake({"world_size": 2, "tensor_parallel_size": 2}), 2).rows[0].ok is True
+    assert _prove(fake({"world_size": 1, "tensor_parallel_size": 1}), 2).rows[0].ok is False
+    log = tmp_path / "server.log"
+    log.write_text("with config: tensor_parallel_size=2, pipeline_parallel_size=1\n"
+                   "(Worker_TP0 pid=1) INFO ready\n(Worker_TP1 pid=2) INFO ready\n")
+    assert _prove(fake({}, log), 2).rows[0].ok is True
+    log.write_text("with config: tensor_parallel_size=1, pipeline_parallel_size=1\n")
+    assert _prove(fake({}, log), 2).rows[0].ok is False
+    assert _prove(fake({}), 2).rows[0].ok is None  # nothing read back: never a pass
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("tp")
+    ladder = root / "ladder.yaml"
+    ladder.write_text(ladder_text(tensor_parallel_checks(), timeout_s=900))  # type: ignore[arg-type]
+    proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--model", "embedded:tiny-llama",
+                    "--out", str(root / "run"), "--quiet"], timeout=1800)
+    assert (root / "run" / "results.json").exists(), proc.stderr[-3000:]
+    return {c["id"]: c for c in json.loads((root / "run" / "results.json").read_text())["checks"]}
+
+
+
+def rows(check: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in check["details"]["subchecks"]}
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="TP 2 on the CPU needs 2 cores")
+def test_healthy_tp2_passes_with_world_size_2(tp_run: dict[str, dict[str, Any]]) -> None:
+    check = tp_run["tp.healthy"]
+    assert check["status"] == "pass", check["message"]
+    engine = check["details"]["feature"]["engine"]
+    assert engine["world_size"] == 2 and engine["tensor_parallel_size"] == 2
+    assert engine["distributed_executor_backend"] == "mp"
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="TP 2 on the CPU needs 2 cores")
+def test_dropped_partial_sum_fails(tp_run: dict[str, dict[str, Any]]) -> None:
+    check = tp_run["tp.dropped"]
+    got = rows(check)
+    assert check["status"] == "fail", check["message"]
+    assert got["feature active: tensor parallel"]["ok"] is True  # two ranks ran; their sum is what is wrong
+    assert got["greedy tokens: 1 rank vs 2 ranks"]["ok"] is False
