@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference_kernels.quant import E4M3FN, FP8_FORMATS, Fp8Format, round_to_fp8
+from reference_kernels.quant import Fp8Format, fp8_format, round_to_fp8
 
 E5M2 = Fp8Format("e5m2", bias=15, max_finite=57344.0, mantissa_bits=2)
 """OCP e5m2: 5 exponent bits, 2 mantissa bits, largest finite 1.11 x 2^15 = 57344."""
@@ -151,7 +151,7 @@ def kv_cache_format(kv_cache_dtype: str, e4m3_flavour: str = "e4m3fn") -> Fp8For
     if kv_cache_dtype == "fp8_e5m2":
         return E5M2
     if kv_cache_dtype in ("fp8", "fp8_e4m3"):
-        return FP8_FORMATS.get(e4m3_flavour, E4M3FN)
+        return fp8_format(e4m3_flavour)
     raise ValueError(f"not an fp8 kv_cache_dtype: {kv_cache_dtype!r} (fp8_e4m3 or fp8_e5m2)")
 
 

@@ -42,6 +42,11 @@ E4M3FNUZ = Fp8Format("e4m3fnuz", bias=8, max_finite=240.0)
 FP8_FORMATS = {f.name: f for f in (E4M3FN, E4M3FNUZ)}
 
 
+def fp8_format(flavour: str) -> Fp8Format:
+    """The e4m3 format of a flavour name ('e4m3fn', 'e4m3fnuz'); e4m3fn for any other."""
+    return FP8_FORMATS.get(flavour, E4M3FN)
+
+
 def grid_step(v: np.ndarray, fmt: Fp8Format) -> np.ndarray:
     """Spacing of the fp8 grid at |v|: 2^(e - mantissa_bits) for |v| in [2^e, 2^(e+1))."""
     a = np.abs(np.asarray(v, dtype=np.float64))

@@ -125,7 +125,13 @@ def _validation_error(exc: BaseException) -> str | None:
     try:
         first = errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
-        return f"{title}.{where} = {first.get('input')!r}: {' '.join(str(first.get('msg', '')).split())}"
+        msg = " ".join(str(first.get("msg", "")).split())
+        value = repr(first.get("input"))
+        # A model-level check (no field: vLLM's VllmConfig refusing a combination) has the whole
+        # config as its input: the message is what says why, and a long value would push it out.
+        if not where or len(value) > 80:
+            return f"{title}{'.' + where if where else ''}: {msg}"
+        return f"{title}.{where} = {value}: {msg}"
     except Exception:  # noqa: BLE001 - any other shape: the plain first line
         return None
 

@@ -5,6 +5,7 @@ the facts an adapter reports, as every step-4 check and the step-5 load generato
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -168,6 +169,14 @@ class FrameworkConfig:
     """True when the run's ``--model`` is a local copy of the endpoint's weights."""
 
 
+def allowed_cores() -> list[int]:
+    """The host cores this process may run on (its affinity; every core where there is no such API)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS): every core
+        return list(range(os.cpu_count() or 1))
+
+
 class Framework(ABC):
     """One inference framework serving one loaded model."""
 
@@ -212,6 +221,42 @@ class Framework(ABC):
         Asked before the framework that is already up is shut down: an adapter with nothing
         to talk to must not cost the run the server the next checks reuse.
         """
+        return None
+
+    @classmethod
+    def host_rank_env(cls, opts: LoadOptions, device: str) -> dict[str, str]:
+        """``opts.env``, with one core per tensor-parallel rank bound where the ranks run on the
+        host's cores (CPU device, :attr:`host_tensor_parallel_env` set) and the caller bound none:
+        without it every rank's threads would share every core (vllm serve
+        --tensor-parallel-size 2 in step 5 as much as framework.tensor_parallel)."""
+        env = dict(opts.env)
+        var = cls.host_tensor_parallel_env
+        ranks = opts.tensor_parallel_size
+        if device.split(":")[0] != "cpu" or var is None or ranks < 2 or var in env:
+            return env
+        cores = allowed_cores()
+        if len(cores) < ranks:
+            raise FrameworkUnavailable(f"tensor parallel {ranks} on the CPU needs {ranks} cores, one per rank; "
+                                       f"this process may use {len(cores)}")
+        env[var] = "|".join(str(c) for c in cores[:ranks])
+        return env
+
+    @classmethod
+    def tensor_parallel_unfit(cls, model_path: Path, ranks: int) -> str | None:
+        """Why ``ranks`` tensor-parallel ranks cannot split this model, else None: every rank
+        holds a whole number of attention heads (vLLM refuses the rest when the engine is
+        configured, after the start-up's cost). Read from ``config.json`` (a multimodal model's
+        ``text_config``); a folder without the field is left to the framework to judge."""
+        import json
+
+        try:
+            config = json.loads((model_path / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        heads = (config.get("text_config") or config).get("num_attention_heads")
+        if isinstance(heads, int) and heads % ranks:
+            return (f"the model's {heads} attention heads do not divide among {ranks} tensor-parallel ranks "
+                    f"(vLLM requires num_attention_heads divisible by tensor_parallel_size)")
         return None
 
     @abstractmethod

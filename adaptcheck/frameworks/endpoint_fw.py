@@ -308,7 +308,7 @@ class _LaunchedServer(EndpointFramework):
                           device=device, max_model_len=opts.max_model_len,
                           enable_prefix_caching=opts.enable_prefix_caching,
                           enforce_eager=None if opts.compile is None else not opts.compile,
-                          extra_args=self._server_args(opts), env=dict(opts.env))
+                          extra_args=self._server_args(opts), env=self.host_rank_env(opts, device))
         self.server = ManagedServer(spec, self.config.log_dir or opts.model_path.parent)
         self.server.start()
         self.client = self.server.client(timeout_s=REQUEST_TIMEOUT_S)

@@ -170,8 +170,9 @@ class VllmFramework(Framework):
             for key, value in {**vllm_env_defaults(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
                 os.environ.setdefault(key, value)
             # This instance's own environment: its worker processes inherit it while it starts.
-            env_before = {key: os.environ.get(key) for key in opts.env}
-            os.environ.update(opts.env)
+            env = self.host_rank_env(opts, device)
+            env_before = {key: os.environ.get(key) for key in env}
+            os.environ.update(env)
             start = time.perf_counter()
             try:
                 from vllm import LLM

@@ -103,3 +103,27 @@ def test_a_config_model_refusing_a_value_reads_as_field_value_and_message() -> N
         CacheConfig(cache_dtype="fp9")  # type: ignore[arg-type]
     assert exception_line(info.value) == "ValidationError: CacheConfig.cache_dtype = 'fp9': Input should be 'auto' or 'fp8'"
     assert exception_line(ValueError("first\nsecond")) == "ValueError: first"
+
+
+def test_a_config_refusing_a_combination_reads_as_its_message() -> None:
+    # vLLM's VllmConfig checks combinations after the fields (heads vs tensor_parallel_size): the
+    # error has no field and the whole config as its input; the line must still say why.
+    from pydantic import BaseModel, model_validator
+
+    from adaptcheck.base.errors import exception_line
+
+    class VllmConfig(BaseModel):
+        heads: int
+        tp: int
+        notes: str = "x" * 500
+
+        @model_validator(mode="after")
+        def _divides(self) -> VllmConfig:
+            if self.heads % self.tp:
+                raise ValueError(f"heads ({self.heads}) must be divisible by tensor parallel size ({self.tp})")
+            return self
+
+    with pytest.raises(ValidationError) as info:
+        VllmConfig(heads=9, tp=2)
+    assert exception_line(info.value) == ("ValidationError: VllmConfig: Value error, heads (9) must be divisible by "
+                                          "tensor parallel size (2)")

@@ -234,3 +234,13 @@ def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContex
         # A server that died mid-check, an endpoint that stopped answering: say so, go on.
         outcome = Outcome.errored(f"{active.framework.display_name}: {exception_line(exc, with_type=False)}")
     return with_evidence(outcome, framework_info(active), ModelInfo.model_validate(active.model.describe()))
+
+
+def tp_unfit(cls: type[Framework], model: str, seed: int, ranks: int) -> str | None:
+    """:meth:`Framework.tensor_parallel_unfit` for a check's model name, decided before anything
+    loads; a model that does not resolve is left to the load, which says why."""
+    try:
+        path = resolve_model(model, seed=seed).path
+    except (AdaptcheckError, OSError):
+        return None
+    return cls.tensor_parallel_unfit(path, ranks)

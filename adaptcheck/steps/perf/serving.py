@@ -73,6 +73,7 @@ from adaptcheck.steps.frameworks.lifecycle import (
     Active,
     framework_facts,
     run_with_framework,
+    tp_unfit,
 )
 from adaptcheck.steps.frameworks.params import FrameworkParams, LoadOverrides
 from adaptcheck.steps.frameworks.probes import local_tokenizer
@@ -279,9 +280,23 @@ def run_served(ctx: CheckContext, params: P, kind: str, body: Callable[[CheckCon
     from adaptcheck.frameworks.registry import framework_class
 
     params = params.model_copy(update={"framework": resolve_framework(ctx, params.framework)})
-    if not issubclass(framework_class(params.framework), EndpointFramework):
+    cls = framework_class(params.framework)
+    if not issubclass(cls, EndpointFramework):
         return Outcome.skipped(f"{params.framework} serves no HTTP endpoint: {kind} drives vllm_serve, "
                                "transformers_serve or endpoint", applicable=no_endpoint_applicable)
+    ranks = getattr(params, "tensor_parallel_size", 1)
+    if ranks > 1:
+        # Decided before anything loads (the server step 4 left running stays up): ranks run on
+        # devices, or on the host's cores where the adapter binds them (vLLM's CPU backend).
+        on_host = ctx.device.type == "cpu" and cls.host_tensor_parallel_env is not None
+        if not on_host and not cls.supports_tensor_parallel:
+            return Outcome.skipped(f"{cls.display_name} has no tensor parallelism", applicable=False)
+        if not on_host and ctx.device_count < ranks:
+            return Outcome.skipped(f"tensor parallel {ranks} needs {ranks} devices; this machine has "
+                                   f"{ctx.device_count}", applicable=False)
+        unfit = tp_unfit(cls, params.model or ctx.model.name, ctx.seed, ranks)
+        if unfit is not None:
+            return Outcome.skipped(unfit, applicable=False)
     return run_with_framework(ctx, params, body)
 
 

@@ -169,6 +169,9 @@ WRAPPED: list[tuple[str, Callable[..., Any], str]] = [
 
 @pytest.mark.parametrize(("op", "fn", "what"), WRAPPED, ids=[w[2] for w in WRAPPED])
 def test_defects_wrapped_around_the_backend_are_caught(op: str, fn: Callable[..., Any], what: str) -> None:
+    if op.endswith("_fp8") and not FP8_HERE:
+        # The wrapper calls the backend's fp8 path, which vLLM refuses on this CPU: nothing to catch.
+        pytest.skip("vLLM's fp8 KV cache needs AVX-512 or AMX on the CPU; this one has neither")
     assert _run(DictProvider("vllm_defect", {op: fn}), op, 0) == _expected(op, Status.FAIL), what
 
 

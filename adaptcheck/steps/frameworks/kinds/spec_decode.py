@@ -16,8 +16,10 @@ from typing import Literal
 
 from pydantic import Field, JsonValue, model_validator
 
-from adaptcheck.base.errors import AdaptcheckError
+from adaptcheck.base.errors import AdaptcheckError, exception_line
 from adaptcheck.frameworks.base import FrameworkError, GenRequest
+from adaptcheck.frameworks.drafts import layer_draft
+from adaptcheck.frameworks.modelfiles import ModelError
 from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.frameworks.vllm_fw import VllmFramework
 from adaptcheck.ladder.check import CheckContext, Outcome
@@ -43,7 +45,8 @@ class SpecDecodeParams(FeatureParams):
     draft_model: str | None = Field(
         default=None, description="The draft for method 'draft_model': 'embedded:NAME' or a model folder. Default: "
         "the embedded draft of the check's model (embedded:tiny-llama -> embedded:tiny-llama-draft, same seed); "
-        "for any other model the check is n/a until this names one.")
+        "for any other local decoder folder, its own first half of layers with its embedding, final norm, LM "
+        "head and tokenizer (written once into the model cache; n/a with the reason where it cannot be cut).")
     # The defaults make the healthy verifier reject a good share of the drafts (n-gram on
     # embedded:tiny-llama: 5 tokens from 1..3-token lookups, ~25-45% rejected; 3 tokens from
     # 2..4-token lookups rejected ~3%, too few for a verifier that accepts everything to show).
@@ -92,16 +95,25 @@ class SpecDecodeCheck(FrameworkCheck):
             register_kernel_overrides_once()
         draft_path: str | None = None
         if params.method == "draft_model":
-            draft = params.draft_model or default_draft(params.model or ctx.model.name)
-            if draft is None:
-                return not_applicable(params, f"no draft model for {params.model or ctx.model.name}: set "
-                                      "draft_model to a smaller model of the same tokenizer")
+            target = params.model or ctx.model.name
+            draft = params.draft_model or default_draft(target)
+            cut = draft is None
             try:
                 from adaptcheck.frameworks.modelsrc import resolve_model
 
-                draft_path = str(resolve_model(draft, seed=ctx.seed).path)
+                if draft is not None:
+                    draft_path = str(resolve_model(draft, seed=ctx.seed).path)
+                else:
+                    # Any other model: its own first layers (frameworks/drafts.py).
+                    draft = f"the first layers of {target}"
+                    draft_path = str(layer_draft(resolve_model(target, seed=ctx.seed).path))
+            except ModelError as exc:
+                if cut:
+                    return not_applicable(params, f"no draft model for {target} ({exception_line(exc, with_type=False)}): "
+                                          "set draft_model to a smaller model of the same tokenizer")
+                return Outcome.errored(f"draft model {draft}: {exception_line(exc, with_type=False)}")
             except (AdaptcheckError, FrameworkError) as exc:
-                return Outcome.errored(f"draft model {draft}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+                return Outcome.errored(f"draft model {draft}: {exception_line(exc, with_type=False)}")
         label = "draft-model" if params.method == "draft_model" else "n-gram"
         return feature_vs_plain(ctx, params, "speculative decoding",
                                 {"engine_args": {"speculative_config": params.speculative_config(draft_path)}},

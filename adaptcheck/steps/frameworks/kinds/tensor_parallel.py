@@ -14,20 +14,19 @@ or its config line and per-rank worker lines in the server's log (served).
 
 from __future__ import annotations
 
-import os
 import re
 
 from pydantic import JsonValue
 
 from adaptcheck.base.schemas.framework_evidence import FeatureProof
-from adaptcheck.frameworks.base import Framework, GenRequest
+from adaptcheck.frameworks.base import Framework, GenRequest, allowed_cores
 from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
 from adaptcheck.steps.frameworks.feature import FeatureParams, Proof, engine_row, facts_of, feature_vs_plain
 from adaptcheck.steps.frameworks.kinds.compile import server_log
-from adaptcheck.steps.frameworks.lifecycle import Active
+from adaptcheck.steps.frameworks.lifecycle import Active, tp_unfit
 from adaptcheck.steps.frameworks.params import LoadOverrides
 from adaptcheck.steps.frameworks.probes import not_applicable
 
@@ -57,20 +56,16 @@ class TensorParallelCheck(FrameworkCheck):
 
     def run(self, ctx: CheckContext, params: TensorParallelParams) -> Outcome:
         cls = framework_class(params.framework)
-        plan = tp_plan(cls, ctx.device.type, ctx.device_count, _allowed_cores())
+        plan = tp_plan(cls, ctx.device.type, ctx.device_count, allowed_cores())
         if isinstance(plan, str):
             return not_applicable(params, plan)
         ranks = plan["tensor_parallel_size"]
+        unfit = tp_unfit(cls, params.model or ctx.model.name, ctx.seed, ranks)
+        if unfit is not None:
+            return not_applicable(params, unfit)
         return feature_vs_plain(ctx, params, "tensor parallel", plan, lambda active: _requests(params),
                                 lambda active, deltas: _prove(active, ranks),
                                 names=("1 rank", f"{ranks} ranks"), plain={"tensor_parallel_size": 1})
-
-
-def _allowed_cores() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity API (macOS): every core
-        return list(range(os.cpu_count() or 1))
 
 
 def tp_plan(cls: type[Framework], device_type: str, device_count: int, cores: list[int]) -> LoadOverrides | str:

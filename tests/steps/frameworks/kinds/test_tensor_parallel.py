@@ -38,6 +38,33 @@ def test_accelerators_keep_every_device() -> None:
     assert tp_plan(framework_class("vllm"), "cuda", 1, [0, 1]) == "tensor parallel needs more than one device"
 
 
+def test_heads_that_do_not_divide_among_the_ranks_are_refused_before_a_start(tmp_path: Path) -> None:
+    vllm = framework_class("vllm")
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 9}))  # SmolLM2-135M
+    assert "9 attention heads do not divide among 2" in str(vllm.tensor_parallel_unfit(tmp_path, 2))
+    assert vllm.tensor_parallel_unfit(tmp_path, 3) is None
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"num_attention_heads": 4}}))
+    assert vllm.tensor_parallel_unfit(tmp_path, 2) is None  # a multimodal model's text tower
+    (tmp_path / "config.json").write_text("{}")
+    assert vllm.tensor_parallel_unfit(tmp_path, 2) is None  # no field: the framework judges
+
+
+def test_host_ranks_get_one_core_each_unless_the_caller_bound_them(tmp_path: Path) -> None:
+    from adaptcheck.frameworks.base import LoadOptions, allowed_cores
+
+    vllm = framework_class("vllm")
+    opts = LoadOptions(model_path=tmp_path, dtype="bf16", max_model_len=64, tensor_parallel_size=2)
+    cores = allowed_cores()
+    if len(cores) >= 2:
+        assert vllm.host_rank_env(opts, "cpu") == {"VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}|{cores[1]}"}
+    opts.env = {"VLLM_CPU_OMP_THREADS_BIND": "3|5"}
+    assert vllm.host_rank_env(opts, "cpu") == {"VLLM_CPU_OMP_THREADS_BIND": "3|5"}
+    opts.env = {}
+    assert vllm.host_rank_env(opts, "cuda:0") == {}  # devices, not cores
+    opts.tensor_parallel_size = 1
+    assert vllm.host_rank_env(opts, "cpu") == {}
+
+
 def fake(facts: dict[str, JsonValue], log: Path | None = None) -> Active:
     fw = SimpleNamespace(engine_facts=lambda: facts,
                          describe=lambda: {"server_log": str(log)} if log is not None else {})
