@@ -16,20 +16,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import Field, JsonValue
 
 from adaptcheck.base.schemas.framework_evidence import FeatureProof, SubcheckRow
-from adaptcheck.frameworks.base import Framework, FrameworkError, Generation, GenRequest
+from adaptcheck.frameworks.base import (
+    Framework,
+    FrameworkError,
+    Generation,
+    GenRequest,
+    Scored,
+    ScoreRequest,
+    ScoringUnsupported,
+)
 from adaptcheck.ladder.check import CheckContext, Outcome
+from adaptcheck.steps.frameworks import teacher as tf_rules
 from adaptcheck.steps.frameworks.agreement import compare
+from adaptcheck.steps.frameworks.bounds import load_numerics
 from adaptcheck.steps.frameworks.lifecycle import Active, acquire, release, run_with_framework
 from adaptcheck.steps.frameworks.params import LoadOverrides, VariantsParams
 from adaptcheck.steps.frameworks.probes import (
+    TOP_K,
+    Tok,
     generations_distribution_row,
     local_tokenizer,
     strip_eos,
     subcheck,
+    teacher_and_control,
     verdict,
 )
 
@@ -73,7 +87,8 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
                      tie_margin: Callable[[Active], float] | None = None,
                      distributions: bool = True,
                      refused: Callable[[FrameworkError], str | None] | None = None,
-                     submit: Callable[[Framework, list[GenRequest]], list[Generation]] | None = None) -> Outcome:
+                     submit: Callable[[Framework, list[GenRequest]], list[Generation]] | None = None,
+                     vs_float64: bool = False) -> Outcome:
     """Compare the plain instance with one loaded with ``feature`` merged onto the check's own
     load options (``engine_args`` merged key by key), and prove the feature ran.
 
@@ -82,6 +97,11 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
     compared requests (an over-length request, a second probe) and adds its rows. ``submit``
     sends the requests to each instance (default: :func:`answer` with ``together``); both
     instances get the same submission, and the answers it returns are compared in order.
+    ``vs_float64`` replaces the distributions row with the teacher's sequences scored on both
+    instances, the feature's divergence from float64 held to the plain instance's (the
+    ``batched_vs_alone`` rule): for a feature that rounds differently on purpose (tensor
+    parallel's partial sums), the same figure on both sides, not a tail statistic of two
+    roundings against a control measured elsewhere.
     ``tie_margin`` (nats, from the plain instance) compares greedy tokens by the near-tie rule
     instead of the top-N rule: for a feature that must not change which token wins, only numerics
     (bf16 rounding of another batch shape) may part the answers, and only at a near-tie.
@@ -105,6 +125,7 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
         reqs = requests(active)
         plain_answers = [strip_eos(g, eos) for g in send(active.framework, reqs)]
         loads: dict[str, float | str | None] = {f"load_s[{names[0]}]": round(active.load_s, 2)}
+        forced = _TeacherForced.start(ctx, active, tok, p) if vs_float64 else None
         try:
             other = acquire(ctx, p.framework, ctx.check_id, **feat_opts)
         except FrameworkError as exc:
@@ -117,6 +138,7 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
             before = other.framework.metrics()
             feat_answers = [strip_eos(g, eos) for g in send(other.framework, reqs)]
             proof = prove(other, counter_deltas(before, other.framework.metrics()))
+            forced_row = forced.finish(other, names) if forced is not None else None
             more = extra_rows(other) if extra_rows is not None else []
         finally:
             release(ctx)
@@ -128,7 +150,10 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
                           codec=tok.codec())
         rows = [*proof.rows, subcheck(f"greedy tokens: {names[0]} vs {names[1]}", cmp.ok, cmp.summary())]
         distribution = None
-        if distributions:
+        if forced_row is not None:
+            rows.append(forced_row[0])
+            distribution = forced_row[1]
+        elif distributions:
             dist_row, distribution = generations_distribution_row(
                 ctx, active, tok, p.teacher, f"distributions: {names[0]} vs {names[1]}", plain_answers, feat_answers)
             rows.append(dist_row)
@@ -139,6 +164,35 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
 
     plain_params = p.model_copy(update={k: v for k, v in _as_params(plain_opts).items()})
     return run_with_framework(ctx, plain_params, body)
+
+
+@dataclass
+class _TeacherForced:
+    """The teacher's sequences scored on the plain instance (before it is released), then on
+    the feature instance, judged by the ``batched_vs_alone`` rule."""
+
+    teacher: Any
+    plain: list[Scored]
+    dtype: str
+
+    @classmethod
+    def start(cls, ctx: CheckContext, active: Active, tok: Tok, p: FeatureParams) -> _TeacherForced | None:
+        found = teacher_and_control(ctx, active, tok, p.teacher)
+        if found is None:
+            return None
+        teacher = found[0]
+        try:
+            plain = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K) for s in teacher.sequences])
+        except ScoringUnsupported:
+            return None
+        return cls(teacher, plain, active.options.dtype)
+
+    def finish(self, other: Active, names: tuple[str, str]) -> tuple[SubcheckRow, dict[str, Any]]:
+        feat = other.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K) for s in self.teacher.sequences])
+        row, record = tf_rules.batched_vs_alone_row(
+            f"teacher-forced distributions: {names[1]} vs float64, relative to {names[0]}", self.teacher.scores,
+            self.plain, feat, load_numerics(), self.dtype)
+        return SubcheckRow.model_validate(row), record
 
 
 def _as_params(opts: LoadOverrides) -> dict[str, object]:

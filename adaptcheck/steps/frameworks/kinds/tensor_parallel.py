@@ -65,7 +65,8 @@ class TensorParallelCheck(FrameworkCheck):
             return not_applicable(params, unfit)
         return feature_vs_plain(ctx, params, "tensor parallel", plan, lambda active: _requests(params),
                                 lambda active, deltas: _prove(active, ranks),
-                                names=("1 rank", f"{ranks} ranks"), plain={"tensor_parallel_size": 1})
+                                names=("1 rank", f"{ranks} ranks"), plain={"tensor_parallel_size": 1},
+                                vs_float64=True)
 
 
 def tp_plan(cls: type[Framework], device_type: str, device_count: int, cores: list[int]) -> LoadOverrides | str:
