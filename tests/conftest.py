@@ -140,3 +140,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="no accelerator backend is available on this machine")
         for item in marked:
             item.add_marker(skip)
+
+
+def run_checks(root: Path, checks: list[dict[str, Any]], *, model: str = "embedded:tiny-llama",
+               check_timeout_s: float = 600, timeout: float = 1200) -> dict[str, dict[str, Any]]:
+    """One throw-away ladder of ``checks`` run through the real CLI on the CPU: each check's
+    results.json entry by id (the feature tests' module fixtures; a run that wrote no results
+    fails with the CLI's stderr)."""
+    import json
+
+    ladder = root / "ladder.yaml"
+    ladder.write_text(ladder_text(checks, timeout_s=check_timeout_s))
+    out = root / "run"
+    proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--model", model, "--out", str(out),
+                    "--quiet"], timeout=timeout)
+    assert (out / "results.json").exists(), proc.stderr[-3000:]
+    return {c["id"]: c for c in json.loads((out / "results.json").read_text())["checks"]}

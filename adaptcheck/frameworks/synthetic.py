@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -816,19 +816,8 @@ def _write_model(spec: SyntheticSpec, seed: int, out: Path) -> None:
     if len(check) != k + 1 or check[-1] != EOS_ID:
         raise RuntimeError(f"{spec.name}: EOS relabelling failed: expected EOS at step {k}, got {check}")
     stop_probe = _stop_probe(model, tok)
-    num_params = sum(int(x.numel()) for x in tensors.values())
     meta = {
-        "created_by": "adaptcheck",
-        "generator_version": GENERATOR_VERSION,
-        "name": spec.name,
-        "seed": seed,
-        "spec_hash": spec.spec_hash(),
-        "description": spec.description,
-        "architecture": spec.architecture,
-        "model_type": spec.model_type,
-        "head_dim": spec.head_dim,
-        "num_params": num_params,
-        "stored_dtype": "bfloat16",
+        **_identity(spec, seed, tensors),
         "reference": "transformers, float64, CPU, greedy",
         "eos_token_id": EOS_ID,
         "eos_probe_prompt": eos_prompt,
@@ -840,6 +829,23 @@ def _write_model(spec: SyntheticSpec, seed: int, out: Path) -> None:
     # No timings in here: the metadata is byte-identical for a given seed as well. It is
     # written last, so its presence marks a complete folder.
     (out / METADATA_FILE).write_text(_dumps(meta))
+
+
+def _identity(spec: SyntheticSpec, seed: int, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata every folder this module writes starts with: what it is and how it was made."""
+    return {
+        "created_by": "adaptcheck",
+        "generator_version": GENERATOR_VERSION,
+        "name": spec.name,
+        "seed": seed,
+        "spec_hash": spec.spec_hash(),
+        "description": spec.description,
+        "architecture": spec.architecture,
+        "model_type": spec.model_type,
+        "head_dim": spec.head_dim,
+        "num_params": sum(int(x.numel()) for x in tensors.values()),
+        "stored_dtype": "bfloat16",
+    }
 
 
 def _write_draft(spec: DraftSpec, target: Path, seed: int, out: Path) -> None:
@@ -866,17 +872,7 @@ def _write_draft(spec: DraftSpec, target: Path, seed: int, out: Path) -> None:
     _write_weights(tensors, out / "model.safetensors")
     target_meta = synthetic_info(target) or {}
     meta = {
-        "created_by": "adaptcheck",
-        "generator_version": GENERATOR_VERSION,
-        "name": spec.name,
-        "seed": seed,
-        "spec_hash": spec.spec_hash(),
-        "description": spec.description,
-        "architecture": spec.architecture,
-        "model_type": spec.model_type,
-        "head_dim": spec.head_dim,
-        "num_params": sum(int(x.numel()) for x in tensors.values()),
-        "stored_dtype": "bfloat16",
+        **_identity(spec, seed, tensors),
         "eos_token_id": EOS_ID,
         "draft_of": spec.target,
         "draft_of_spec_hash": target_meta.get("spec_hash"),

@@ -201,6 +201,15 @@ def _as_params(opts: LoadOverrides) -> dict[str, object]:
     return {rename.get(k, k): v for k, v in opts.items() if k not in ("tensor_parallel_size", "env")}
 
 
+def lacks_engine_args(cls: type[Framework], wanted: set[str] | frozenset[str], what: str) -> str | None:
+    """Why ``cls`` cannot load the feature (it takes none of these engine arguments), else None;
+    an adapter that does not say which it takes is given the benefit (its load says)."""
+    names = cls.accepted_engine_args()
+    if names is not None and not wanted <= names:
+        return f"{cls.display_name} has no {what} ({', '.join(sorted(wanted))})"
+    return None
+
+
 def engine_row(name: str, ok: bool | None, detail: str) -> SubcheckRow:
     """The activity row a prover returns (named so the report groups it with the feature)."""
     return subcheck(f"feature active: {name}", ok, detail)

@@ -30,7 +30,14 @@ from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks import teacher as tf_rules
 from adaptcheck.steps.frameworks.bounds import load_numerics
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
-from adaptcheck.steps.frameworks.feature import FeatureParams, Proof, engine_row, facts_of, feature_vs_plain
+from adaptcheck.steps.frameworks.feature import (
+    FeatureParams,
+    Proof,
+    engine_row,
+    facts_of,
+    feature_vs_plain,
+    lacks_engine_args,
+)
 from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir
 from adaptcheck.steps.frameworks.params import LoadOverrides
 from adaptcheck.steps.frameworks.probes import TOP_K, local_tokenizer, not_applicable, subcheck, teacher_and_control
@@ -120,10 +127,9 @@ class LongContextCheck(FrameworkCheck):
 
     def run(self, ctx: CheckContext, params: LongContextParams) -> Outcome:
         cls = framework_class(params.framework)
-        names = cls.accepted_engine_args()
-        if names is not None and not ENGINE_ARGS <= names:
-            return not_applicable(params, f"{cls.display_name} has no chunked-prefill settings "
-                                  f"({', '.join(sorted(ENGINE_ARGS))})")
+        lacking = lacks_engine_args(cls, ENGINE_ARGS, "chunked-prefill settings")
+        if lacking is not None:
+            return not_applicable(params, lacking)
         seen: dict[str, Any] = {}
         feature: LoadOverrides = {
             "engine_args": {"enable_chunked_prefill": True, "max_num_batched_tokens": params.chunk_tokens}}

@@ -21,7 +21,14 @@ from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
-from adaptcheck.steps.frameworks.feature import FeatureParams, Proof, engine_row, facts_of, feature_vs_plain
+from adaptcheck.steps.frameworks.feature import (
+    FeatureParams,
+    Proof,
+    engine_row,
+    facts_of,
+    feature_vs_plain,
+    lacks_engine_args,
+)
 from adaptcheck.steps.frameworks.lifecycle import Active
 from adaptcheck.steps.frameworks.params import LoadOverrides
 from adaptcheck.steps.frameworks.probes import not_applicable
@@ -103,10 +110,9 @@ class PreemptionCheck(FrameworkCheck):
 
     def run(self, ctx: CheckContext, params: PreemptionParams) -> Outcome:
         cls = framework_class(params.framework)
-        names = cls.accepted_engine_args()
-        if names is not None and not ENGINE_ARGS <= names:
-            return not_applicable(params, f"{cls.display_name} has no KV-cache size settings "
-                                  f"({', '.join(sorted(ENGINE_ARGS))})")
+        lacking = lacks_engine_args(cls, ENGINE_ARGS, "KV-cache size settings")
+        if lacking is not None:
+            return not_applicable(params, lacking)
         feature: LoadOverrides = {
             "max_model_len": params.pressure_max_model_len,
             "engine_args": {"num_gpu_blocks_override": params.kv_blocks, "block_size": params.block_size}}

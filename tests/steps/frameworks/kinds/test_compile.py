@@ -5,7 +5,6 @@ healthy compiled engine passes and both planted defects fail on the row that nam
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -15,7 +14,7 @@ from pydantic import JsonValue, ValidationError
 
 from adaptcheck.steps.frameworks.kinds.compile import CompileParams, _prove
 from adaptcheck.steps.frameworks.lifecycle import Active
-from tests.conftest import ladder_text, run_cli
+from tests.conftest import run_checks
 from tests.steps.frameworks.planted_ctp import compile_checks
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
@@ -77,13 +76,8 @@ def test_batch_sizes_must_fit_the_prompts() -> None:
 
 @pytest.fixture(scope="module")
 def compile_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    root = tmp_path_factory.mktemp("compile")
-    ladder = root / "ladder.yaml"
-    ladder.write_text(ladder_text(compile_checks(), timeout_s=900))  # type: ignore[arg-type]
-    proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--model", "embedded:tiny-llama",
-                    "--out", str(root / "run"), "--quiet"], timeout=1800)
-    assert (root / "run" / "results.json").exists(), proc.stderr[-3000:]
-    return {c["id"]: c for c in json.loads((root / "run" / "results.json").read_text())["checks"]}
+    return run_checks(tmp_path_factory.mktemp("compile"), compile_checks(),  # type: ignore[arg-type]
+                      check_timeout_s=900, timeout=1800)
 
 
 def rows(check: dict[str, Any]) -> dict[str, dict[str, Any]]:

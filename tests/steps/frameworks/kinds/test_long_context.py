@@ -16,7 +16,7 @@ from adaptcheck.steps.frameworks.kinds.long_context import (
     judge_refusal,
     near_limit_tokens,
 )
-from tests.conftest import ladder_text, run_cli
+from tests.conftest import run_checks
 
 PLANTED = "tests.steps.frameworks.planted_pressure:ChunkPositionsRestart"
 SMALL = {"compile": False, "max_model_len": 512, "chunk_tokens": 128, "max_tokens": 8,
@@ -76,18 +76,11 @@ def test_refusals_served() -> None:
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     pytest.importorskip("vllm")
-    root = tmp_path_factory.mktemp("long_context")
-    ladder = root / "ladder.yaml"
-    ladder.write_text(ladder_text([
+    return run_checks(tmp_path_factory.mktemp("long_context"), [
         {"id": "healthy", "step": 4, "kind": "framework.long_context", "params": {"framework": "vllm", **SMALL}},
         {"id": "planted", "step": 4, "kind": "framework.long_context",
          "params": {"framework": PLANTED, **json.loads(json.dumps(SMALL))}},
-    ], timeout_s=600))
-    out = root / "run"
-    proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--model", "embedded:tiny-llama",
-                    "--out", str(out), "--quiet"], timeout=1200)
-    assert (out / "results.json").exists(), proc.stderr[-3000:]
-    return {c["id"]: c for c in json.loads((out / "results.json").read_text())["checks"]}
+    ])
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from adaptcheck.steps.frameworks.kinds.preemption import (
     preemptions,
     pressure_problem,
 )
-from tests.conftest import ladder_text, run_cli
+from tests.conftest import run_checks
 
 PLANTED = "tests.steps.frameworks.planted_pressure:PreemptStaleBlocks"
 SMALL = {"compile": False, "teacher": {"prompts": 2, "long_prompt_tokens": 0, "chat": False, "max_tokens": 8}}
@@ -68,18 +68,11 @@ def test_preemptions_read_either_counter_name() -> None:
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     pytest.importorskip("vllm")
-    root = tmp_path_factory.mktemp("preemption")
-    ladder = root / "ladder.yaml"
-    ladder.write_text(ladder_text([
+    return run_checks(tmp_path_factory.mktemp("preemption"), [
         {"id": "healthy", "step": 4, "kind": "framework.preemption", "params": {"framework": "vllm", **SMALL}},
         {"id": "planted", "step": 4, "kind": "framework.preemption",
          "params": {"framework": PLANTED, **json.loads(json.dumps(SMALL))}},
-    ], timeout_s=600))
-    out = root / "run"
-    proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--model", "embedded:tiny-llama",
-                    "--out", str(out), "--quiet"], timeout=1200)
-    assert (out / "results.json").exists(), proc.stderr[-3000:]
-    return {c["id"]: c for c in json.loads((out / "results.json").read_text())["checks"]}
+    ])
 
 
 @pytest.mark.slow

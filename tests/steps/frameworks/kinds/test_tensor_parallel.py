@@ -17,7 +17,7 @@ from pydantic import JsonValue
 from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.steps.frameworks.kinds.tensor_parallel import _prove, tp_plan
 from adaptcheck.steps.frameworks.lifecycle import Active
-from tests.conftest import ladder_text, run_cli
+from tests.conftest import run_checks
 from tests.steps.frameworks.planted_ctp import tensor_parallel_checks
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
@@ -85,14 +85,8 @@ def test_world_size_is_the_proof(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    root = tmp_path_factory.mktemp("tp")
-    ladder = root / "ladder.yaml"
-    ladder.write_text(ladder_text(tensor_parallel_checks(), timeout_s=900))  # type: ignore[arg-type]
-    proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--model", "embedded:tiny-llama",
-                    "--out", str(root / "run"), "--quiet"], timeout=1800)
-    assert (root / "run" / "results.json").exists(), proc.stderr[-3000:]
-    return {c["id"]: c for c in json.loads((root / "run" / "results.json").read_text())["checks"]}
-
+    return run_checks(tmp_path_factory.mktemp("tp"), tensor_parallel_checks(),  # type: ignore[arg-type]
+                      check_timeout_s=900, timeout=1800)
 
 
 def rows(check: dict[str, Any]) -> dict[str, dict[str, Any]]:
