@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 
+from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.base.schemas.numerics import Fp8KvCachePolicy, Rule
 from adaptcheck.frameworks.base import FrameworkError
 from adaptcheck.ladder.check import CheckContext
@@ -25,8 +26,10 @@ from adaptcheck.steps.frameworks.kinds.fp8_kv_cache import (
     judge_activity,
     vllm_refusal,
 )
-from tests.conftest import ladder_text, run_cli
+from tests.conftest import run_checks
 
+FP8_HERE = bool({"avx512f", "amx_tile"} & (cpu_flags() or frozenset()))
+"""vLLM's CPU_ATTN takes an fp8 cache only with AVX-512 or AMX (else n/a, vLLM's message)."""
 PLANTED = "tests.steps.frameworks.planted_fp8:WrongFp8Scale"
 
 
@@ -174,17 +177,11 @@ def fp8_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     """One run: healthy e4m3, the planted wrong scale at e5m2, and head_dim 80 (vLLM refuses)."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
-    root = tmp_path_factory.mktemp("fp8")
     checks = [fp8_check("fp8.healthy", "vllm", ["fp8_e4m3"]),
-              fp8_check("fp8.planted", PLANTED, ["fp8_e5m2"]),
               fp8_check("fp8.d80", "vllm", ["fp8_e4m3"], model="embedded:tiny-qwen2-d80")]
-    ladder = root / "ladder.yaml"
-    ladder.write_text(ladder_text(checks, timeout_s=600))
-    out = root / "run"
-    proc = run_cli(["run", "--ladder", str(ladder), "--device", "cpu", "--model", "embedded:tiny-llama",
-                    "--out", str(out), "--quiet"], timeout=1800)
-    assert (out / "results.json").exists(), proc.stderr[-3000:]
-    return {c["id"]: c for c in json.loads((out / "results.json").read_text())["checks"]}
+    if FP8_HERE:  # the planted scale needs an fp8 cache to write into
+        checks.insert(1, fp8_check("fp8.planted", PLANTED, ["fp8_e5m2"]))
+    return run_checks(tmp_path_factory.mktemp("fp8"), checks, timeout=1800)
 
 
 def rows(check: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -194,6 +191,12 @@ def rows(check: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.mark.slow
 def test_the_healthy_fp8_cache_passes_with_its_proof(fp8_run: dict[str, dict[str, Any]]) -> None:
     c = fp8_run["fp8.healthy.fp8_e4m3"]
+    if not FP8_HERE:
+        # A CPU without AVX-512 or AMX (an AMD EPYC Zen 3 here): n/a in vLLM's own words, never a pass.
+        assert (c["status"], c["applicable"]) == ("skip", False)
+        assert c["message"] == ("fp8_e4m3 KV cache cannot run here; vLLM says: FP8 KV cache on CPU requires "
+                                "x86 with AVX-512 or AMX.")
+        return
     assert c["status"] == "pass", c["message"]
     active = rows(c)["feature active: fp8_e4m3 KV cache"]
     assert active["ok"] and "engine kv_cache_dtype 'fp8_e4m3'" in active["detail"]
@@ -205,6 +208,7 @@ def test_the_healthy_fp8_cache_passes_with_its_proof(fp8_run: dict[str, dict[str
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not FP8_HERE, reason="vLLM's fp8 KV cache needs AVX-512 or AMX on the CPU; this one has neither")
 def test_the_cache_written_at_the_wrong_scale_fails_on_its_distributions(fp8_run: dict[str, dict[str, Any]]) -> None:
     c = fp8_run["fp8.planted.fp8_e5m2"]
     assert c["status"] == "fail"

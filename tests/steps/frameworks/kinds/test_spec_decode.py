@@ -118,7 +118,6 @@ def ladder_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
         spec_check("ngram", "vllm"),
         spec_check("draft", "vllm", method="draft_model"),
         spec_check("accept_all.ngram", PLANTED + "AcceptAllDrafts"),
-        spec_check("accept_all.draft", PLANTED + "AcceptAllDrafts", method="draft_model"),
         spec_check("never_drafts", PLANTED + "NeverDrafts"),
     ]
     ladder = root / "ladder.yaml"
@@ -150,7 +149,9 @@ def test_healthy_speculation_passes_with_its_proof(ladder_run: dict[str, dict[st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("id_", ["accept_all.ngram", "accept_all.draft"])
+# The draft-model variant of this defect (accept_all.draft) fails the same way over seeds 0-4 in
+# benchmarks/feature_spec_decode.py; CI keeps the n-gram one (one engine start fewer).
+@pytest.mark.parametrize("id_", ["accept_all.ngram"])
 def test_a_verifier_that_accepts_every_draft_fails_on_the_greedy_tokens(
         ladder_run: dict[str, dict[str, Any]], id_: str) -> None:
     check = ladder_run[id_]
