@@ -13,7 +13,8 @@ from types import ModuleType
 from adaptcheck.base.errors import UnknownNameError, did_you_mean
 from adaptcheck.steps.ops.opdef import OpDef
 
-FAMILIES = ("gemm", "norms", "activations", "rope", "attention", "moe", "quant", "sampling", "embedding")
+FAMILIES = ("gemm", "norms", "activations", "rope", "attention", "moe", "quant", "sampling", "embedding",
+            "mla", "mamba", "vision")
 """Modules under adaptcheck.steps.ops.families, each exporting ``OPS: list[OpDef]``."""
 
 
