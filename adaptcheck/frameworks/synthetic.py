@@ -282,15 +282,27 @@ class ArchWriter:
 ARCH_WRITERS: dict[str, ArchWriter] = {}
 """model_type → its writer, filled by the family modules (:func:`register`)."""
 
+FAMILIES_OF: dict[str, tuple[str, ...]] = {
+    "tiny-llama": ("dense",), "tiny-qwen2-d80": ("dense",), "tiny-moe": ("moe",), "tiny-llama-draft": ("dense",),
+}
+"""Embedded variant → its model families (adaptcheck.base.families), declared with it."""
 
-def register(spec: SyntheticSpec, writer: ArchWriter | None = None) -> SyntheticSpec:
-    """Add an embedded variant (and, once per model_type, its writer); returns ``spec``."""
+
+def register(spec: SyntheticSpec, writer: ArchWriter | None = None, families: tuple[str, ...] = ()) -> SyntheticSpec:
+    """Add an embedded variant of ``families`` (and, once per model_type, its writer); returns ``spec``."""
     if spec.name in EMBEDDED:
         raise ValueError(f"embedded model {spec.name!r} registered twice")
     EMBEDDED[spec.name] = spec
+    FAMILIES_OF[spec.name] = families
     if writer is not None:
         ARCH_WRITERS[spec.model_type] = writer
     return spec
+
+
+def embedded_families(name: str) -> tuple[str, ...]:
+    """The families embedded variant ``name`` is generated as; () for an unknown name or a variant
+    registered without them."""
+    return FAMILIES_OF.get(name, ())
 
 
 def embedded_names() -> list[str]:
