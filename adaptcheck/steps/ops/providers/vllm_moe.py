@@ -79,7 +79,7 @@ def cpu_routed_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: to
     ops.cpu_fused_moe(out, x.contiguous(), ops.cpu_prepack_moe_weight(w13.contiguous(), isa),
                       ops.cpu_prepack_moe_weight(w2.contiguous(), isa), None, None,
                       topk_weights.float().contiguous(), topk_ids.to(torch.int32).contiguous(), "silu", isa)
-    return out  # type: ignore[no-any-return]
+    return out
 
 
 def _vllm_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
