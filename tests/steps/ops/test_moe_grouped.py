@@ -17,6 +17,7 @@ from adaptcheck.base.schemas.results import Status
 from adaptcheck.ladder.check import CheckContext
 from adaptcheck.steps.ops.catalog import get_op
 from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.families.moe import MoeSharedCase
 from adaptcheck.steps.ops.families.moe_routing import GroupedTopkCase
 from adaptcheck.steps.ops.providers.base import DictProvider, OpProvider
 from tests.steps.ops import planted_moe as pm
@@ -99,6 +100,14 @@ def test_inputs_keep_clear_gaps_and_the_bias_and_groups_decide(seed: int) -> Non
 def test_case_model_refuses_shapes_the_routing_cannot_have(fields: dict[str, Any], why: str) -> None:
     with pytest.raises(ValidationError, match=why):
         GroupedTopkCase.model_validate({**V3, **fields})
+
+
+def test_shrunk_shared_cases_keep_model_widths() -> None:
+    # A slow device shrinks cases; a shared width off a multiple of 32 would trip vLLM's
+    # silu_and_mul (d % vector length), which no real model meets.
+    case = MoeSharedCase.model_validate({**SHARED[0], "intermediate": 128})
+    assert [case.scaled(f).intermediate for f in (1.0, 0.5, 0.01)] == [128, 64, 32]
+    assert case.scaled(0.01).experts == case.experts and case.scaled(0.01).tokens == 1
 
 
 # ------------------------------------------------------------------------- through vLLM

@@ -151,7 +151,12 @@ class MoeSharedCase(CaseBase):
     def scaled(self, factor: float) -> MoeSharedCase:
         tokens = max(1, int(self.tokens * min(1.0, factor)))
         rest = factor * self.tokens / tokens
-        return self.model_copy(update={"tokens": tokens, "intermediate": max(1, int(self.intermediate * min(1.0, rest)))})
+        inter = max(1, int(self.intermediate * min(1.0, rest)))
+        if self.intermediate % 32 == 0:
+            # Model widths are multiples of 32 and kernels rely on it (vLLM's silu_and_mul
+            # needs the shared width to be a multiple of its vector length): keep it so.
+            inter = max(32, inter // 32 * 32)
+        return self.model_copy(update={"tokens": tokens, "intermediate": inter})
 
 
 def _moe_shared_inputs(case: MoeSharedCase, dtype: str, gen: torch.Generator) -> OpInputs:
