@@ -87,6 +87,15 @@ VLLM_OPS: dict[str, VllmOp] = {
     "fused_moe": VllmOp(("_C.cpu_fused_moe", "_C.prepack_moe_weight",
                          "vllm.model_executor.layers.fused_moe.router.cpu_router:_softmax_topk"),
                         "routing by vLLM's CPURouter (_softmax_topk, torch code), experts by _C.cpu_fused_moe"),
+    "grouped_topk": VllmOp(("vllm.model_executor.layers.fused_moe.router.router_factory:create_fused_moe_router",
+                             "vllm.model_executor.layers.fused_moe.router.cpu_router:_grouped_topk"),
+                            "the router vLLM's FusedMoE layer builds for DeepSeek (use_grouped_topk): CPURouter on CPU,"
+                            " whose grouped top-k is torch code; rows put in ascending expert id"),
+    "fused_moe_shared": VllmOp(("_C.cpu_fused_moe", "_C.prepack_moe_weight", "_C.silu_and_mul",
+                                "vllm.model_executor.layers.linear:UnquantizedLinearMethod"),
+                               "routed experts by _C.cpu_fused_moe from the given routing; shared experts as"
+                               " DeepseekV2MLP runs them (UnquantizedLinearMethod's CPU GEMM dispatch, _C.silu_and_mul),"
+                               " added in the model dtype as MoERunner does"),
     "int8_w8a8_gemm": VllmOp(("_C.create_onednn_scaled_mm_handler", "_C.onednn_scaled_mm")),
     "scaled_int8_quant": VllmOp(("_C.static_scaled_int8_quant", "_C.dynamic_scaled_int8_quant")),
     "fp8_quantize": VllmOp(("_C.quantize_fp8e4m3_vec",), "bf16 inputs only (the kernel's contract)"),
