@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.frameworks.vllm_ops import VLLM_OPS
 from adaptcheck.steps.ops.providers import vllm_attention as va
+from adaptcheck.steps.ops.providers import vllm_vision
 from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.vllm_attention import (  # noqa: F401 - the CPU cache layouts, re-exported
     pack_key_cache,
@@ -339,6 +340,7 @@ ADAPTERS: dict[str, Callable[..., Any]] = {
     "fp8_quantize": fp8_quantize,
     "greedy_sample": greedy_sample,
     "top_k_top_p_mask": top_k_top_p_mask,
+    **vllm_vision.ADAPTERS,
 }
 
 MAPPINGS: dict[str, _Mapping] = {op: _Mapping(fn, VLLM_OPS[op].kernels, VLLM_OPS[op].note)
