@@ -72,7 +72,8 @@ def patch_as_linear(pixel_values: torch.Tensor, weight: torch.Tensor, bias: torc
     return out + bias if bias is not None else out
 
 
-def _mrope_with_axes(axes_of: Callable[[int, list[int], bool, torch.device], torch.Tensor]) -> Callable[..., Any]:
+def _mrope_with_axes(name: str,
+                     axes_of: Callable[[int, list[int], bool, torch.device], torch.Tensor]) -> Callable[..., Any]:
     def fn(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
            head_size: int, mrope_section: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
         half = cos_sin_cache.shape[1] // 2
@@ -81,16 +82,19 @@ def _mrope_with_axes(axes_of: Callable[[int, list[int], bool, torch.device], tor
         cols = torch.arange(half)[:, None]
         cos, sin = cos_sin_cache[rows, cols].t().float(), cos_sin_cache[rows, cols + half].t().float()
         return rotate_neox_(query, cos, sin, head_size), rotate_neox_(key, cos, sin, head_size)
+    fn.__name__ = name
     return fn
 
 
-mrope_hw_swapped = _mrope_with_axes(lambda h, s, i, d: torch.tensor([0, 2, 1])[vision.mrope_axes(h, s, i, d)])
+mrope_hw_swapped = _mrope_with_axes("mrope_hw_swapped",
+                                    lambda h, s, i, d: torch.tensor([0, 2, 1])[vision.mrope_axes(h, s, i, d)])
 """The height section reads the width positions and the reverse."""
 
-mrope_temporal_only = _mrope_with_axes(lambda h, s, i, d: torch.zeros(h, dtype=torch.int64))
+mrope_temporal_only = _mrope_with_axes("mrope_temporal_only", lambda h, s, i, d: torch.zeros(h, dtype=torch.int64))
 """Plain 1-D RoPE: the temporal row for every frequency (exact on text tokens only)."""
 
-mrope_chunked_always = _mrope_with_axes(lambda h, s, i, d: vision.mrope_axes(h, s, False, d))
+mrope_chunked_always = _mrope_with_axes("mrope_chunked_always",
+                                        lambda h, s, i, d: vision.mrope_axes(h, s, False, d))
 """The interleaved flag ignored: Qwen3-VL's interleaved sections laid out as Qwen2-VL's chunks."""
 
 
