@@ -62,6 +62,8 @@ _BACKEND = "through the attention backend vLLM selects here (Attention layer, bu
 _BACKEND_WRITE = ("through the selected backend's impl.do_kv_cache_update; the cache read back from the"
                   " backend's layout")
 _PAGED_COPY = f"{_BACKEND}; K/V written into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE} first"
+_MM_ATTN = "vllm.model_executor.layers.attention.mm_encoder_attention"
+_ROPE = "vllm.model_executor.layers.rotary_embedding"
 _FP8_NOTE = "; fp8 caches: the layer's k_scale/v_scale set, codes loaded through the backend's quantizing write"
 
 VLLM_OPS: dict[str, VllmOp] = {
@@ -103,6 +105,19 @@ VLLM_OPS: dict[str, VllmOp] = {
     "top_k_top_p_mask": VllmOp(("vllm.v1.sample.ops.topk_topp_sampler:apply_top_k_top_p",),
                                "vLLM's sampler code (Python/torch on CPU, logits upcast to float32 as the"
                                " Sampler does), not a compiled kernel"),
+    # Vision family (vllm_vision.py): vLLM's layers called as its Qwen2-VL/Qwen3-VL code calls them.
+    "encoder_attention": VllmOp((f"{_MM_ATTN}:MMEncoderAttention",),
+                                "MMEncoderAttention with the ViT backend vLLM picks (TORCH_SDPA per image on CPU)"
+                                " and the cu_seqlens/max_seqlen metadata its vision towers prepare"),
+    "patch_embed": VllmOp(("vllm.model_executor.layers.conv:Conv3dLayer",),
+                          "Conv3dLayer as Qwen2VisionPatchEmbed calls it (rows viewed as [C, T, P, P]); stride ="
+                          " kernel, so its forward_native runs unfold + linear"),
+    "mrope": VllmOp((f"{_ROPE}:get_rope", f"{_ROPE}.mrope:MRotaryEmbedding"),
+                    "get_rope's MRotaryEmbedding (mrope_section, mrope_interleaved), forward as dispatched"
+                    " (forward_native on CPU); the op's cache cast to the query dtype, as vLLM does"),
+    "vision_rope_2d": VllmOp((f"{_ROPE}:get_rope", f"{_ROPE}.common:ApplyRotaryEmb"),
+                             "Qwen2-VL ViT RoPE: get_rope (partial_rotary_factor 0.5), cos/sin gathered by (row,"
+                             " column) and ApplyRotaryEmb on q and k stacked, cache in the model dtype"),
     # Catalog ops vLLM has no kernel for here.
     "gemm": VllmOp(no_kernel="vLLM has no standalone matmul op: unquantized linear layers go through torch/oneDNN"
                              " (dispatch_cpu_unquantized_gemm); the torch provider covers that path"),
