@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.frameworks.vllm_ops import VLLM_OPS
 from adaptcheck.steps.ops.providers import vllm_attention as va
-from adaptcheck.steps.ops.providers import vllm_moe
-from adaptcheck.steps.ops.providers import vllm_mla
+from adaptcheck.steps.ops.providers import vllm_mla, vllm_moe
 from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.vllm_attention import (  # noqa: F401 - the CPU cache layouts, re-exported
     pack_key_cache,
