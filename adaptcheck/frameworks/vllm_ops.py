@@ -11,6 +11,12 @@ CONTIGUOUS_BLOCK_SIZE = 32
 of its own (prefill, decode): vLLM's CPU attention requires kernel block sizes that are
 multiples of 32."""
 
+CPU_MLA_HEAD_SIZE = 576
+"""The one MLA head size (kv_lora_rank + rope) vLLM's CPU_MLA backend supports
+(``CPUMLABackend.get_supported_head_sizes``; DeepSeek-V2/V3's 512 + 64); its decode kernel refuses others."""
+CPU_MLA_BLOCK_SIZE = 16
+"""The one block size vLLM's CPU_MLA backend supports (``get_supported_kernel_block_sizes``)."""
+
 
 @dataclass(frozen=True)
 class VllmOp:
@@ -118,6 +124,16 @@ VLLM_OPS: dict[str, VllmOp] = {
     "vision_rope_2d": VllmOp((f"{_ROPE}:get_rope", f"{_ROPE}.common:ApplyRotaryEmb"),
                              "Qwen2-VL ViT RoPE: get_rope (partial_rotary_factor 0.5), cos/sin gathered by (row,"
                              " column) and ApplyRotaryEmb on q and k stacked, cache in the model dtype"),
+    # MLA (DeepSeek-V2/V3): vLLM selects AMX_MLA on x86 hosts with AMX (bf16, its own cpu_mla_decode /
+    # cpu_mla_extend kernels, block sizes of 32), else CPU_MLA, whose decode kernel is the one checked.
+    "mla_decode": VllmOp(("_C.mla_decode_kvcache",),
+                         "CPU_MLA's decode kernel (head size 576, block size 16; fp32/bf16/fp16); q_nope·W_UK and"
+                         " the W_UV up-projection by torch.bmm as vLLM's MLAAttention does; on AMX hosts vLLM"
+                         " selects AMX_MLA instead (_C.cpu_mla_decode / bmm_cpu, bf16), which is not mapped"),
+    "mla_prefill": VllmOp(no_kernel="vLLM's CPU MLA prefill is torch code, no kernel: CPU_MLA expands k/v through"
+                                    " kv_b_proj and runs the CPU_SDPA_MLA prefill backend (fp32 matmul + softmax per"
+                                    " request); the torch provider covers that path. AMX hosts run AMX_MLA's"
+                                    " _C.cpu_mla_extend in latent space instead (not mapped)"),
     # Catalog ops vLLM has no kernel for here.
     "gemm": VllmOp(no_kernel="vLLM has no standalone matmul op: unquantized linear layers go through torch/oneDNN"
                              " (dispatch_cpu_unquantized_gemm); the torch provider covers that path"),
