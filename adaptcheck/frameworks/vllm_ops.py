@@ -70,6 +70,7 @@ _BACKEND_WRITE = ("through the selected backend's impl.do_kv_cache_update; the c
 _PAGED_COPY = f"{_BACKEND}; K/V written into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE} first"
 _MM_ATTN = "vllm.model_executor.layers.attention.mm_encoder_attention"
 _ROPE = "vllm.model_executor.layers.rotary_embedding"
+_MAMBA = "vllm.model_executor.layers.mamba.ops"
 _FP8_NOTE = "; fp8 caches: the layer's k_scale/v_scale set, codes loaded through the backend's quantizing write"
 
 VLLM_OPS: dict[str, VllmOp] = {
@@ -134,6 +135,21 @@ VLLM_OPS: dict[str, VllmOp] = {
                                     " kv_b_proj and runs the CPU_SDPA_MLA prefill backend (fp32 matmul + softmax per"
                                     " request); the torch provider covers that path. AMX hosts run AMX_MLA's"
                                     " _C.cpu_mla_extend in latent space instead (not mapped)"),
+    # Mamba2 (hybrid models), as MambaMixer2 calls them (adaptcheck/steps/ops/providers/vllm_mamba.py).
+    "selective_state_update": VllmOp(("_C.selective_state_update_cpu",),
+                                     "MambaMixer2's decode call: A/dt/dt_bias/D expanded over head_dim, states"
+                                     " in cache slots 1..B (slot 0 the null block), one call per step"),
+    "causal_conv1d_update": VllmOp((f"{_MAMBA}.causal_conv1d:causal_conv1d_update", "_C.causal_conv1d_update_cpu_vec"),
+                                   "vLLM's causal_conv1d_update (on CPU causal_conv1d_update_cpu →"
+                                   " _C.causal_conv1d_update_cpu_vec); conv state in vLLM's cache layout"),
+    "causal_conv1d_fwd": VllmOp((f"{_MAMBA}.causal_conv1d:causal_conv1d_fn",),
+                                "vLLM's causal_conv1d_fn: on CPU causal_conv1d_fn_cpu, torch F.conv1d per sequence"
+                                " (Python, not a kernel); _C.causal_conv1d_fwd_cpu, where built, serves only"
+                                " GatedDeltaNet's packed weights"),
+    "ssd_chunk_scan": VllmOp((f"{_MAMBA}.ssd_combined:mamba_chunk_scan_combined_varlen", "_C.mamba_chunk_scan_fwd_cpu"),
+                             "vLLM's mamba_chunk_scan_combined_varlen (on CPU: dt + dt_bias and softplus in"
+                             " float32 in Python, then _C.mamba_chunk_scan_fwd_cpu); chunk metadata as the"
+                             " Mamba2 metadata builder makes it"),
     # Catalog ops vLLM has no kernel for here.
     "gemm": VllmOp(no_kernel="vLLM has no standalone matmul op: unquantized linear layers go through torch/oneDNN"
                              " (dispatch_cpu_unquantized_gemm); the torch provider covers that path"),

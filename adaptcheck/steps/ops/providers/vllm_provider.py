@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.frameworks.vllm_ops import VLLM_OPS
 from adaptcheck.steps.ops.providers import vllm_attention as va
-from adaptcheck.steps.ops.providers import vllm_mla, vllm_moe, vllm_vision
+from adaptcheck.steps.ops.providers import vllm_mamba, vllm_mla, vllm_moe, vllm_vision
 from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.vllm_attention import (  # noqa: F401 - the CPU cache layouts, re-exported
     pack_key_cache,
@@ -343,6 +343,7 @@ ADAPTERS: dict[str, Callable[..., Any]] = {
     **vllm_moe.ADAPTERS,  # DeepSeek's grouped routing and shared experts (vllm_moe.py)
     **vllm_vision.ADAPTERS,
     **vllm_mla.ADAPTERS,
+    **vllm_mamba.ADAPTERS,  # Mamba2 (hybrid models): vllm_mamba.py
 }
 
 MAPPINGS: dict[str, _Mapping] = {op: _Mapping(fn, VLLM_OPS[op].kernels, VLLM_OPS[op].note)
