@@ -14,15 +14,19 @@ import torch
 import torch.nn.functional as F
 
 
-def _segment_decay(cum: torch.Tensor) -> torch.Tensor:
-    """exp(cum[l] - cum[s]) for s ≤ l, 0 above the diagonal: cum [C, Q, H] → [C, H, Q, Q].
+def _segment_decay(da: torch.Tensor) -> torch.Tensor:
+    """exp(Σ_{s<r≤l} da_r) for s ≤ l, 0 above the diagonal: da [C, Q, H] → [C, H, Q, Q].
 
-    Differences of the running sums, never exp(cum[l]) / exp(cum[s]): those under/overflow
-    for long chunks with fast decay."""
-    diff = cum.permute(0, 2, 1)[..., :, None] - cum.permute(0, 2, 1)[..., None, :]
-    q = cum.shape[1]
-    causal = torch.ones(q, q, dtype=torch.bool, device=cum.device).tril()
-    return torch.exp(diff.masked_fill(~causal, float("-inf")))
+    Each segment sum is summed on its own (a masked cumulative sum), not taken as the
+    difference of two running sums: over a 256-token chunk those reach |Σ da| ~ 10², and their
+    difference keeps only ~10²·2⁻²⁴ absolute accuracy in float32 (7.5e-6 normalized error
+    measured on the ladder's two-chunk case, most of the float32 tolerance)."""
+    q = da.shape[1]
+    lower = torch.ones(q, q, dtype=torch.bool, device=da.device).tril()
+    # [C, H, l, s] = da_l where l > s, then summed down l: Σ_{s<r≤l} da_r.
+    steps = da.permute(0, 2, 1)[..., :, None].expand(*da.shape[::2], q, q)
+    seg = torch.cumsum(steps.masked_fill(~lower.tril(-1), 0.0), dim=-2)
+    return torch.exp(seg.masked_fill(~lower, float("-inf")))
 
 
 def _one_sequence(x: torch.Tensor, step: torch.Tensor, A: torch.Tensor, bh: torch.Tensor, ch: torch.Tensor,
@@ -35,12 +39,15 @@ def _one_sequence(x: torch.Tensor, step: torch.Tensor, A: torch.Tensor, bh: torc
     xs, st, bs, cs = (F.pad(t, (0,) * (2 * (t.dim() - 1)) + (0, pad)) for t in (x, step, bh, ch))
     n_chunks = xs.shape[0] // chunk
     xs, st, bs, cs = (t.reshape(n_chunks, chunk, *t.shape[1:]) for t in (xs, st, bs, cs))
-    cum = torch.cumsum(st * A, dim=1)  # [C, Q, H]
+    da = st * A  # [C, Q, H]
+    cum = torch.cumsum(da, dim=1)
+    decay = _segment_decay(da)  # [C, H, Q, Q]
     # Diagonal blocks: y_l = Σ_{s≤l} decay(l, s) (C_l · B_s) step_s x_s.
-    scores = torch.einsum("clhn,cshn->chls", cs, bs) * _segment_decay(cum)
+    scores = torch.einsum("clhn,cshn->chls", cs, bs) * decay
     y = torch.einsum("chls,csh,cshp->clhp", scores, st, xs)
-    # Each chunk's own contribution to the state at its end (from a zero state).
-    to_end = torch.exp(cum[:, -1:, :] - cum)  # [C, Q, H]
+    # Each chunk's own contribution to the state at its end (from a zero state): the last row
+    # of the segment decays, not exp(cum[-1] - cum[s]) (the same cancellation as above).
+    to_end = decay[:, :, -1, :].permute(0, 2, 1)  # [C, Q, H]
     chunk_states = torch.einsum("csh,csh,cshp,cshn->chpn", to_end, st, xs, bs)
     # Pass the state across chunks; each chunk's tokens read the state it started from.
     starts = []
