@@ -6,6 +6,8 @@ check fails and by how much (docs/ops.md, "Mamba2 ops").
 Runs the standard ladder's cases (ladders/standard.yaml, the ``family:hybrid`` ``ops.*``
 entries). vLLM is skipped, with the reason, where it is not importable.
 
+Exits 1 when a correct seed fails or a planted defect passes.
+
 Run: PYTHONPATH=. python benchmarks/family_mamba_ops.py [--seeds 5] [--providers torch vllm]
 """
 
@@ -71,13 +73,14 @@ def _fmt(result: dict[str, tuple[Status, float]]) -> str:
     return "  ".join(f"{d} {s.value} {r:.3g}x" for d, (s, r) in result.items())
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--providers", nargs="+", default=["torch", "vllm"], choices=["torch", "vllm"])
     parser.add_argument("--defect-dtypes", nargs="+", default=["fp32", "bf16"])
     args = parser.parse_args()
     cases = ladder_cases()
+    wrong = 0
     for provider in args.providers:
         for op, op_cases in cases.items():
             impl = _implementation(provider, op)
@@ -97,7 +100,9 @@ def main() -> None:
                     print(f"{provider} {op} seed {seed} {name}: {_fmt(res)}")
             print(f"== {provider} {op}: correct passed {healthy_pass}/{args.seeds} seeds; "
                   f"planted defects failed {caught}/{planted} (defect x seed, every dtype failing)")
+            wrong += (args.seeds - healthy_pass) + (planted - caught)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
