@@ -169,6 +169,15 @@ The model-family ops (docs/families.md) run what a served model of the family ru
   `MMEncoderAttention` with the ViT backend vLLM picks and the `cu_seqlens` metadata its vision
   towers prepare, `Conv3dLayer`, `get_rope`'s `MRotaryEmbedding` (`mrope_section`,
   `mrope_interleaved`) and the ViT RoPE (`ApplyRotaryEmb`). These layers run torch code on CPU.
+- Mamba2 (`selective_state_update`, `causal_conv1d_update`, `causal_conv1d_fwd`,
+  `ssd_chunk_scan`, `providers/vllm_mamba.py`): called as MambaMixer2 calls them
+  (`_C.selective_state_update_cpu` once per decode step, `causal_conv1d_update` →
+  `_C.causal_conv1d_update_cpu_vec`, the chunked scan `_C.mamba_chunk_scan_fwd_cpu`). The decode
+  ops take a leading step axis: one call applies T consecutive updates carrying the SSM and conv
+  state, so a kernel that drops the state between decode steps fails from step 2; states are
+  compared with the outputs (conv states exactly). On CPU the prefill convolution has no kernel:
+  vLLM runs torch `F.conv1d` per sequence (`causal_conv1d_fn_cpu`); `_C.causal_conv1d_fwd_cpu`
+  serves only GatedDeltaNet.
 
 ## Reproducers
 
