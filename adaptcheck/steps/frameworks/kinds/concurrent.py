@@ -109,7 +109,7 @@ def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok,
     teacher, control_sum = found
     try:
         alone = tf_rules.score_alone(active.framework, teacher.sequences, TOP_K)
-        together = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K) for s in teacher.sequences])
+        together = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K, list(s.images)) for s in teacher.sequences])
     except ScoringUnsupported as exc:
         return [subcheck(name, None, f"not possible here: {exc}")], None
     policy, dtype = load_numerics(), active.options.dtype

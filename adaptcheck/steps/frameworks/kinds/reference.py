@@ -41,7 +41,7 @@ class ReferenceParams(FrameworkParams, TeacherSize):
     @property
     def teacher(self) -> TeacherSize:
         return TeacherSize(prompts=self.prompts, long_prompt_tokens=self.long_prompt_tokens, chat=self.chat,
-                           max_tokens=self.max_tokens, top_n=self.top_n)
+                           max_tokens=self.max_tokens, top_n=self.top_n, images=self.images)
 
 
 class ReferenceCheck(FrameworkCheck):
