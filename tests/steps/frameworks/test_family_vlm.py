@@ -8,8 +8,6 @@ reference check. Fast tests: the multimodal prompt set and the rows that read im
 from __future__ import annotations
 
 import importlib.util
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,19 +66,16 @@ def test_each_planted_defect_fails_the_reference(vlm_run: dict[str, dict[str, An
 
 
 @pytest.mark.slow
-def test_vllm_is_certified_or_na_in_its_own_words(vlm_run: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+def test_vllm_is_certified_or_na_in_its_own_words(vlm_run: dict[str, dict[str, Any]]) -> None:
+    """Where vLLM cannot import its Qwen2-VL module (this CPU venv has no torchvision), both rows
+    are n/a with that exception; where it can, they pass. Never a pass without running."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
-    from adaptcheck.frameworks.multimodal import vllm_refusal
-
-    # vLLM's verdict on this host depends on the architecture alone (its module's imports).
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2VLForConditionalGeneration"],
-                                                      "vision_config": {}}))
-    refusal = vllm_refusal(tmp_path)
     for cid in ("vlm.vllm.reference", "vlm.serve.reference"):
         c = vlm_run[cid]
-        if refusal:
-            assert c["status"] == "skip" and c.get("applicable") is False, c
-            assert "vLLM cannot inspect Qwen2VLForConditionalGeneration" in c["message"], c["message"]
+        if c["status"] == "skip":
+            assert c.get("applicable") is False, c
+            assert "vLLM cannot inspect Qwen2VLForConditionalGeneration on this host: importing " \
+                   "vllm.model_executor.models.qwen2_vl raised" in c["message"], c["message"]
         else:
             assert c["status"] == "pass", (cid, c.get("message"))
