@@ -28,6 +28,31 @@ def test_a_text_only_teacher_has_no_images() -> None:
     assert [img for _, img in pairs] == ["gradient-112x84", "checker-84x112", "gradient-112x84"]
 
 
+class _TwiceFramework:
+    """generate() answers from a counter: the second pass over the same requests can differ."""
+
+    def __init__(self, drift: bool) -> None:
+        self.calls, self.drift = 0, drift
+
+    def generate(self, reqs: list[Any]) -> list[Any]:
+        from adaptcheck.frameworks.base import Generation
+
+        self.calls += 1
+        pads = 12 + (self.calls if self.drift else 0)  # a processor whose widening changes between passes
+        return [Generation(token_ids=[5, 6], text="", finish_reason="length", prompt_ids=[1] + [1026] * pads)
+                for _ in reqs]
+
+
+@pytest.mark.parametrize(("drift", "ok"), [(False, True), (True, False)])
+def test_the_images_row_needs_identical_inputs_twice(drift: bool, ok: bool) -> None:
+    from adaptcheck.frameworks.base import GenRequest
+    from adaptcheck.steps.frameworks.kinds.reference import _images_deterministic_row
+
+    req = GenRequest(messages=[{"role": "user", "content": "q"}], images=["gradient-112x84"])
+    row = _images_deterministic_row(_TwiceFramework(drift), [req])  # type: ignore[arg-type]
+    assert row.ok is ok and ("prompt ids differ" in row.detail) is not ok
+
+
 def _check(cid: str, kind: str, framework: str, **params: Any) -> dict[str, Any]:
     size = SIZE if kind == "framework.reference" else ({"teacher": SIZE} if kind == "framework.concurrent" else {})
     return {"id": cid, "step": 4, "kind": kind, "params": {"framework": framework, "model": MODEL, "dtype": "bf16",
