@@ -292,7 +292,7 @@ FAMILIES_OF: dict[str, tuple[str, ...]] = {
 """Embedded variant → its model families (adaptcheck.base.families), declared with it."""
 
 
-def register(spec: SyntheticSpec, writer: ArchWriter | None = None, families: tuple[str, ...] = ()) -> SyntheticSpec:
+def register(spec: SyntheticSpec, writer: ArchWriter | None = None, *, families: tuple[str, ...]) -> SyntheticSpec:
     """Add an embedded variant of ``families`` (and, once per model_type, its writer); returns ``spec``."""
     if spec.name in EMBEDDED:
         raise ValueError(f"embedded model {spec.name!r} registered twice")

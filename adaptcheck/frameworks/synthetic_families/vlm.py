@@ -173,4 +173,4 @@ TINY_QWEN2_VL = syn.register(syn.SyntheticSpec(
     extra=(("chat_template", CHAT_TEMPLATE), ("max_pixels", MAX_PIXELS), ("min_pixels", MIN_PIXELS),
            ("mrope_section", (8, 12, 12)), ("vision_depth", 2), ("vision_dim", 64), ("vision_heads", 4),
            ("vision_tokens", VISION_TOKENS)),
-), WRITER)
+), WRITER, families=("multimodal",))
