@@ -57,6 +57,7 @@ def test_int4_round_trip_is_bit_exact(scheme: str, group: int) -> None:
         # Round-to-nearest: within half a step of the dense weight (codes not clamped at the edges).
         assert float((ckpt.dequantized[name] - state[name].double()).abs().max()) <= float(s.double().max()) * 1.01
         if scheme == "gptq_act_order":
+            assert g_idx is not None
             k = state[name].shape[1]
             assert not np.array_equal(g_idx, np.arange(k) // group)
     assert t["model.layers.0.self_attn.q_proj.bias"] is state["model.layers.0.self_attn.q_proj.bias"]

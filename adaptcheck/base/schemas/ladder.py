@@ -23,7 +23,7 @@ LADDER_SCHEMA_VERSION = 1
 LEVELS = ("L1", "L2", "L3", "L4", "L5")
 
 Quantization = Literal["none", "int8_w8a8", "fp8", "other"]
-QUANT_FORMATS = ("int8_w8a8", "fp8")
+QUANT_FORMATS = ("int8_w8a8", "fp8", "gptq", "awq", "fp8_block")
 """Formats a check may name in a 'quant:FORMAT' tag."""
 QUANT_TAG = "quant:"
 

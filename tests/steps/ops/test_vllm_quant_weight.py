@@ -18,15 +18,15 @@ import torch
 
 pytest.importorskip("vllm")
 
-from adaptcheck.backends.cpu import CpuBackend  # noqa: E402
-from adaptcheck.base.schemas.ladder import ModelSpec  # noqa: E402
-from adaptcheck.base.schemas.results import Status  # noqa: E402
-from adaptcheck.ladder.check import CheckContext  # noqa: E402
-from adaptcheck.steps.ops.catalog import get_op  # noqa: E402
-from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams  # noqa: E402
-from adaptcheck.steps.ops.providers import vllm_quant_weight as vqw  # noqa: E402
-from adaptcheck.steps.ops.providers.vllm_provider import VllmProvider  # noqa: E402
-from reference_kernels import quant_weight as ref  # noqa: E402
+from adaptcheck.backends.cpu import CpuBackend
+from adaptcheck.base.schemas.ladder import ModelSpec
+from adaptcheck.base.schemas.results import Status
+from adaptcheck.ladder.check import CheckContext
+from adaptcheck.steps.ops.catalog import get_op
+from adaptcheck.steps.ops.checks import OpCheck, OpCheckParams
+from adaptcheck.steps.ops.providers import vllm_quant_weight as vqw
+from adaptcheck.steps.ops.providers.vllm_provider import VllmProvider
+from reference_kernels import quant_weight as ref
 
 INT4 = [{"name": "gptq_sym", "m": 4, "n": 64, "k": 256, "format": "gptq", "group_size": 64, "sym": True},
         {"name": "awq", "m": 4, "n": 64, "k": 256, "format": "awq", "group_size": 128}]
@@ -40,7 +40,7 @@ def _inputs(op: str, case: dict[str, Any], dtype: str = "bf16", seed: int = 0) -
 
 def _outcomes(op: str, cases: list[dict[str, Any]]) -> list[Any]:
     ctx = CheckContext(backend=CpuBackend(), device_index=0, seed=0, run_dir=Path("."), model=ModelSpec())
-    return OpCheck(VllmProvider()).run(ctx, OpCheckParams(op=op, dtypes=["bf16"], cases=cases))
+    return OpCheck(VllmProvider()).run(ctx, OpCheckParams.model_validate({"op": op, "dtypes": ["bf16"], "cases": cases}))
 
 
 HAS_WNA16 = vqw.int4_gate() is None

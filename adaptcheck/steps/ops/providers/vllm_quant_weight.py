@@ -137,7 +137,7 @@ def prepare_int4_layer(qweight: torch.Tensor, qzeros: torch.Tensor | None, scale
         k, n = qweight.shape[0] * 8, qweight.shape[1]
         layer.register_parameter("qweight", _param(qweight, input_dim=0, output_dim=1, packed_dim=0))
     layer.register_parameter("scales", _param(scales.to(act_dtype), input_dim=0, output_dim=1))
-    layer.bias = None
+    layer.register_parameter("bias", None)  # the kernels read layer.bias
     # AWQ keeps its zeros (uint4); symmetric GPTQ and zero-less AWQ are uint4 with bias 8.
     config = MPLinearLayerConfig(full_weight_shape=(k, n), partition_weight_shape=(k, n),
                                  weight_type=scalar_types.uint4 if with_zp else scalar_types.uint4b8,
