@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     bad += not ok
                     print(f"{'healthy ' + fn.__name__:34} {check_id:38} {seed:4}  {' '.join(statuses.values()):24}"
                           f" {ratio:10.3g}{'' if ok else '  <-- healthy run not passing'}")
-    for op, fns in pq.PLANTED.items():
+    for fns in pq.PLANTED.values():
         for fn in fns:
             for check_id in TARGETS[fn.__name__]:
                 if check_id not in args.checks:
