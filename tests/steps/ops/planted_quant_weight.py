@@ -65,7 +65,8 @@ def int4_half_group(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor
                     g_idx: torch.Tensor | None, group_size: int, fmt: str) -> torch.Tensor:
     """Scales applied per group_size/2 rows (per 64 when the checkpoint says 128), clamped to the last group."""
     k = qweight.shape[0] * (8 if fmt == "gptq" else 1)
-    wrong = (torch.arange(k) // (group_size // 2)).clamp(max=scales.shape[0] - 1).to(torch.int32)
+    half = (k if group_size == -1 else group_size) // 2
+    wrong = (torch.arange(k) // half).clamp(max=scales.shape[0] - 1).to(torch.int32)
     return qw.int4_w4a16_gemm(x, qweight, qzeros, scales, wrong, group_size, fmt)
 
 
