@@ -11,6 +11,11 @@ quantized in FORMAT (``model.quantization``; 'other' grades them all): a bf16 mo
 int8 GEMM, so a host whose int8 path is broken still serves it correctly. Their results
 stay in the report, and the grade lists them as left out.
 
+Checks tagged ``family:NAME`` (MLA decode, grouped routing, the Mamba state update …) are
+graded only for a model of family NAME (``model.families``, read from its config.json;
+'unknown' grades them all), the same way (:mod:`adaptcheck.base.families`). The families
+table (:func:`compute_families`) says per family what its tagged checks established.
+
 Beside the level, never folded into it, the features table (:func:`compute_features`): per
 known serving feature (:mod:`adaptcheck.base.features`), what the checks tagged
 ``feature:<name>`` established. ``adaptcheck grade --require-feature`` gates on it.
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 import fnmatch
 
+from adaptcheck.base.families import FAMILIES, FAMILY_TABLE, QUANT_FORMATS, graded_families
 from adaptcheck.base.features import FEATURES, Outcome, Planned, feature_names, feature_table
 from adaptcheck.base.schemas.ladder import QUANT_TAG, ConditionSpec, GradeSpec
 from adaptcheck.base.schemas.results import (
     CheckResult,
     ConditionResult,
+    FamilyResult,
     FeatureResult,
     GradeResult,
     LevelResult,
@@ -128,10 +135,17 @@ def evaluate_condition(
     )
 
 
-def graded_for(tags: list[str], quantization: str) -> bool:
-    """Whether a check with ``tags`` counts for a model quantized as ``quantization``."""
+def graded_for(tags: list[str], quantization: str, families: list[str] | None = None) -> bool:
+    """Whether a check with ``tags`` counts for a model quantized as ``quantization`` and of
+    ``families`` (None: families not known, as in files older than schema 1.6 — only the
+    quantization decides)."""
     formats = [t[len(QUANT_TAG):] for t in tags if t.startswith(QUANT_TAG)]
-    return not formats or quantization == "other" or quantization in formats
+    if formats and not (quantization == "other" or quantization in formats):
+        return False
+    if families is None:
+        return True
+    # 'other' is the strict reading of a quantized model: every quantized family's checks count.
+    return graded_families(tags, list(families) + (list(QUANT_FORMATS) if quantization == "other" else []))
 
 
 def compute_grade(
@@ -142,11 +156,16 @@ def compute_grade(
     device_count: int,
     precision: str = "bf16",
     quantization: str = "none",
+    families: list[str] | None = None,
 ) -> GradeResult:
-    """The highest level whose conditions, and every lower level's, hold; blockers of the next."""
-    left_out = sorted(p.id for p in planned if not graded_for(p.tags, quantization))
-    planned = [p for p in planned if graded_for(p.tags, quantization)]
-    results = [r for r in results if graded_for(r.tags, quantization)]
+    """The highest level whose conditions, and every lower level's, hold; blockers of the next.
+
+    ``families``: the model's (:mod:`adaptcheck.base.families`); an empty list is read as
+    not known, like None."""
+    fams = families or None
+    left_out = sorted(p.id for p in planned if not graded_for(p.tags, quantization, fams))
+    planned = [p for p in planned if graded_for(p.tags, quantization, fams)]
+    results = [r for r in results if graded_for(r.tags, quantization, fams)]
     levels: list[LevelResult] = []
     for lv in rules.levels:
         conds = [evaluate_condition(substitute(c, precision), planned, results, steps_run, device_count)
@@ -180,14 +199,29 @@ def level_at_least(level: str, required: str) -> bool:
     return int(level[1:]) >= int(required[1:])
 
 
+def _tag_inputs(planned: list[PlannedCheck], results: list[CheckResult]) -> tuple[list[Outcome], list[Planned]]:
+    """Results and planned checks as the tag-table rule (base.features) reads them."""
+    outcomes = [Outcome(id=r.id, status=r.status.value, applicable=r.applicable, message=r.message,
+                        tags=tuple(r.tags), step=r.step) for r in results]
+    return outcomes, [Planned(id=p.id, step=p.step, tags=tuple(p.tags)) for p in planned]
+
+
 def compute_features(planned: list[PlannedCheck], results: list[CheckResult], steps_run: list[int]) -> list[FeatureResult]:
     """The features table: every known feature's status from the checks tagged ``feature:<name>``.
 
     Every check counts, ``quant:``-tagged ones too: a feature is a property of the serving stack,
     whichever model the grade is for.
     """
-    outcomes = [Outcome(id=r.id, status=r.status.value, applicable=r.applicable, message=r.message,
-                        tags=tuple(r.tags)) for r in results]
-    plans = [Planned(id=p.id, step=p.step, tags=tuple(p.tags)) for p in planned]
+    outcomes, plans = _tag_inputs(planned, results)
     return [FeatureResult(name=v.name, description=FEATURES[v.name], status=v.status, reason=v.reason, checks=v.checks)
             for v in feature_table(outcomes, plans, steps_run)]
+
+
+def compute_families(planned: list[PlannedCheck], results: list[CheckResult], steps_run: list[int],
+                     model_families: list[str]) -> list[FamilyResult]:
+    """The families table: every known family's status from the checks tagged ``family:<name>``,
+    each row marked when the model under test is of that family (its checks then gate the grade)."""
+    outcomes, plans = _tag_inputs(planned, results)
+    return [FamilyResult(name=v.name, description=FAMILIES[v.name], status=v.status, reason=v.reason, checks=v.checks,
+                         model=v.name in model_families)
+            for v in FAMILY_TABLE.table(outcomes, plans, steps_run)]

@@ -7,13 +7,14 @@ on names and on how a grade is computed without importing the session that ran i
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 import adaptcheck
+from adaptcheck.base.families import FAMILY_TAG, UNKNOWN, read_families
+from adaptcheck.base.features import feature_names
 from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.base.schemas.ladder import LadderSpec, Quantization
 from adaptcheck.base.schemas.results import (
@@ -24,8 +25,9 @@ from adaptcheck.base.schemas.results import (
     RunResults,
     utcnow,
 )
+from adaptcheck.frameworks.modelfamily import named_families, read_config
 from adaptcheck.frameworks.modelsrc import is_named_model
-from adaptcheck.grade import compute_features, compute_grade
+from adaptcheck.grade import compute_families, compute_features, compute_grade
 
 RUN_META = "run.json"
 LADDER_SNAPSHOT = "ladder.yaml"
@@ -74,53 +76,49 @@ def planned_checks(spec: LadderSpec) -> list[PlannedCheck]:
 def hf_quantization(folder: Path) -> Quantization | None:
     """The quantization a local Hugging Face model folder declares (config.json's
     ``quantization_config``): 'none' without one, None when there is no readable config."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    quant = config.get("quantization_config") if isinstance(config, dict) else None
-    if quant is None:
-        return "none"
-    if not isinstance(quant, dict):
-        return "other"  # declared but unreadable: the strict reading
-    method = str(quant.get("quant_method", "")).lower()
-    if method in ("fp8", "fbgemm_fp8"):
-        return "fp8"
-    if method == "compressed-tensors":
-        # W8A8 when every group quantizes weights and input activations to 8 bits of one type.
-        groups = quant.get("config_groups")
-        kinds = {_w8a8_kind(g) for g in groups.values()} if isinstance(groups, dict) else set()
-        if kinds == {"int"}:
-            return "int8_w8a8"
-        if kinds == {"float"}:
-            return "fp8"
-    # GPTQ, AWQ, bitsandbytes, mixed groups …: formats without their own tag, so every
-    # quantized check counts.
-    return "other"
+    config = read_config(folder)
+    return None if config is None else read_families(config).quantization
 
 
-def _w8a8_kind(group: object) -> str | None:
-    if not isinstance(group, dict):
-        return None
-    w, a = group.get("weights") or {}, group.get("input_activations") or {}
-    if not (isinstance(w, dict) and isinstance(a, dict)):
-        return None
-    if w.get("num_bits") == 8 and a.get("num_bits") == 8 and w.get("type") == a.get("type"):
-        return str(w.get("type"))
-    return None
+def model_checks_tagged(spec: LadderSpec) -> LadderSpec:
+    """The ladder with the model's family tags on the step-4 checks that run the ladder's model.
+
+    Those checks are the evidence for the model's own families (a DeepSeek folder given by
+    ``--model`` certifies mla and moe through them). A check naming its own model
+    (``params.model``) carries the tags its ladder gave it, and a feature check certifies its
+    feature, not the model's families.
+    """
+    tags = [FAMILY_TAG + f for f in spec.model.families if f != UNKNOWN]
+    if not tags:
+        return spec
+    checks = []
+    for c in spec.checks:
+        if c.step == 4 and not c.params.get("model") and not feature_names(c.tags):
+            c = c.model_copy(update={"tags": c.tags + [t for t in tags if t not in c.tags]})
+        checks.append(c)
+    return spec.model_copy(update={"checks": checks})
 
 
 def with_run_model(spec: LadderSpec, meta: RunMeta) -> LadderSpec:
     """The ladder as this run executes it: ``--model`` replaces the ladder's model, with the
-    quantization a local model folder declares."""
-    if meta.model is None:
-        return spec
-    update: dict[str, str] = {"name": meta.model}
-    # A named model (embedded:, pretrained:, auto) or a converted .gguf is unquantized (bf16).
-    declared = None if is_named_model(meta.model) else hf_quantization(Path(meta.model))
-    if declared is not None:
-        update["quantization"] = declared
-    return spec.model_copy(update={"model": spec.model.model_copy(update=update)})
+    quantization and families its config.json declares (docs/families.md); the step-4 checks
+    of the model carry its family tags."""
+    update: dict[str, object] = {}
+    if meta.model is not None:
+        update["name"] = meta.model
+    name = str(update.get("name", spec.model.name))
+    if meta.model is not None or not spec.model.families:
+        reading = named_families(name)
+        update["families"] = list(reading.families)
+        update["family_note"] = reading.problem
+        # A named model (embedded:, pretrained:, auto) or a converted .gguf is unquantized (bf16).
+        if not is_named_model(name) and meta.model is not None:
+            declared = hf_quantization(Path(name))
+            if declared is not None:
+                update["quantization"] = declared
+    if not update:
+        return model_checks_tagged(spec)
+    return model_checks_tagged(spec.model_copy(update={"model": spec.model.model_copy(update=update)}))
 
 
 def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]], complete: bool) -> RunResults:
@@ -141,18 +139,21 @@ def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]]
         command=meta.command, ladder=meta.ladder, seed=meta.seed, steps=meta.steps, device=meta.device,
         environment=environment, planned=planned, grade_rules=spec.grade, checks=checks, model=spec.model,
         grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count, spec.model.precision,
-                            spec.model.quantization),
+                            spec.model.quantization, spec.model.families),
         features=compute_features(planned, checks, meta.steps),
+        families=compute_families(planned, checks, meta.steps, spec.model.families),
     )
 
 
 def regrade(results: RunResults) -> RunResults:
-    """Recompute the grade and the features table from the file's own checks and rules (what
+    """Recompute the grade, the features and families tables from the file's own checks and rules (what
     ``adaptcheck grade`` trusts)."""
     grade = compute_grade(results.grade_rules, results.planned, results.checks, results.steps,
-                          results.device.device_count, results.model.precision, results.model.quantization)
+                          results.device.device_count, results.model.precision, results.model.quantization,
+                          results.model.families)
     features = compute_features(results.planned, results.checks, results.steps)
-    return results.model_copy(update={"grade": grade, "features": features})
+    families = compute_families(results.planned, results.checks, results.steps, results.model.families)
+    return results.model_copy(update={"grade": grade, "features": features, "families": families})
 
 
 def write_outputs(results: RunResults, run_dir: Path) -> None:

@@ -110,10 +110,19 @@ def run_header(run_dir: Path, meta: RunMeta, spec: LadderSpec, selected: list[Ch
     return RunHeader(
         device=f"{d.device_name} ({d.display_name}, {d.torch_device}, {d.device_count} visible)",
         ladder=f"{meta.ladder.id} {meta.ladder.version} ({meta.ladder.source})",
-        model=f"{_model_label(spec.model.name)} ({spec.model.precision}{'' if spec.model.quantization == 'none' else ', ' + spec.model.quantization})",
+        model=_model_line(spec),
         run_dir=run_dir, steps=list(meta.steps), checks=len(selected),
         already_done=len(selected) - len(todo), expected=estimate(todo, _runs_here(meta.endpoint)).text(),
         endpoint=meta.endpoint)
+
+
+def _model_line(spec: LadderSpec) -> str:
+    """'pretrained:… (bf16; families: dense)', with the family reading's problem when there is one."""
+    m = spec.model
+    quant = "" if m.quantization == "none" else f", {m.quantization}"
+    families = f"; families: {', '.join(m.families)}" if m.families else ""
+    note = f" — {m.family_note}" if m.family_note else ""
+    return f"{_model_label(m.name)} ({m.precision}{quant}{families}){note}"
 
 
 def _runs_here(endpoint: str | None) -> Callable[[CheckSpec], bool]:

@@ -33,10 +33,15 @@ CONFIGS: list[tuple[str, Any, str]] = [
     ("ct int8 w8a8", {"quant_method": "compressed-tensors", "config_groups": {"group_0": _group("int")}}, "int8_w8a8"),
     ("ct fp8 w8a8", {"quant_method": "compressed-tensors", "config_groups": {"group_0": _group("float")}}, "fp8"),
     ("ct int4 w4a16", {"quant_method": "compressed-tensors",
-                       "config_groups": {"group_0": _group("int", bits=4, act_bits=None)}}, "other"),
+                       "config_groups": {"group_0": _group("int", bits=4, act_bits=None)}}, "w4a16"),
     ("ct mixed", {"quant_method": "compressed-tensors",
                   "config_groups": {"a": _group("int"), "b": _group("float")}}, "other"),
-    ("gptq", {"quant_method": "gptq", "bits": 4, "group_size": 128}, "other"),
+    ("gptq", {"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptq"),
+    ("gptq int8: no format of its own", {"quant_method": "gptq", "bits": 8, "group_size": 128}, "other"),
+    ("awq", {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, "awq"),
+    # DeepSeek-V3's published config: fp8 with 128x128 weight blocks.
+    ("block fp8", {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                   "weight_block_size": [128, 128]}, "fp8_block"),
     # Malformed: read as an unknown quantization (every quantized check counts), never a crash.
     ("ct groups not a mapping", {"quant_method": "compressed-tensors", "config_groups": ["w8a8"]}, "other"),
     ("config not a mapping", "fp8", "other"),
@@ -73,7 +78,9 @@ def _meta(model: str | None) -> RunMeta:
 
 def test_model_from_the_command_line_brings_its_quantization(tmp_path: Path) -> None:
     spec = load_ladder("quick").spec
-    assert with_run_model(spec, _meta(None)) is spec
+    # The ladder's own model: its families are filled in (auto is a dense pretrained decoder), nothing else.
+    own = with_run_model(spec, _meta(None))
+    assert own.model.model_copy(update={"families": []}) == spec.model and own.model.families == ["dense"]
     int8 = _model_folder(tmp_path, CONFIGS[3][1])
     assert with_run_model(spec, _meta(str(int8))).model.quantization == "int8_w8a8"
     # A ladder that says fp8, run with an unquantized folder, certifies what the folder is.

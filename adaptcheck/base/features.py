@@ -22,6 +22,62 @@ from adaptcheck.base.errors import did_you_mean
 
 FEATURE_TAG = "feature:"
 
+
+@dataclass(frozen=True)
+class TagTable:
+    """A table of the certificate decided by tags: the features (``feature:NAME``) here, the model
+    families (``family:NAME``, :mod:`adaptcheck.base.families`). One rule, one parser, for both."""
+
+    noun: str
+    """'feature' or 'family': how messages and options name a row."""
+    tag: str
+    """The tag prefix, e.g. ``feature:``."""
+    names: dict[str, str]
+    """Every name a ladder may tag, with its one-line description, in table order."""
+    required_step: int | None = None
+    """A step whose tagged checks must include a pass for a row to be certified (the families:
+    step 4, a model of the family served; passing operators alone certify no family)."""
+
+    def unknown(self, name: str) -> str | None:
+        """None for a known name, else the one-line complaint with its "did you mean"."""
+        if name in self.names:
+            return None
+        # 'fp8' or 'fp8-kv-cache' mean a name as surely as a near spelling does: a part of a name,
+        # with '-' for '_', is suggested before difflib's guess.
+        key = name.strip().lower().replace("-", "_")
+        part = [f for f in self.names if key and key in f] if len(key) >= 3 else []
+        hint = ("did you mean " + " or ".join(repr(f) for f in part[:3]) + "?") if part \
+            else did_you_mean(name, tuple(self.names))
+        return f"unknown {self.noun} {name!r}; {hint}"
+
+    def parse(self, values: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Option values (each possibly comma-separated) → (names in order, without repeats; one
+        complaint per unknown name). Empty items (``a,,b``) are dropped."""
+        names: list[str] = []
+        problems: list[str] = []
+        for value in values:
+            for item in value.split(","):
+                name = item.strip()
+                if not name or name in names:
+                    continue
+                complaint = self.unknown(name)
+                if complaint:
+                    problems.append(complaint)
+                else:
+                    names.append(name)
+        return names, problems
+
+    def tagged(self, tags: Iterable[str]) -> list[str]:
+        """The names a check's tags name (``feature:spec_decode`` → ``spec_decode``), known or not."""
+        return [t[len(self.tag):] for t in tags if t.startswith(self.tag)]
+
+    def table(self, outcomes: Sequence[Outcome], planned: Sequence[Planned],
+              steps_run: Sequence[int]) -> list[FeatureVerdict]:
+        """Every known name's verdict, in table order."""
+        return [evaluate_tag(self.tag + name, name, outcomes, planned, steps_run, self.required_step)
+                for name in self.names]
+
+
 FEATURES: dict[str, str] = {
     "prefix_caching": "a prompt whose prefix is already cached gives the same answers as one computed afresh",
     "graph_capture": "compiled / graph-captured execution gives the same answers as eager, and something was captured",
@@ -46,37 +102,17 @@ class FeatureStatus(str, Enum):
 
 def feature_names(tags: Iterable[str]) -> list[str]:
     """The feature names a check's tags name (``feature:spec_decode`` → ``spec_decode``), known or not."""
-    return [t[len(FEATURE_TAG):] for t in tags if t.startswith(FEATURE_TAG)]
+    return FEATURE_TABLE.tagged(tags)
 
 
 def unknown_feature(name: str) -> str | None:
     """None for a known feature name, else the one-line complaint with its "did you mean"."""
-    if name in FEATURES:
-        return None
-    # 'fp8' or 'fp8-kv-cache' mean a feature as surely as a near spelling does: a part of a name,
-    # with '-' for '_', is suggested before difflib's guess.
-    key = name.strip().lower().replace("-", "_")
-    part = [f for f in FEATURES if key and key in f] if len(key) >= 3 else []
-    hint = ("did you mean " + " or ".join(repr(f) for f in part[:3]) + "?") if part else did_you_mean(name, tuple(FEATURES))
-    return f"unknown feature {name!r}; {hint}"
+    return FEATURE_TABLE.unknown(name)
 
 
 def parse_feature_list(values: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``--require-feature`` values (each possibly comma-separated) → (names in order, without
-    repeats; one complaint per unknown name). Empty items (``a,,b``) are dropped."""
-    names: list[str] = []
-    problems: list[str] = []
-    for value in values:
-        for item in value.split(","):
-            name = item.strip()
-            if not name or name in names:
-                continue
-            complaint = unknown_feature(name)
-            if complaint:
-                problems.append(complaint)
-            else:
-                names.append(name)
-    return names, problems
+    """``--require-feature`` values → (known names in order, complaints); see :meth:`TagTable.parse`."""
+    return FEATURE_TABLE.parse(values)
 
 
 @dataclass(frozen=True)
@@ -88,6 +124,7 @@ class Outcome:
     applicable: bool = True
     message: str = ""
     tags: tuple[str, ...] = ()
+    step: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,15 +157,21 @@ def _one_line(text: str) -> str:
 
 def evaluate_feature(name: str, outcomes: Sequence[Outcome], planned: Sequence[Planned],
                      steps_run: Sequence[int]) -> FeatureVerdict:
-    """The status of feature ``name`` from the checks tagged ``feature:name``.
+    """The status of feature ``name`` from the checks tagged ``feature:name`` (:func:`evaluate_tag`)."""
+    return evaluate_tag(FEATURE_TAG + name, name, outcomes, planned, steps_run)
+
+
+def evaluate_tag(tag: str, name: str, outcomes: Sequence[Outcome], planned: Sequence[Planned],
+                 steps_run: Sequence[int], required_step: int | None = None) -> FeatureVerdict:
+    """The status of row ``name`` from the checks carrying ``tag``.
 
     ``failed`` when any tagged result failed or errored (they are named); else ``certified``
-    when at least one passed; else ``n/a`` when every tagged result is a not-applicable skip
-    (the first one's reason: the backend's own words); else ``not tested`` — no tagged check
-    in the ladder, or none ran (a step not selected, an interrupted run, a skip for a missing
-    framework), which is never a pass.
+    when at least one passed (with ``required_step``: one of that step among them); else
+    ``n/a`` when every tagged result is a not-applicable skip — or, with ``required_step``,
+    every one of that step is (the first one's reason: the framework's own words); else
+    ``not tested`` — no tagged check in the ladder, or none ran (a step not selected, an
+    interrupted run, a skip for a missing framework), which is never a pass.
     """
-    tag = FEATURE_TAG + name
     mine = [o for o in outcomes if tag in o.tags]
     result_ids = {o.id for o in mine}
     missing = [p for p in planned if tag in p.tags and not _has_result(p.id, result_ids)]
@@ -137,6 +180,19 @@ def evaluate_feature(name: str, outcomes: Sequence[Outcome], planned: Sequence[P
     if bad:
         reason = "; ".join(f"{o.id} {o.status}" + (f": {_one_line(o.message)}" if o.message else "") for o in bad)
         return FeatureVerdict(name, FeatureStatus.FAILED, reason, checks)
+    if required_step is not None and any(o.status == "pass" for o in mine):
+        at_step = [o for o in mine if o.step == required_step]
+        if any(o.status == "pass" for o in at_step):
+            return FeatureVerdict(name, FeatureStatus.CERTIFIED, "", checks)
+        if at_step and all(o.status == "skip" and not o.applicable for o in at_step):
+            return FeatureVerdict(name, FeatureStatus.NOT_APPLICABLE,
+                                  f"its step-{required_step} checks cannot run here: "
+                                  + (_one_line(at_step[0].message) or "not applicable"), checks)
+        return FeatureVerdict(name, FeatureStatus.NOT_TESTED,
+                              f"its tagged step-{min(o.step for o in mine)} checks passed, but no step-{required_step}"
+                              " check passed (a model of it served); " + ("; ".join(
+                                  f"{o.id} {o.status}" + (f": {_one_line(o.message)}" if o.message else "")
+                                  for o in at_step) or f"none of step {required_step} ran"), checks)
     if any(o.status == "pass" for o in mine):
         return FeatureVerdict(name, FeatureStatus.CERTIFIED, "", checks)
     if mine and not missing and all(o.status == "skip" and not o.applicable for o in mine):
@@ -155,9 +211,13 @@ def evaluate_feature(name: str, outcomes: Sequence[Outcome], planned: Sequence[P
 def feature_table(outcomes: Sequence[Outcome], planned: Sequence[Planned],
                   steps_run: Sequence[int]) -> list[FeatureVerdict]:
     """Every known feature's verdict, in :data:`FEATURES` order."""
-    return [evaluate_feature(name, outcomes, planned, steps_run) for name in FEATURES]
+    return FEATURE_TABLE.table(outcomes, planned, steps_run)
 
 
 def status_text(status: FeatureStatus, reason: str) -> str:
     """A feature's status as one line: 'certified', 'failed: <checks>', 'n/a: <reason>', 'not tested: <why>'."""
     return f"{status.value}: {reason}" if reason else status.value
+
+
+FEATURE_TABLE = TagTable("feature", FEATURE_TAG, FEATURES)
+"""The features table's registry and rule."""

@@ -1,5 +1,6 @@
 """``adaptcheck grade``: recompute the grade of a results file; exit 1 below ``--require``, or
-when a feature named by ``--require-feature`` is not certified (docs/features.md).
+when a feature named by ``--require-feature`` (docs/features.md) or a model family named by
+``--require-family`` (docs/families.md) is not certified.
 
 Also the CI entry point for an existing results.json: ``--junit PATH`` writes its JUnit XML.
 A file edited after its run or without digest is refused (exit 5) — CI must not certify a
@@ -13,7 +14,8 @@ from pathlib import Path
 import typer
 
 from adaptcheck.base.errors import GradeBelowRequired, UnknownNameError, UsageError
-from adaptcheck.base.features import FEATURES, parse_feature_list
+from adaptcheck.base.families import FAMILIES, FAMILY_TABLE
+from adaptcheck.base.features import FEATURE_TABLE, FEATURES, TagTable
 from adaptcheck.base.schemas.certificate import certificate_subject
 from adaptcheck.base.schemas.ladder import LEVELS
 from adaptcheck.base.trusted import ALLOW_HELP, ALLOW_OPTION, load_verified
@@ -30,21 +32,29 @@ def check_level(level: str) -> str:
     return level
 
 
-def check_features(values: list[str] | None) -> list[str]:
-    """Validate ``--require-feature`` values (repeatable, comma-separated) into known names.
+def check_names(table: TagTable, values: list[str] | None, example: str) -> list[str]:
+    """Validate ``--require-feature`` / ``--require-family`` values (repeatable, comma-separated)
+    into known names of ``table``.
 
     An unknown name is a usage error (exit 2) with its "did you mean"; so is a value that names
     nothing (``--require-feature ,``): a gate on nothing would pass vacuously.
     """
     if not values:
         return []
-    names, problems = parse_feature_list(values)
+    option = f"--require-{table.noun}"
+    names, problems = table.parse(values)
     if problems:
-        raise UnknownNameError("--require-feature: " + "; ".join(problems),
-                               hint="known features: " + ", ".join(FEATURES))
+        plural = "features" if table.noun == "feature" else "families"
+        raise UnknownNameError(f"{option}: " + "; ".join(problems),
+                               hint=f"known {plural}: " + ", ".join(table.names))
     if not names:
-        raise UsageError("--require-feature names no feature", hint="e.g. --require-feature spec_decode,fp8_kv_cache")
+        raise UsageError(f"{option} names no {table.noun}", hint=f"e.g. {option} {example}")
     return names
+
+
+def check_features(values: list[str] | None) -> list[str]:
+    """Validate ``--require-feature`` values (:func:`check_names`)."""
+    return check_names(FEATURE_TABLE, values, "spec_decode,fp8_kv_cache")
 
 
 def grade(
@@ -55,22 +65,27 @@ def grade(
         None, "--require-feature", metavar="NAME[,NAME…]",
         help="Exit 1 unless each named serving feature is certified (repeatable or comma-separated): "
         + ", ".join(FEATURES) + "."),
+    require_family: list[str] | None = typer.Option(
+        None, "--require-family", metavar="NAME[,NAME…]",
+        help="Exit 1 unless each named model family is certified (repeatable or comma-separated): "
+        + ", ".join(FAMILIES) + "."),
     junit: Path | None = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per check, plus 'grade' "
-                                      "and one per feature) to this path."),
+                                      "and one per feature and per family) to this path."),
     allow_unverified: bool = typer.Option(False, ALLOW_OPTION, help=ALLOW_HELP),
 ) -> None:
     """Print the grade and the blockers for the next level, one per line.
 
     Exit codes:
-      0  the grade meets --require and every --require-feature is certified (or neither was given)
-      1  the grade is below --require, or a --require-feature is not certified (one line each)
-      2  usage error (e.g. --require L9, an unknown --require-feature name)
+      0  the grade meets --require and every --require-feature / --require-family is certified
+      1  the grade is below --require, or a required feature or family is not certified (one line each)
+      2  usage error (e.g. --require L9, an unknown --require-feature or --require-family name)
       3  the file is unreadable or not a valid results.json
       5  the file was edited after its run or carries no digest (see --allow-unverified)
     """
     if require is not None:
         check_level(require)
     features = check_features(require_feature)
+    families = check_names(FAMILY_TABLE, require_family, "mla,moe")
     out = Output(fmt)
     stored, integrity = load_verified(results_path, allow_unverified)
     results = regrade(stored)
@@ -88,18 +103,27 @@ def grade(
     for row in missing:
         # One line each, greppable: the feature, then its status and why.
         out.info(f"required feature {row.name}: {row.label}", style="bold red")
+    missing_families = [results.family(name) for name in families if not results.family(name).certified]
+    for fam in missing_families:
+        out.info(f"required family {fam.name}: {fam.label}", style="bold red")
     if junit is not None:
         from adaptcheck.report.junit import write_junit
 
-        write_junit(results, junit, require, unverified=unverified, required_features=features)
+        write_junit(results, junit, require, unverified=unverified, required_features=features,
+                    required_families=families)
         out.info(f"junit:   {junit}")
     subject = certificate_subject(results)
     out.data({"grade": results.grade.level, "name": results.grade.name, "required": require,
-              "meets": level_meets and not missing,
+              "meets": level_meets and not missing and not missing_families,
               # Beside the level, never folded into it (docs/features.md): each row's status and the checks behind it.
               "features": {row.name: {"status": row.status.value, "reason": row.reason, "label": row.label,
                                       "checks": row.checks} for row in results.feature_rows()},
               "required_features": features, "features_not_certified": [row.name for row in missing],
+              # The model families the same way (docs/families.md); 'model': the model under test is of it.
+              "families": {fam.name: {"status": fam.status.value, "reason": fam.reason, "label": fam.label,
+                                      "checks": fam.checks, "model": fam.model} for fam in results.family_rows()},
+              "model_families": results.model.families, "required_families": families,
+              "families_not_certified": [fam.name for fam in missing_families],
               "blockers": results.grade.blockers, "steps_not_run": results.grade.steps_not_run,
               "integrity": integrity.status.value, "verified": integrity.intact,
               "unverified_reason": unverified,
@@ -109,5 +133,8 @@ def grade(
     if missing:
         problems.append("required feature(s) not certified: "
                         + ", ".join(f"{row.name} ({row.status.value})" for row in missing))
+    if missing_families:
+        problems.append("required family(ies) not certified: "
+                        + ", ".join(f"{fam.name} ({fam.status.value})" for fam in missing_families))
     if problems:
         raise GradeBelowRequired("; ".join(problems))

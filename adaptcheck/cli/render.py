@@ -50,15 +50,25 @@ def print_grade(out: Output, results: RunResults) -> None:
 
 
 def print_features(out: Output, results: RunResults) -> None:
-    """The features table in one line when nothing was tested, else one line per status:
-    ``Features certified: spec_decode, fp8_kv_cache`` … (the reasons are in --format json)."""
+    """The features and the families tables, each in one line when nothing was tested, else one
+    line per status: ``Features certified: spec_decode, fp8_kv_cache`` … (reasons: --format json).
+    The families line names the model's own families first: ``Families (model: dense) …``."""
+    _print_table(out, "Features", "feature", [(row.name, row.status) for row in results.feature_rows()])
+    model = ", ".join(results.model.families) or "unknown"
+    _print_table(out, f"Families (model: {model})", "family",
+                 [(row.name, row.status) for row in results.family_rows()])
+    if results.model.family_note:
+        out.info(f"Model family: {results.model.family_note}", style="yellow")
+
+
+def _print_table(out: Output, title: str, noun: str, rows: list[tuple[str, FeatureStatus]]) -> None:
     by_status: dict[FeatureStatus, list[str]] = {}
-    for row in results.feature_rows():
-        by_status.setdefault(row.status, []).append(row.name)
+    for name, status in rows:
+        by_status.setdefault(status, []).append(name)
     if set(by_status) <= {FeatureStatus.NOT_TESTED}:
-        out.info("Features: none tested (no check of this run is tagged feature:NAME)")
+        out.info(f"{title}: none tested (no check of this run is tagged {noun}:NAME)")
         return
     styles = {FeatureStatus.CERTIFIED: "green", FeatureStatus.FAILED: "bold red"}
     for status in FeatureStatus:
         if status in by_status:
-            out.info(f"Features {status.value}: {', '.join(by_status[status])}", style=styles.get(status))
+            out.info(f"{title} {status.value}: {', '.join(by_status[status])}", style=styles.get(status))

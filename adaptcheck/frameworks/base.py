@@ -47,6 +47,8 @@ class FrameworkFacts(TypedDict, total=False):
     transformers: str | None
     device: str
     attention: str | None
+    image_inputs: str
+    """A vision-language model: how its images become model inputs (processor, or image processor + tokenizer)."""
     # endpoint, vllm_serve, transformers_serve
     url: str | None
     served_model: str | None
@@ -84,6 +86,9 @@ class GenRequest:
     """Top-N logprobs wanted per generated position (0: none)."""
     stream: bool = False
     """Endpoint adapters: use the streaming API (in-process adapters ignore it)."""
+    images: list[str] = field(default_factory=list)
+    """Named deterministic images (:mod:`adaptcheck.frameworks.multimodal`) shown with a chat
+    request, before the text of its first user message; empty for a text-only request."""
 
 
 @dataclass
@@ -117,6 +122,9 @@ class ScoreRequest:
     the logits the model computes after seeing every token before it."""
     top_k: int = 20
     """Alternatives wanted per position besides the scored token (vLLM's default cap is 20)."""
+    images: list[str] = field(default_factory=list)
+    """The images of a multimodal sequence, in order: ``token_ids`` already holds their expanded
+    placeholder tokens (one per merged patch), the pixels come from these names."""
 
 
 @dataclass

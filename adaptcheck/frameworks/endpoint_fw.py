@@ -188,6 +188,10 @@ class EndpointFramework(Framework):
             kw: _RequestOptions = {"max_tokens": req.max_tokens, "stream": req.stream, "stop": req.stop or None,
                                    "logprobs": req.logprobs, "ignore_eos": req.ignore_eos, "seed": 0}
             if req.messages is not None:
+                if req.images:  # OpenAI image content parts (data: URLs of the named PNGs)
+                    from adaptcheck.frameworks.multimodal import openai_messages
+
+                    return await aio.chat(openai_messages(req.messages, req.images), **kw)
                 return await aio.chat(req.messages, **kw)
             if chat_only:
                 # No /v1/completions here: the prompt goes out as one user message (the server
@@ -207,6 +211,9 @@ class EndpointFramework(Framework):
                 await aio.aclose()
 
         gens = [_generation(r) for r in self._run(all_of)]
+        for g, req in zip(gens, requests, strict=True):
+            if req.images:
+                g.extra["images"] = list(req.images)
         if chat_only:
             for g, req in zip(gens, requests, strict=True):
                 if req.messages is None:
@@ -238,6 +245,11 @@ class EndpointFramework(Framework):
         """
         if self.client is None:
             raise FrameworkError(f"{self.display_name}: score() before load()")
+        if any(req.images for req in requests):
+            # /v1/completions takes token ids but no pictures: the image tokens would be
+            # scored without the image features behind them.
+            raise ScoringUnsupported("the OpenAI completions API carries no images, so a sequence with images "
+                                     "cannot be scored through it")
         for req in requests:
             if not 1 <= req.start < len(req.token_ids):
                 raise FrameworkError(f"cannot score positions {req.start}..{len(req.token_ids) - 1} of a "
@@ -303,6 +315,12 @@ class _LaunchedServer(EndpointFramework):
     def load(self, opts: LoadOptions, device: str) -> float:
         from adaptcheck.frameworks.server import ManagedServer, ServerSpec
 
+        if self.launches_server == "vllm":
+            from adaptcheck.frameworks.multimodal import vllm_refusal
+
+            refusal = vllm_refusal(opts.model_path)  # the server would fail its start-up on it
+            if refusal:
+                raise FrameworkUnavailable(refusal)
         start = time.perf_counter()
         spec = ServerSpec(kind=self.launches_server, model_path=opts.model_path, dtype=opts.dtype,  # type: ignore[arg-type]
                           device=device, max_model_len=opts.max_model_len,

@@ -277,20 +277,36 @@ class ArchWriter:
     init: Callable[[str, tuple[int, ...], str, torch.Generator], torch.Tensor | None] | None = None
     """(name, shape, kind, generator) → a float32 tensor for kinds of its own, None for the
     standard kinds."""
+    tokenizer: Callable[[SyntheticSpec], dict[str, str]] | None = None
+    """spec → the tokenizer (and processor) files, file name → text, for a family whose
+    vocabulary adds tokens to the shared one (a vision model's image tokens); None: the shared
+    files of :func:`_tokenizer_files`."""
 
 
 ARCH_WRITERS: dict[str, ArchWriter] = {}
 """model_type → its writer, filled by the family modules (:func:`register`)."""
 
+FAMILIES_OF: dict[str, tuple[str, ...]] = {
+    "tiny-llama": ("dense",), "tiny-qwen2-d80": ("dense",), "tiny-moe": ("moe",), "tiny-llama-draft": ("dense",),
+}
+"""Embedded variant → its model families (adaptcheck.base.families), declared with it."""
 
-def register(spec: SyntheticSpec, writer: ArchWriter | None = None) -> SyntheticSpec:
-    """Add an embedded variant (and, once per model_type, its writer); returns ``spec``."""
+
+def register(spec: SyntheticSpec, writer: ArchWriter | None = None, families: tuple[str, ...] = ()) -> SyntheticSpec:
+    """Add an embedded variant of ``families`` (and, once per model_type, its writer); returns ``spec``."""
     if spec.name in EMBEDDED:
         raise ValueError(f"embedded model {spec.name!r} registered twice")
     EMBEDDED[spec.name] = spec
+    FAMILIES_OF[spec.name] = families
     if writer is not None:
         ARCH_WRITERS[spec.model_type] = writer
     return spec
+
+
+def embedded_families(name: str) -> tuple[str, ...]:
+    """The families embedded variant ``name`` is generated as; () for an unknown name or a variant
+    registered without them."""
+    return FAMILIES_OF.get(name, ())
 
 
 def embedded_names() -> list[str]:
@@ -653,10 +669,12 @@ def suppressed_token_ids(tokenizer_json: str) -> list[int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_str(tokenizer_json)
+    # A family's own special tokens (a vision model's image placeholders) are never emitted either.
+    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
     out = []
     for i in range(tok.get_vocab_size()):
         text = tok.decode([i], skip_special_tokens=False)
-        if i < len(SPECIAL_TOKENS) or not text or not all(c == "\n" or (c.isascii() and c.isprintable())
+        if i < len(SPECIAL_TOKENS) or i in special or not text or not all(c == "\n" or (c.isascii() and c.isprintable())
                                                            for c in text):
             out.append(i)
     return out
@@ -714,7 +732,9 @@ def load_reference(path: Path) -> Any:
     """A model folder loaded by transformers in float64 on CPU: the reference of the probes.
 
     MoE layers use the eager (per-expert loop) implementation: transformers 5's default
-    grouped matmul has no float64 kernel.
+    grouped matmul has no float64 kernel. A vision-language model (``vision_config``) loads
+    through the image-text-to-text class: the causal-LM auto class does not map it, and the
+    probes prompt it with text alone.
     """
     import torch
     import transformers
@@ -729,7 +749,9 @@ def load_reference(path: Path) -> Any:
     hf_logging.set_verbosity_error()  # "some weights …" chatter and progress bars are not news here
     hf_logging.disable_progress_bar()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        auto = transformers.AutoModelForImageTextToText if "vision_config" in config else \
+            transformers.AutoModelForCausalLM
+        model = auto.from_pretrained(str(path), **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
         if bar:
@@ -829,7 +851,8 @@ def _write_model(spec: SyntheticSpec, seed: int, out: Path) -> None:
     """Write every file of the model into ``out`` (an empty temporary folder)."""
     from tokenizers import Tokenizer
 
-    files = _tokenizer_files(spec)
+    writer = ARCH_WRITERS.get(spec.model_type)
+    files = writer.tokenizer(spec) if writer is not None and writer.tokenizer is not None else _tokenizer_files(spec)
     files["config.json"] = _dumps(_config_dict(spec))
     files["generation_config.json"] = _dumps(
         {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}

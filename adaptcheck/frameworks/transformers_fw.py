@@ -84,6 +84,8 @@ class TransformersFramework(Framework):
         self.device = "cpu"
         self.dtype = "bf16"
         self._opts: LoadOptions | None = None
+        self.images: Any = None
+        """A vision-language model's image inputs (:class:`~adaptcheck.frameworks.multimodal.ImageInputs`)."""
 
     @classmethod
     def availability(cls) -> Availability:
@@ -96,7 +98,9 @@ class TransformersFramework(Framework):
         if not avail.available:
             raise FrameworkUnavailable(avail.reason)
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+        from adaptcheck.frameworks import multimodal
 
         start = time.perf_counter()
         try:
@@ -109,8 +113,13 @@ class TransformersFramework(Framework):
             # fused attention kernel is what step 4 exercises (eager never calls it).
             if opts.extra.get("attn_implementation"):
                 kwargs["attn_implementation"] = str(opts.extra["attn_implementation"])
-            self.model = AutoModelForCausalLM.from_pretrained(str(opts.model_path), **kwargs)
+            # A vision-language model (config.json has vision_config) is an image-text-to-text
+            # class: the causal-LM auto class does not map it.
+            vision = multimodal.vision_config(opts.model_path) is not None
+            auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+            self.model = auto.from_pretrained(str(opts.model_path), **kwargs)
             self.model.to(device).eval()
+            self.images = multimodal.ImageInputs(opts.model_path, self.tokenizer) if vision else None
         except Exception as exc:
             first = str(exc).splitlines()[0] if str(exc) else ""
             if "mismatched_sizes" in first:
@@ -126,6 +135,10 @@ class TransformersFramework(Framework):
         return time.perf_counter() - start
 
     def _prompt_ids(self, req: GenRequest) -> list[int]:
+        if req.images:
+            if self.images is None or req.messages is None:
+                raise FrameworkError("transformers: images need a vision-language model and a chat request")
+            return self.images.prompt_ids(req.messages, req.images)
         if req.prompt_ids is not None:
             return list(req.prompt_ids)
         if req.messages is not None:
@@ -138,6 +151,10 @@ class TransformersFramework(Framework):
     def generate(self, requests: list[GenRequest]) -> list[Generation]:
         if self.model is None:
             raise FrameworkError("transformers: generate() before load()")
+        if any(r.images for r in requests) and len(requests) > 1:
+            # A request with images runs alone: its pixels belong to its own rows (no padding
+            # shifts the M-RoPE positions the model derives from the image grid).
+            return [g for r in requests for g in self.generate([r])]
         import torch
 
         prompts = [self._prompt_ids(r) for r in requests]
@@ -155,11 +172,12 @@ class TransformersFramework(Framework):
             kwargs["tokenizer"] = self.tokenizer
         if any(r.ignore_eos for r in requests):
             kwargs["eos_token_id"] = None if all(r.ignore_eos for r in requests) else self._eos_ids()
+        pixels = self._pixels(requests[0].images, ids)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=max_new,
                 do_sample=False, num_beams=1, output_logits=True, return_dict_in_generate=True,
-                pad_token_id=pad, **kwargs,
+                pad_token_id=pad, **kwargs, **pixels,
             )
         seqs = out.sequences[:, width:].cpu()
         logits = torch.stack(list(out.logits), dim=1).float().cpu() if out.logits else None
@@ -196,7 +214,21 @@ class TransformersFramework(Framework):
             lp = torch.log_softmax(logits[: len(tokens)], dim=-1)
             tops = scored_from_logprobs(lp, tokens, max(top_n, req.logprobs)).top_logprobs
         return Generation(token_ids=tokens, text=text, finish_reason=finish, prompt_tokens=len(prompt),
-                          completion_tokens=len(tokens), top_logprobs=tops, prompt_ids=prompt)
+                          completion_tokens=len(tokens), top_logprobs=tops, prompt_ids=prompt,
+                          extra={"images": list(req.images)} if req.images else {})
+
+    def _pixels(self, images: list[str], ids: torch.Tensor) -> dict[str, Any]:
+        """The model's image inputs for one request's ``images`` at the model's dtype and device,
+        with the token types of ``ids`` (1 at an image pad) that M-RoPE's positions are built from."""
+        if not images:
+            return {}
+        if self.images is None:
+            raise FrameworkError("transformers: images given to a model without a vision tower")
+        inputs = self.images.pixels(images)
+        dtype = next(self.model.parameters()).dtype
+        return {"pixel_values": inputs["pixel_values"].to(self.device, dtype),
+                "image_grid_thw": inputs["image_grid_thw"].to(self.device),
+                "mm_token_type_ids": (ids == self.images.pad_id).long().to(self.device)}
 
     def _tokens_covering(self, tokens: list[int], stops: list[str]) -> list[int]:
         """The shortest token prefix whose text contains a stop string (the tokens the model
@@ -217,6 +249,8 @@ class TransformersFramework(Framework):
             raise FrameworkError("transformers: score() before load()")
         import torch
 
+        if any(r.images for r in requests):
+            return [self._score_images(r) if r.images else self.score([r])[0] for r in requests]
         width = max(len(r.token_ids) for r in requests)
         pad = int(self.tokenizer.pad_token_id)
         ids = torch.tensor([[pad] * (width - len(r.token_ids)) + list(r.token_ids) for r in requests], dtype=torch.long)
@@ -234,6 +268,18 @@ class TransformersFramework(Framework):
             lp = torch.log_softmax(logits[row, offset + req.start - 1: width - 1].double().cpu(), dim=-1)
             out.append(scored_from_logprobs(lp, req.token_ids[req.start:], req.top_k))
         return out
+
+    def _score_images(self, req: ScoreRequest) -> Scored:
+        """A sequence with images, alone: the model derives its M-RoPE positions from the ids and
+        the image grids (given positions would be the text-only ones)."""
+        import torch
+
+        ids = torch.tensor([list(req.token_ids)], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                **self._pixels(req.images, ids)).logits
+        lp = torch.log_softmax(logits[0, req.start - 1: len(req.token_ids) - 1].double().cpu(), dim=-1)
+        return scored_from_logprobs(lp, req.token_ids[req.start:], req.top_k)
 
     def torch_model(self) -> Any:
         return self.model
@@ -256,12 +302,16 @@ class TransformersFramework(Framework):
         return facts
 
     def describe(self) -> FrameworkFacts:
-        return {"framework": self.name, "transformers": _version("transformers"), "device": self.device,
-                "dtype": self.dtype, "attention": self.attn_implementation()}
+        facts: FrameworkFacts = {"framework": self.name, "transformers": _version("transformers"),
+                                 "device": self.device, "dtype": self.dtype, "attention": self.attn_implementation()}
+        if self.images is not None:
+            facts["image_inputs"] = self.images.how
+        return facts
 
     def shutdown(self) -> None:
         self.model = None
         self.tokenizer = None
+        self.images = None
         import gc
 
         gc.collect()

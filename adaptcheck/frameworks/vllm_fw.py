@@ -164,6 +164,11 @@ class VllmFramework(Framework):
         avail = self.availability()
         if not avail.available:
             raise FrameworkUnavailable(avail.reason)
+        from adaptcheck.frameworks import multimodal
+
+        refusal = multimodal.vllm_refusal(opts.model_path)
+        if refusal:
+            raise FrameworkUnavailable(refusal)  # not applicable here, in vLLM's words (never a pass)
         # What is set here (and what vLLM sets for itself while it starts) is this process's
         # own: a vLLM server started later gets the environment from before (procs.child_environ).
         with process_local_environ():
@@ -193,6 +198,9 @@ class VllmFramework(Framework):
                 if opts.compile is not None:
                     kwargs["enforce_eager"] = not opts.compile
                 kwargs["max_logprobs"] = SCORE_MAX_LOGPROBS  # teacher-forced top-K (see score())
+                if multimodal.vision_config(opts.model_path) is not None:
+                    # Images only: no video profiling pass at start-up (no check sends video).
+                    kwargs["limit_mm_per_prompt"] = {"image": 2, "video": 0}
                 kwargs.update(opts.engine_args)
                 kwargs.update(opts.extra)
                 self.llm = LLM(**kwargs)
@@ -220,6 +228,11 @@ class VllmFramework(Framework):
         prompts: list[Any] = []
         params: list[Any] = []
         for req in requests:
+            if req.images and req.messages is not None:
+                prompts.append(_image_prompt(tokenizer, req.messages, req.images))
+                params.append(SamplingParams(temperature=0.0, max_tokens=req.max_tokens, stop=req.stop or None,
+                                             ignore_eos=req.ignore_eos, logprobs=req.logprobs or None, seed=0))
+                continue
             if req.prompt_ids is not None:
                 ids = list(req.prompt_ids)
             elif req.messages is not None:
@@ -232,7 +245,7 @@ class VllmFramework(Framework):
                                          ignore_eos=req.ignore_eos, logprobs=req.logprobs or None, seed=0))
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         gens: list[Generation] = []
-        for out in outs:
+        for req, out in zip(requests, outs, strict=True):
             comp = out.outputs[0]
             tops = None
             if comp.logprobs is not None:
@@ -241,6 +254,7 @@ class VllmFramework(Framework):
                 token_ids=[int(t) for t in comp.token_ids], text=comp.text, finish_reason=comp.finish_reason,
                 prompt_tokens=len(out.prompt_token_ids or []), completion_tokens=len(comp.token_ids),
                 top_logprobs=tops, prompt_ids=list(out.prompt_token_ids or []),
+                extra={"images": list(req.images)} if req.images else {},
             ))
         return gens
 
@@ -268,7 +282,7 @@ class VllmFramework(Framework):
         for req in requests:
             _check_request(req)
             k = req.top_k if cap is None else min(req.top_k, cap)
-            prompts.append({"prompt_token_ids": [int(t) for t in req.token_ids]})
+            prompts.append(_score_prompt(req, self.llm))
             # max_tokens=1: vLLM must sample something; that one token is not used.
             params.append(SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=k, seed=0))
         try:
@@ -285,6 +299,9 @@ class VllmFramework(Framework):
             if param.prompt_logprobs < req.top_k:
                 extra["top_k_clamped"] = (f"asked {req.top_k}, vLLM's max_logprobs is {cap}: "
                                           f"top-{param.prompt_logprobs} per position")
+            if req.images and list(out.prompt_token_ids or []) != list(req.token_ids):
+                raise FrameworkError("vLLM's processor widened the image placeholders to other ids than the "
+                                     "reference's processor (a different number of image tokens)")
             scored.append(_scored_from(req, out.prompt_logprobs, extra))
         return scored
 
@@ -479,3 +496,29 @@ def _scored_from(req: ScoreRequest, prompt_logprobs: Any, extra: dict[str, JsonV
         token_lps.append(top[ids[pos]])
         tops.append(top)
     return Scored(token_logprobs=token_lps, top_logprobs=tops, extra=extra)
+
+
+def _image_prompt(tokenizer: Any, messages: list[dict[str, str]], images: list[str]) -> dict[str, Any]:
+    """A chat request with images as vLLM takes it in process: the template's token ids (one
+    placeholder per image) and the decoded pictures as ``multi_modal_data``; vLLM's processor
+    widens each placeholder, as ``vllm serve`` does for the same image content parts."""
+    from adaptcheck.frameworks import multimodal
+
+    ids = tokenizer.apply_chat_template(multimodal.openai_messages(messages, images), add_generation_prompt=True,
+                                        tokenize=True)
+    ids = list(ids["input_ids"] if not isinstance(ids, list) else ids)
+    return {"prompt_token_ids": [int(t) for t in ids],
+            "multi_modal_data": {"image": [multimodal.pil_image(n) for n in images]}}
+
+
+def _score_prompt(req: ScoreRequest, llm: Any) -> dict[str, Any]:
+    """The scored sequence as a vLLM prompt; with images, each run of widened placeholders is
+    folded back to one, for vLLM's processor to widen again (checked against ``req.token_ids``)."""
+    ids = [int(t) for t in req.token_ids]
+    if not req.images:
+        return {"prompt_token_ids": ids}
+    from adaptcheck.frameworks import multimodal
+
+    pad = int(llm.llm_engine.model_config.hf_config.image_token_id)
+    folded = [t for i, t in enumerate(ids) if t != pad or i == 0 or ids[i - 1] != pad]
+    return {"prompt_token_ids": folded, "multi_modal_data": {"image": [multimodal.pil_image(n) for n in req.images]}}

@@ -11,6 +11,12 @@ CONTIGUOUS_BLOCK_SIZE = 32
 of its own (prefill, decode): vLLM's CPU attention requires kernel block sizes that are
 multiples of 32."""
 
+CPU_MLA_HEAD_SIZE = 576
+"""The one MLA head size (kv_lora_rank + rope) vLLM's CPU_MLA backend supports
+(``CPUMLABackend.get_supported_head_sizes``; DeepSeek-V2/V3's 512 + 64); its decode kernel refuses others."""
+CPU_MLA_BLOCK_SIZE = 16
+"""The one block size vLLM's CPU_MLA backend supports (``get_supported_kernel_block_sizes``)."""
+
 
 @dataclass(frozen=True)
 class VllmOp:
@@ -62,6 +68,9 @@ _BACKEND = "through the attention backend vLLM selects here (Attention layer, bu
 _BACKEND_WRITE = ("through the selected backend's impl.do_kv_cache_update; the cache read back from the"
                   " backend's layout")
 _PAGED_COPY = f"{_BACKEND}; K/V written into a paged cache of block size {CONTIGUOUS_BLOCK_SIZE} first"
+_MM_ATTN = "vllm.model_executor.layers.attention.mm_encoder_attention"
+_ROPE = "vllm.model_executor.layers.rotary_embedding"
+_MAMBA = "vllm.model_executor.layers.mamba.ops"
 _FP8_NOTE = "; fp8 caches: the layer's k_scale/v_scale set, codes loaded through the backend's quantizing write"
 
 VLLM_OPS: dict[str, VllmOp] = {
@@ -87,6 +96,15 @@ VLLM_OPS: dict[str, VllmOp] = {
     "fused_moe": VllmOp(("_C.cpu_fused_moe", "_C.prepack_moe_weight",
                          "vllm.model_executor.layers.fused_moe.router.cpu_router:_softmax_topk"),
                         "routing by vLLM's CPURouter (_softmax_topk, torch code), experts by _C.cpu_fused_moe"),
+    "grouped_topk": VllmOp(("vllm.model_executor.layers.fused_moe.router.router_factory:create_fused_moe_router",
+                             "vllm.model_executor.layers.fused_moe.router.cpu_router:_grouped_topk"),
+                            "the router vLLM's FusedMoE layer builds for DeepSeek (use_grouped_topk): CPURouter on CPU,"
+                            " whose grouped top-k is torch code; rows put in ascending expert id"),
+    "fused_moe_shared": VllmOp(("_C.cpu_fused_moe", "_C.prepack_moe_weight", "_C.silu_and_mul",
+                                "vllm.model_executor.layers.linear:UnquantizedLinearMethod"),
+                               "routed experts by _C.cpu_fused_moe from the given routing; shared experts as"
+                               " DeepseekV2MLP runs them (UnquantizedLinearMethod's CPU GEMM dispatch, _C.silu_and_mul),"
+                               " added in the model dtype as MoERunner does"),
     "int8_w8a8_gemm": VllmOp(("_C.create_onednn_scaled_mm_handler", "_C.onednn_scaled_mm")),
     "scaled_int8_quant": VllmOp(("_C.static_scaled_int8_quant", "_C.dynamic_scaled_int8_quant")),
     "fp8_quantize": VllmOp(("_C.quantize_fp8e4m3_vec",), "bf16 inputs only (the kernel's contract)"),
@@ -104,6 +122,44 @@ VLLM_OPS: dict[str, VllmOp] = {
     "top_k_top_p_mask": VllmOp(("vllm.v1.sample.ops.topk_topp_sampler:apply_top_k_top_p",),
                                "vLLM's sampler code (Python/torch on CPU, logits upcast to float32 as the"
                                " Sampler does), not a compiled kernel"),
+    # Vision family (vllm_vision.py): vLLM's layers called as its Qwen2-VL/Qwen3-VL code calls them.
+    "encoder_attention": VllmOp((f"{_MM_ATTN}:MMEncoderAttention",),
+                                "MMEncoderAttention with the ViT backend vLLM picks (TORCH_SDPA per image on CPU)"
+                                " and the cu_seqlens/max_seqlen metadata its vision towers prepare"),
+    "patch_embed": VllmOp(("vllm.model_executor.layers.conv:Conv3dLayer",),
+                          "Conv3dLayer as Qwen2VisionPatchEmbed calls it (rows viewed as [C, T, P, P]); stride ="
+                          " kernel, so its forward_native runs unfold + linear"),
+    "mrope": VllmOp((f"{_ROPE}:get_rope", f"{_ROPE}.mrope:MRotaryEmbedding"),
+                    "get_rope's MRotaryEmbedding (mrope_section, mrope_interleaved), forward as dispatched"
+                    " (forward_native on CPU); the op's cache cast to the query dtype, as vLLM does"),
+    "vision_rope_2d": VllmOp((f"{_ROPE}:get_rope", f"{_ROPE}.common:ApplyRotaryEmb"),
+                             "Qwen2-VL ViT RoPE: get_rope (partial_rotary_factor 0.5), cos/sin gathered by (row,"
+                             " column) and ApplyRotaryEmb on q and k stacked, cache in the model dtype"),
+    # MLA (DeepSeek-V2/V3): vLLM selects AMX_MLA on x86 hosts with AMX (bf16, its own cpu_mla_decode /
+    # cpu_mla_extend kernels, block sizes of 32), else CPU_MLA, whose decode kernel is the one checked.
+    "mla_decode": VllmOp(("_C.mla_decode_kvcache",),
+                         "CPU_MLA's decode kernel (head size 576, block size 16; fp32/bf16/fp16); q_nope·W_UK and"
+                         " the W_UV up-projection by torch.bmm as vLLM's MLAAttention does; on AMX hosts vLLM"
+                         " selects AMX_MLA instead (_C.cpu_mla_decode / bmm_cpu, bf16), which is not mapped"),
+    "mla_prefill": VllmOp(no_kernel="vLLM's CPU MLA prefill is torch code, no kernel: CPU_MLA expands k/v through"
+                                    " kv_b_proj and runs the CPU_SDPA_MLA prefill backend (fp32 matmul + softmax per"
+                                    " request); the torch provider covers that path. AMX hosts run AMX_MLA's"
+                                    " _C.cpu_mla_extend in latent space instead (not mapped)"),
+    # Mamba2 (hybrid models), as MambaMixer2 calls them (adaptcheck/steps/ops/providers/vllm_mamba.py).
+    "selective_state_update": VllmOp(("_C.selective_state_update_cpu",),
+                                     "MambaMixer2's decode call: A/dt/dt_bias/D expanded over head_dim, states"
+                                     " in cache slots 1..B (slot 0 the null block), one call per step"),
+    "causal_conv1d_update": VllmOp((f"{_MAMBA}.causal_conv1d:causal_conv1d_update", "_C.causal_conv1d_update_cpu_vec"),
+                                   "vLLM's causal_conv1d_update (on CPU causal_conv1d_update_cpu →"
+                                   " _C.causal_conv1d_update_cpu_vec); conv state in vLLM's cache layout"),
+    "causal_conv1d_fwd": VllmOp((f"{_MAMBA}.causal_conv1d:causal_conv1d_fn",),
+                                "vLLM's causal_conv1d_fn: on CPU causal_conv1d_fn_cpu, torch F.conv1d per sequence"
+                                " (Python, not a kernel); _C.causal_conv1d_fwd_cpu, where built, serves only"
+                                " GatedDeltaNet's packed weights"),
+    "ssd_chunk_scan": VllmOp((f"{_MAMBA}.ssd_combined:mamba_chunk_scan_combined_varlen", "_C.mamba_chunk_scan_fwd_cpu"),
+                             "vLLM's mamba_chunk_scan_combined_varlen (on CPU: dt + dt_bias and softplus in"
+                             " float32 in Python, then _C.mamba_chunk_scan_fwd_cpu); chunk metadata as the"
+                             " Mamba2 metadata builder makes it"),
     # Catalog ops vLLM has no kernel for here.
     "gemm": VllmOp(no_kernel="vLLM has no standalone matmul op: unquantized linear layers go through torch/oneDNN"
                              " (dispatch_cpu_unquantized_gemm); the torch provider covers that path"),

@@ -1,6 +1,6 @@
 """JUnit XML of a run, for CI systems (Jenkins, GitLab, GitHub test reporters): one suite per
-step plus the grade's and the features' (one testcase per serving feature, a failure only for a
-feature ``--require-feature`` named and the run did not certify), shaped to the schema Jenkins' xUnit plugin validates against
+step plus the grade's, the features' and the families' (one testcase per serving feature or model family, a failure only for a
+feature or family ``--require-feature`` / ``--require-family`` named and the run did not certify), shaped to the schema Jenkins' xUnit plugin validates against
 (``junit-10.xsd``), every string scrubbed of secrets and of what XML 1.0 cannot carry.
 
 The layout, element by element: docs/ci.md (JUnit XML).
@@ -18,7 +18,7 @@ from pathlib import Path
 from adaptcheck.base.atomic import write_text_atomic
 from adaptcheck.base.redact import scrub_text
 from adaptcheck.base.schemas.certificate import UNKNOWN, CertificateSubject, certificate_subject
-from adaptcheck.base.schemas.results import CheckResult, FeatureResult, PlannedCheck, RunResults, Status
+from adaptcheck.base.schemas.results import CheckResult, FamilyResult, PlannedCheck, RunResults, Status, TableRow
 from adaptcheck.grade import level_at_least
 from adaptcheck.report.view import step_name
 
@@ -26,6 +26,7 @@ from adaptcheck.report.view import step_name
 MAX_BODY_CHARS = 20_000
 GRADE_SUITE = "adaptcheck.grade"
 FEATURES_SUITE = "adaptcheck.features"
+FAMILIES_SUITE = "adaptcheck.families"
 # Characters XML 1.0 does not allow at all (ElementTree would write them and produce a file
 # no parser accepts), e.g. the ANSI escapes a crashing subprocess prints.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -136,18 +137,21 @@ def _grade_case(results: RunResults, require: str | None, unverified: str = "",
     return case
 
 
-def _feature_case(row: FeatureResult, required: bool) -> _Case:
-    """A feature's testcase: passes when certified; otherwise a failure if ``--require-feature``
-    named it (so the JUnit verdict and the exit code agree), else skipped with its status — a
-    failed check behind it is already a failure in its step's suite."""
+def _feature_case(row: TableRow, required: bool, suite: str = FEATURES_SUITE, noun: str = "feature") -> _Case:
+    """A feature's (or a family's) testcase: passes when certified; otherwise a failure if
+    ``--require-feature`` (``--require-family``) named it (so the JUnit verdict and the exit code
+    agree), else skipped with its status — a failed check behind it is already a failure in its
+    step's suite."""
     lines = [f"{row.name}: {row.description}", f"status: {row.label}", f"required: {'yes' if required else 'no'}",
              "checks: " + (", ".join(row.checks) or "none")]
-    case = _Case(classname=FEATURES_SUITE, name=row.name, time=0.0, outcome="pass", stdout=lines)
+    if isinstance(row, FamilyResult):
+        lines.insert(2, f"model under test: {'of this family' if row.model else 'not of this family'}")
+    case = _Case(classname=suite, name=row.name, time=0.0, outcome="pass", stdout=lines)
     if row.certified:
         return case
     if required:
-        case.outcome, case.type = "failure", "FeatureNotCertified"
-        case.message = f"required feature {row.name}: {row.label}"
+        case.outcome, case.type = "failure", f"{noun.capitalize()}NotCertified"
+        case.message = f"required {noun} {row.name}: {row.label}"
         case.body = "\n".join(lines)
     else:
         case.outcome, case.type, case.message = "skipped", row.status.value, row.label
@@ -177,14 +181,20 @@ def _subject_properties(subject: CertificateSubject) -> list[tuple[str, str]]:
     ]
 
 
-def _feature_properties(results: RunResults, required: list[str]) -> list[tuple[str, str]]:
-    """``adaptcheck.required_features`` and one ``adaptcheck.feature.<name>`` per feature with its status line."""
+def _feature_properties(results: RunResults, required: list[str],
+                        required_families: list[str]) -> list[tuple[str, str]]:
+    """``adaptcheck.required_features`` and one ``adaptcheck.feature.<name>`` per feature with its
+    status line; the same for families, and the model's families."""
     return [("adaptcheck.required_features", ",".join(required)),
-            *((f"adaptcheck.feature.{row.name}", row.label) for row in results.feature_rows())]
+            *((f"adaptcheck.feature.{row.name}", row.label) for row in results.feature_rows()),
+            ("adaptcheck.model.families", ",".join(results.model.families)),
+            ("adaptcheck.required_families", ",".join(required_families)),
+            *((f"adaptcheck.family.{row.name}", row.label) for row in results.family_rows())]
 
 
 def _properties(results: RunResults, require: str | None, unverified: str = "",
-                subject: CertificateSubject | None = None, required: list[str] | None = None) -> list[tuple[str, str]]:
+                subject: CertificateSubject | None = None, required: list[str] | None = None,
+                required_families: list[str] | None = None) -> list[tuple[str, str]]:
     return [
         ("adaptcheck.verified", "false" if unverified else "true"),
         *([("adaptcheck.unverified", unverified)] if unverified else []),
@@ -200,14 +210,16 @@ def _properties(results: RunResults, require: str | None, unverified: str = "",
         ("adaptcheck.ladder_sha256", results.ladder.sha256),
         ("adaptcheck.device", f"{results.device.device_name} [{results.device.backend}]"),
         *_subject_properties(subject or certificate_subject(results)),
-        *_feature_properties(results, required or []),
+        *_feature_properties(results, required or [], required_families or []),
     ]
 
 
 def _suites(results: RunResults, require: str | None, unverified: str = "",
             subject: CertificateSubject | None = None,
-            required: list[str] | None = None) -> list[tuple[str, list[_Case]]]:
-    """(suite name, cases) per step in ladder order, then the grade suite, then the features suite."""
+            required: list[str] | None = None,
+            required_families: list[str] | None = None) -> list[tuple[str, list[_Case]]]:
+    """(suite name, cases) per step in ladder order, then the grade suite, the features suite and
+    the families suite."""
     result_ids = {c.id for c in results.checks}
     by_step: dict[int, list[_Case]] = {}
     for c in results.checks:
@@ -219,6 +231,9 @@ def _suites(results: RunResults, require: str | None, unverified: str = "",
     suites.append((GRADE_SUITE, [_grade_case(results, require, unverified, subject)]))
     wanted = set(required or [])
     suites.append((FEATURES_SUITE, [_feature_case(row, row.name in wanted) for row in results.feature_rows()]))
+    wanted_families = set(required_families or [])
+    suites.append((FAMILIES_SUITE, [_feature_case(row, row.name in wanted_families, FAMILIES_SUITE, "family")
+                                    for row in results.family_rows()]))
     return suites
 
 
@@ -238,22 +253,22 @@ def _case_element(parent: ET.Element, case: _Case) -> None:
 
 
 def junit_xml(results: RunResults, require: str | None = None, unverified: str = "",
-              required_features: list[str] | None = None) -> str:
+              required_features: list[str] | None = None, required_families: list[str] | None = None) -> str:
     """The JUnit XML document of ``results`` (with declaration). ``require``: the level the
     caller gated on (``--require``), which decides whether the ``grade`` testcase fails.
     ``unverified``: why nothing vouches for the results file ('' when its digest matched).
     ``required_features``: the features the caller gated on (``--require-feature``), whose
-    testcases fail when not certified."""
+    testcases fail when not certified; ``required_families`` the same for ``--require-family``."""
     started = results.started_at.astimezone(timezone.utc).replace(tzinfo=None)
     # junit-10.xsd leaves timestamp free, but Ant's schema wants no zone: naive UTC fits both.
     timestamp = started.isoformat(timespec="seconds")
     hostname = results.environment.hostname if results.environment else "unknown"
     subject = certificate_subject(results)
-    suites = _suites(results, require, unverified, subject, required_features)
+    suites = _suites(results, require, unverified, subject, required_features, required_families)
     every = [c for _, cases in suites for c in cases]
     root = ET.Element("testsuites", name="adaptcheck", tests=str(len(every)), failures=_count(every, "failure"),
                       errors=_count(every, "error"), time=_seconds(sum(c.time for c in every)))
-    properties = _properties(results, require, unverified, subject, required_features)
+    properties = _properties(results, require, unverified, subject, required_features, required_families)
     for index, (name, cases) in enumerate(suites):
         suite = ET.SubElement(root, "testsuite", name=_text(name), tests=str(len(cases)),
                               failures=_count(cases, "failure"), errors=_count(cases, "error"),
@@ -270,9 +285,10 @@ def junit_xml(results: RunResults, require: str | None = None, unverified: str =
 
 
 def write_junit(results: RunResults, path: Path, require: str | None = None, unverified: str = "",
-                required_features: list[str] | None = None) -> None:
+                required_features: list[str] | None = None, required_families: list[str] | None = None) -> None:
     """Write :func:`junit_xml` to ``path`` (UTF-8, atomically, parent folders created).
 
     A path that cannot be written (a folder, no permission) is a one-line OutputError (exit 2).
     """
-    write_text_atomic(Path(path), junit_xml(results, require, unverified, required_features), what="JUnit XML")
+    write_text_atomic(Path(path), junit_xml(results, require, unverified, required_features, required_families),
+                      what="JUnit XML")

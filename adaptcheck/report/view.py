@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from adaptcheck.base.features import FeatureStatus
 from adaptcheck.base.schemas.certificate import CertificateSubject, certificate_subject, subject_label
-from adaptcheck.base.schemas.results import CheckResult, PlannedCheck, RunResults, Status
+from adaptcheck.base.schemas.results import CheckResult, FamilyResult, PlannedCheck, RunResults, Status, TableRow
 from adaptcheck.report.comparison import CompareView, build_compare
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
@@ -200,6 +200,8 @@ class FeatureView:
     status: Label
     reason: str
     checks: list[Ref]
+    model: bool = False
+    """A family of the model under test (families table only)."""
 
 
 @dataclass
@@ -224,6 +226,13 @@ class ReportView:
     """Every known serving feature with its status, beside the grade (never folded into it)."""
     features_tested: bool
     """Whether any feature was tested at all (else the page says so in one line)."""
+    families: list[FeatureView]
+    """Every known model family with its status (:mod:`adaptcheck.base.families`)."""
+    families_tested: bool
+    model_families: str
+    """The model's families as read from its config.json, comma-separated ('' unknown)."""
+    family_note: str
+    """Why the model's family reading is off (unknown, contradicted by its weights); '' when clean."""
     levels: list[LevelView]
     steps: list[StepView]
     slowest: list[DurationBar]
@@ -406,6 +415,7 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
     framework = build_framework(results, anchors, records_base)
     on_details += framework.localised
     features = _features(results, anchors)
+    families = _features(results, anchors, families=True)
     return ReportView(
         title=f"adaptcheck {results.grade.level} — {results.device.device_name}",
         run_id=results.run_id,
@@ -420,6 +430,8 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
         quantization=results.model.quantization, levels=levels,
         subject=_subject(certificate_subject(results), results.grade.level),
         features=features, features_tested=any(f.status.key != "notrun" for f in features),
+        families=families, families_tested=any(f.status.key != "notrun" for f in families),
+        model_families=", ".join(results.model.families), family_note=results.model.family_note or "",
         steps=_step_views(results, groups), slowest=_slowest(results, anchors),
         matrix=build_matrix(env, results.checks, anchors), ops=ops,
         framework=framework, perf=perf, check_groups=groups,
@@ -436,14 +448,16 @@ _FEATURE_LABELS: dict[FeatureStatus, tuple[str, str]] = {
 }
 
 
-def _features(results: RunResults, anchors: dict[str, str]) -> list[FeatureView]:
-    """The features table's rows, each status as the check status it reads like, the checks linked."""
+def _features(results: RunResults, anchors: dict[str, str], families: bool = False) -> list[FeatureView]:
+    """The features (or families) table's rows, each status as the check status it reads like, the checks linked."""
     rows = []
-    for row in results.feature_rows():
+    table: list[TableRow] = list(results.family_rows() if families else results.feature_rows())
+    for row in table:
         key, text = _FEATURE_LABELS[row.status]
         rows.append(FeatureView(name=row.name, description=row.description,
                                 status=Label(key=key, label=text, glyph=_label(key).glyph), reason=row.reason,
-                                checks=[Ref(id=x, anchor=anchors.get(x, "")) for x in row.checks]))
+                                checks=[Ref(id=x, anchor=anchors.get(x, "")) for x in row.checks],
+                                model=isinstance(row, FamilyResult) and row.model))
     return rows
 
 

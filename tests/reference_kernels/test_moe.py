@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from reference_kernels.moe import fused_moe, route, silu, softmax_rows
+from reference_kernels.moe import expert_mlp, fused_moe, fused_moe_shared, grouped_route, route, silu, softmax_rows
 
 
 def test_softmax_and_silu_hand_values() -> None:
@@ -51,3 +51,43 @@ def test_fused_moe_hand_computed_identity_experts() -> None:
 def test_fused_moe_shape_errors() -> None:
     with pytest.raises(ValueError):
         fused_moe(np.ones((1, 3)), np.zeros((1, 2)), np.ones((2, 4, 2)), np.ones((2, 2, 2)), 1, True)
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def test_grouped_route_v3_bias_steers_choice_and_groups_use_the_two_best() -> None:
+    # 4 experts in 2 groups, keep 1 group, pick 1 expert. Scores (sigmoid): [0.9, 0.1 | 0.6, 0.5].
+    # Group scores with bias [0, 0, 0.2, 0]: 1.0 vs 1.3 -> group 1 kept although expert 0 scores
+    # best (a max rule would keep group 0); inside, expert 2 (0.8 with bias) wins; its weight is
+    # the plain score 0.6, renormalized to 1, times 2.5.
+    logits = np.array([[_logit(0.9), _logit(0.1), _logit(0.6), _logit(0.5)]])
+    bias = np.array([0.0, 0.0, 0.2, 0.0])
+    ids, w = grouped_route(logits, bias, 1, 2, 1, "sigmoid", True, 2.5)
+    assert ids.tolist() == [[2]] and np.allclose(w, [[2.5]])
+    ids, w = grouped_route(logits, bias, 2, 2, 1, "sigmoid", False, 1.0)
+    assert ids.tolist() == [[2, 3]] and np.allclose(w, [[0.6, 0.5]])  # plain scores, ids ascending
+    ids, _ = grouped_route(logits, None, 1, 2, 1, "sigmoid", True, 1.0)
+    assert ids.tolist() == [[0]]  # no bias: the group's best decides (V2), group 0 kept
+
+
+def test_grouped_route_v2_softmax_weights_without_renormalization() -> None:
+    logits = np.array([[0.0, math.log(3.0), math.log(2.0), math.log(2.0)]])  # softmax 1/8, 3/8, 2/8, 2/8
+    ids, w = grouped_route(logits, None, 2, 2, 2, "softmax", False, 16.0)
+    assert ids.tolist() == [[1, 2]] and np.allclose(w, [[6.0, 4.0]])
+
+
+def test_fused_moe_shared_adds_the_shared_mlp_with_weight_one() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4))
+    w13, w2 = rng.standard_normal((2, 6, 4)), rng.standard_normal((2, 4, 3))
+    s13, s2 = rng.standard_normal((4, 4)), rng.standard_normal((4, 2))
+    ids = np.array([[0, 1], [1, 0], [1, 0]])
+    weights = np.array([[0.5, 2.0], [1.0, 0.0], [0.25, 0.25]])
+    got = fused_moe_shared(x, weights, ids, w13, w2, s13, s2)
+    for t in range(3):
+        want = expert_mlp(x[t:t + 1], s13, s2)[0]
+        for j in range(2):
+            want = want + weights[t, j] * expert_mlp(x[t:t + 1], w13[ids[t, j]], w2[ids[t, j]])[0]
+        assert np.allclose(got[t], want)

@@ -64,20 +64,21 @@ def test_run_junit_is_valid_and_junitparser_counts_agree(produced: dict[str, Pat
     suites = {s.name: s for s in xml}
     assert list(suites) == ["adaptcheck.step1 compatibility matrix", "adaptcheck.step2 tensor smoke",
                             "adaptcheck.step3 operator numerics", "adaptcheck.step5 performance baseline",
-                            "adaptcheck.grade", "adaptcheck.features"]
+                            "adaptcheck.grade", "adaptcheck.features", "adaptcheck.families"]
     expected = {  # tests, failures, errors, skipped
         "adaptcheck.step1 compatibility matrix": (1, 0, 0, 0), "adaptcheck.step2 tensor smoke": (3, 1, 1, 1),
         "adaptcheck.step3 operator numerics": (1, 0, 0, 1), "adaptcheck.step5 performance baseline": (1, 0, 0, 1),
         "adaptcheck.grade": (1, 1, 0, 0),
         "adaptcheck.features": (8, 0, 0, 8),  # no check tagged feature:NAME: every feature 'not tested'
+        "adaptcheck.families": (11, 0, 0, 11),  # nor family:NAME: every family 'not tested'
     }
     for name, suite in suites.items():
         assert (suite.tests, suite.failures, suite.errors, suite.skipped) == expected[name], name
         assert len(list(suite)) == suite.tests
     xml.update_statistics()  # junitparser recounts from the cases: nothing may change
-    assert (xml.tests, xml.failures, xml.errors) == (15, 2, 1)
+    assert (xml.tests, xml.failures, xml.errors) == (26, 2, 1)
     root = ET.parse(produced["run"]).getroot()
-    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("15", "2", "1")
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("26", "2", "1")
 
 
 def test_each_outcome_maps_to_its_element(produced: dict[str, Path]) -> None:

@@ -128,6 +128,11 @@ DOCS: dict[str, tuple[type[BaseModel], str, str]] = {
                  "and the checks tagged `feature:<name>` behind it, beside the grade and never folded into it "
                  "([features.md](features.md)). Older files get it computed from their checks' tags when read: "
                  "no older ladder tagged a feature, so every row of theirs is `not tested`.\n\n"
+                 "Since 1.6 the file carries `families`, the model families table (`adaptcheck.base.families`): one "
+                 "row per family with the same statuses, from the checks tagged `family:<name>`, and `model: true` on "
+                 "the families of the model under test, whose tagged checks count towards the grade; `model.families` "
+                 "and `model.family_note` say what its config.json was read as ([families.md](families.md)). Older "
+                 "files get the table computed from their tags (every row `not tested`) and grade as before.\n\n"
                  "Every kind's `details` is described in [evidence-schema.md](evidence-schema.md).")),
     "ladder": (LadderSpec, "Ladder file schema",
                f"Ladder `schema_version: {LADDER_SCHEMA_VERSION}`. Unknown keys are errors. Each check's `params` "

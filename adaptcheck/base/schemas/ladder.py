@@ -17,15 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from adaptcheck.base.dtypes import FloatDtype
+from adaptcheck.base.families import FAMILY_TABLE, FAMILY_TAG, QUANT_FORMATS, Quantization
 from adaptcheck.base.features import FEATURE_TAG, unknown_feature
 
 LADDER_SCHEMA_VERSION = 1
 LEVELS = ("L1", "L2", "L3", "L4", "L5")
 
-Quantization = Literal["none", "int8_w8a8", "fp8", "other"]
-QUANT_FORMATS = ("int8_w8a8", "fp8", "gptq", "awq", "fp8_block")
-"""Formats a check may name in a 'quant:FORMAT' tag."""
 QUANT_TAG = "quant:"
+__all__ = ["QUANT_FORMATS", "QUANT_TAG", "Quantization"]  # the formats live with the families (base.families)
 
 
 class Strict(BaseModel):
@@ -48,6 +47,23 @@ class ModelSpec(Strict):
         "'quant:FORMAT' (int8 GEMM, fp8 quantizer …) counts towards the grade only for a model quantized in "
         "FORMAT: 'none' leaves them all out, 'other' (a quantized model of a format not listed) counts them "
         "all. Their results are reported either way.")
+    families: list[str] = Field(
+        default_factory=list, description="The model's families (base.families: dense, moe, mla, multimodal, "
+        "hybrid and the quantized formats), read from its config.json when a run names the model; a check tagged "
+        "'family:NAME' counts towards the grade only for a model of family NAME ('unknown' counts them all). "
+        "Empty in a ladder file: the run fills it in.")
+    family_note: str | None = Field(
+        default=None, description="Why the families read as they do when something is off: an unknown family, or "
+        "a config.json its weights contradict (one line); None when the reading is clean.")
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, families: list[str]) -> list[str]:
+        for name in families:
+            complaint = None if name == "unknown" else FAMILY_TABLE.unknown(name)
+            if complaint:
+                raise ValueError(complaint)
+        return families
 
 
 class CheckSpec(Strict):
@@ -63,7 +79,10 @@ class CheckSpec(Strict):
                             "'quant:FORMAT' marks a check only models quantized in FORMAT need; "
                             "'feature:NAME' makes the check certify the serving feature NAME (prefix_caching, "
                             "graph_capture, spec_decode, fp8_kv_cache, preemption, long_context, chunked_prefill, "
-                            "tensor_parallel) in the features table (docs/features.md).")
+                            "tensor_parallel) in the features table (docs/features.md); 'family:NAME' makes it vouch for "
+                            "the model family NAME (dense, moe, mla, multimodal, hybrid, gptq, awq, w4a16, int8_w8a8, "
+                            "fp8, fp8_block) in the families table and counts it only for models of that family "
+                            "(docs/families.md).")
 
     @field_validator("tags")
     @classmethod
@@ -74,6 +93,8 @@ class CheckSpec(Strict):
                                  + ", ".join(QUANT_TAG + f for f in QUANT_FORMATS))
             # A misspelt feature tag would certify nothing, silently: the table would say 'not tested'.
             complaint = unknown_feature(tag[len(FEATURE_TAG):]) if tag.startswith(FEATURE_TAG) else None
+            if tag.startswith(FAMILY_TAG):
+                complaint = FAMILY_TABLE.unknown(tag[len(FAMILY_TAG):])
             if complaint:
                 raise ValueError(f"tag {tag!r}: {complaint}")
         return tags

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from adaptcheck.base import safejson
 from adaptcheck.base.atomic import write_text_atomic
 from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.families import FAMILIES
 from adaptcheck.base.features import FEATURES, FeatureStatus, status_text
 from adaptcheck.base.integrity import DIGEST_FIELD, compute_digest
 from adaptcheck.base.schemas.environment import Environment
@@ -39,7 +40,11 @@ from adaptcheck.base.schemas.upgrade import upgrade_results
 # 1.5: ``features``: the features table (base.features), one row per known serving feature with what the
 #      run's checks tagged ``feature:<name>`` established. Older files get it computed from their checks'
 #      tags on load (no older ladder had such tags, so every row of theirs reads 'not tested').
-SCHEMA_VERSION = "1.5"
+# 1.6: ``families``: the model families table (base.families), one row per known family with what the
+#      checks tagged ``family:<name>`` established and whether the model under test is of it; the model
+#      spec gains ``families`` and ``family_note``. Older files get the table computed from their tags
+#      (none had family tags: every row 'not tested') and grade as before (families not known).
+SCHEMA_VERSION = "1.6"
 
 E = TypeVar("E", bound=Evidence)
 
@@ -152,14 +157,15 @@ class GradeResult(BaseModel):
                                 "'quant:FORMAT' for a quantization the model does not use (results still reported).")
 
 
-class FeatureResult(BaseModel):
-    """One row of the features table: what the run established about one serving feature."""
+class TableRow(BaseModel):
+    """One row of a table decided by tags (features, families): what the run established about one name."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="Feature name, one of base.features.FEATURES (e.g. 'spec_decode').")
-    description: str = Field(default="", description="What certifying the feature means, in one line.")
-    status: FeatureStatus = Field(description="'certified': a check tagged feature:<name> passed and none failed "
+    name: str = Field(description="The row's name, one of its registry's (base.features.FEATURES, "
+                      "base.families.FAMILIES).")
+    description: str = Field(default="", description="What certifying it means, in one line.")
+    status: FeatureStatus = Field(description="'certified': a check carrying the row's tag passed and none failed "
                                   "or errored; 'failed': one failed or errored; 'n/a': every tagged check was "
                                   "skipped as not applicable here; 'not tested': no tagged check in the run, or "
                                   "none ran.")
@@ -175,8 +181,19 @@ class FeatureResult(BaseModel):
 
     @property
     def certified(self) -> bool:
-        """Only a certified feature meets ``--require-feature``."""
+        """Only a certified row meets ``--require-feature`` / ``--require-family``."""
         return self.status is FeatureStatus.CERTIFIED
+
+
+class FeatureResult(TableRow):
+    """One row of the features table (tag ``feature:<name>``): a serving feature."""
+
+
+class FamilyResult(TableRow):
+    """One row of the families table (tag ``family:<name>``): a model family."""
+
+    model: bool = Field(default=False, description="True when the model under test is of this family: its "
+                        "tagged checks then count towards the grade.")
 
 
 class LadderRef(BaseModel):
@@ -252,6 +269,23 @@ class RunResults(BaseModel):
         description="The features table: one row per known serving feature (docs/features.md), in a fixed order, "
         "computed from the checks tagged 'feature:<name>' beside the grade, never folded into it. Files "
         "older than schema 1.5 get it computed on load.")
+
+    families: list[FamilyResult] = Field(
+        default_factory=list,
+        description="The families table: one row per known model family (docs/families.md), in a fixed order, "
+        "computed from the checks tagged 'family:<name>'. Files older than schema 1.6 get it computed on load.")
+
+    def family_rows(self) -> list[FamilyResult]:
+        """Every known family's row, in the registry's order (a missing row reads 'not tested')."""
+        return [self.family(name) for name in FAMILIES]
+
+    def family(self, name: str) -> FamilyResult:
+        """The families table's row of ``name`` (a known family); 'not tested' when the table lacks it."""
+        for row in self.families:
+            if row.name == name:
+                return row
+        return FamilyResult(name=name, description=FAMILIES.get(name, ""), status=FeatureStatus.NOT_TESTED,
+                            reason="the results file has no row for it", model=name in self.model.families)
 
     def feature_rows(self) -> list[FeatureResult]:
         """Every known feature's row, in the registry's order (a row missing from a hand-made file reads

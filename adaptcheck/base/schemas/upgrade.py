@@ -18,6 +18,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from adaptcheck.base.families import FAMILIES, FAMILY_TABLE
 from adaptcheck.base.features import FEATURES, Outcome, Planned, feature_table
 
 FRAMEWORK_STEP = 4
@@ -123,32 +124,49 @@ def _dicts(value: Any) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
-def _features_1_5(raw: dict[str, Any]) -> None:
-    """1.5: the features table, computed from the file's own checks and their ``feature:`` tags.
-
-    No ladder before 1.5 tagged a feature, so an older file's rows all read 'not tested', which
-    is what such a run established. Entries of an unexpected shape are ignored here (validation
-    judges them); an existing ``features`` (a hand-made file) is left as it is.
-    """
-    if "features" in raw:
-        return
+def _tag_inputs(raw: dict[str, Any]) -> tuple[list[Outcome], list[Planned], list[int]]:
+    """The file's checks, planned checks and steps as the tag-table rule reads them. Entries of an
+    unexpected shape are ignored here (validation judges them)."""
     outcomes = [Outcome(id=str(c.get("id", "")), status=str(c.get("status", "")),
                         applicable=c.get("applicable", True) is not False, message=str(c.get("message", "")),
-                        tags=_str_list(c.get("tags")))
+                        tags=_str_list(c.get("tags")), step=step if isinstance(step := c.get("step"), int) else 0)
                 for c in _dicts(raw.get("checks"))]
     planned = [Planned(id=str(p.get("id", "")), step=step if isinstance(step := p.get("step"), int) else 0,
                        tags=_str_list(p.get("tags")))
                for p in _dicts(raw.get("planned"))]
     steps = [s for s in raw["steps"] if isinstance(s, int)] if isinstance(raw.get("steps"), list) else []
+    return outcomes, planned, steps
+
+
+def _features_1_5(raw: dict[str, Any]) -> None:
+    """1.5: the features table, computed from the file's own checks and their ``feature:`` tags.
+
+    No ladder before 1.5 tagged a feature, so an older file's rows all read 'not tested', which
+    is what such a run established. An existing ``features`` (a hand-made file) is left as it is.
+    """
+    if "features" in raw:
+        return
     raw["features"] = [{"name": v.name, "description": FEATURES[v.name], "status": v.status.value,
                         "reason": v.reason, "checks": v.checks}
-                       for v in feature_table(outcomes, planned, steps)]
+                       for v in feature_table(*_tag_inputs(raw))]
+
+
+def _families_1_6(raw: dict[str, Any]) -> None:
+    """1.6: the families table, computed from the file's checks and their ``family:`` tags (no older
+    ladder had any: every row 'not tested'); the model's families stay unknown (an empty list),
+    so the grade counts the checks as it did. An existing ``families`` is left as it is."""
+    if "families" in raw:
+        return
+    raw["families"] = [{"name": v.name, "description": FAMILIES[v.name], "status": v.status.value,
+                        "reason": v.reason, "checks": v.checks, "model": False}
+                       for v in FAMILY_TABLE.table(*_tag_inputs(raw))]
 
 
 UPGRADES: list[tuple[tuple[int, int], Callable[[dict[str, Any]], None]]] = [
     ((1, 3), _framework_1_3),
     ((1, 4), _kind_labels_1_4),
     ((1, 5), _features_1_5),
+    ((1, 6), _families_1_6),
 ]
 """(version that introduced the shape, in-place upgrade of the parsed file), oldest first."""
 

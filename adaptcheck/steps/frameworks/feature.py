@@ -182,13 +182,13 @@ class _TeacherForced:
             return None
         teacher = found[0]
         try:
-            plain = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K) for s in teacher.sequences])
+            plain = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K, list(s.images)) for s in teacher.sequences])
         except ScoringUnsupported:
             return None
         return cls(teacher, plain, active.options.dtype)
 
     def finish(self, other: Active, names: tuple[str, str]) -> tuple[SubcheckRow, dict[str, Any]]:
-        feat = other.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K) for s in self.teacher.sequences])
+        feat = other.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K, list(s.images)) for s in self.teacher.sequences])
         row, record = tf_rules.batched_vs_alone_row(
             f"teacher-forced distributions: {names[1]} vs float64, relative to {names[0]}", self.teacher.scores,
             self.plain, feat, load_numerics(), self.dtype)

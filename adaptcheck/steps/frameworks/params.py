@@ -92,6 +92,8 @@ class TeacherSize(BaseModel):
     chat: bool = Field(default=True, description="Also compare chat-template prompts (when the model has a template).")
     max_tokens: int = Field(default=32, gt=0, description="Tokens generated per prompt.")
     top_n: int = Field(default=5, ge=1, le=20, description="At the first divergence each token must be in the other's top-N.")
+    images: int = Field(default=0, ge=0, description="Multimodal chat prompts, each showing one deterministic image "
+                        "(a vision-language model; 0: text only). Sent as OpenAI image content parts to servers.")
 
 
 class TeacherSized(FrameworkParams):

@@ -180,6 +180,8 @@ def reference_requests(tok: Tok, p: TeacherSize, seed: int = 0) -> list[GenReque
     if p.chat and tok.has_chat_template():
         reqs.extend(GenRequest(messages=list(m), max_tokens=p.max_tokens, logprobs=p.top_n)
                     for m in prompts.CHAT_MESSAGES)
+    reqs.extend(GenRequest(messages=[{"role": "user", "content": text}], images=[image], max_tokens=p.max_tokens,
+                           logprobs=p.top_n) for text, image in prompts.image_prompts(p.images))
     return reqs
 
 

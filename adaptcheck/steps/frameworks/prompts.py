@@ -46,6 +46,21 @@ CHAT_MESSAGES: tuple[tuple[dict[str, str], ...], ...] = (
 )
 
 
+IMAGE_QUESTIONS = (
+    "Describe this picture.",
+    "What colours does the image show?",
+    "What is in the image?",
+)
+
+
+def image_prompts(count: int) -> list[tuple[str, str]]:
+    """``count`` (question, image name) pairs of a multimodal prompt set: the questions and the
+    images of :data:`adaptcheck.frameworks.multimodal.IMAGE_NAMES` in turn."""
+    from adaptcheck.frameworks.multimodal import IMAGE_NAMES
+
+    return [(IMAGE_QUESTIONS[i % len(IMAGE_QUESTIONS)], IMAGE_NAMES[i % len(IMAGE_NAMES)]) for i in range(count)]
+
+
 def reference_prompts(count: int, seed: int = 0) -> list[str]:
     """The short prompts the float64 reference answers: for seed 0 the fixed set in order
     (results comparable between runs and machines); any other run seed draws its own from

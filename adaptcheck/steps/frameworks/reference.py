@@ -62,8 +62,9 @@ def _available_bytes() -> float | None:
 
 
 def _key(model: ResolvedModel, requests: list[GenRequest], dtype: str) -> str:
-    blob = json.dumps({"weights": model.weights_sha256, "dtype": dtype,
-                       "requests": [asdict(r) for r in requests]}, sort_keys=True)
+    # A text-only request's key is what it was before requests could carry images.
+    reqs = [{k: v for k, v in asdict(r).items() if k != "images" or v} for r in requests]
+    blob = json.dumps({"weights": model.weights_sha256, "dtype": dtype, "requests": reqs}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -114,8 +115,14 @@ class TeacherData:
 
 def _sequences(gens: list[Generation], top_k: int) -> list[ScoreRequest]:
     return [ScoreRequest(token_ids=list(g.prompt_ids or []) + list(g.token_ids or []), start=len(g.prompt_ids or []),
-                         top_k=top_k)
+                         top_k=top_k, images=_images_of(g))
             for g in gens if g.token_ids and g.prompt_ids]
+
+
+def _images_of(g: Generation) -> list[str]:
+    """The images a generation's prompt showed (adapters record them in ``extra``)."""
+    images = g.extra.get("images")
+    return [str(x) for x in images] if isinstance(images, list) else []
 
 
 def cpu_transformers(model: ResolvedModel, dtype: str) -> Any:
@@ -277,7 +284,7 @@ def control_scores(model: ResolvedModel, teacher: TeacherData, dtype: str, top_k
     default model (issue 27, "Time") for figures no verdict read.
     """
     blob = json.dumps({"weights": model.weights_sha256, "dtype": dtype, "k": top_k,
-                       "seqs": [[s.token_ids, s.start] for s in teacher.sequences]})
+                       "seqs": [[s.token_ids, s.start] + ([s.images] if s.images else []) for s in teacher.sequences]})
     path = cache_dir / f"control-{hashlib.sha256(blob.encode()).hexdigest()[:20]}.json"
     data = _cached(path)
     if isinstance(data, dict) and (not batched or data.get("batched") is not None):
@@ -286,7 +293,8 @@ def control_scores(model: ResolvedModel, teacher: TeacherData, dtype: str, top_k
                            batched=None if data.get("batched") is None else [load_scored(x) for x in data["batched"]])
         except (KeyError, TypeError, ValueError):
             pass
-    seqs = [ScoreRequest(token_ids=s.token_ids, start=s.start, top_k=top_k) for s in teacher.sequences]
+    seqs = [ScoreRequest(token_ids=s.token_ids, start=s.start, top_k=top_k, images=list(s.images))
+            for s in teacher.sequences]
     fw = cpu_transformers(model, dtype)
     try:
         alone = [fw.score([s])[0] for s in seqs]

@@ -59,7 +59,7 @@ def _held(judged: dict[str, BoundVerdict]) -> bool:
 
 def score_alone(fw: Framework, seqs: list[ScoreRequest], top_k: int) -> list[Scored]:
     """Each sequence scored in a request of its own (no batching effects)."""
-    return [fw.score([ScoreRequest(s.token_ids, s.start, top_k)])[0] for s in seqs]
+    return [fw.score([ScoreRequest(s.token_ids, s.start, top_k, list(s.images))])[0] for s in seqs]
 
 
 def against_reference(ctx: CheckContext, active: Active, teacher: TeacherData, policy: ModelNumericsPolicy,
@@ -128,7 +128,7 @@ def _localise(active: Active, teacher: TeacherData, index: int, policy: ModelNum
     from adaptcheck.steps.frameworks.reference import cpu_transformers
 
     seq = teacher.sequences[index]
-    seq = ScoreRequest(seq.token_ids, seq.start, top_k)
+    seq = ScoreRequest(seq.token_ids, seq.start, top_k, list(seq.images))
     try:
         device = localise.trace(active.framework, seq)
         sides = []

@@ -148,6 +148,37 @@ an fp8 cache for a dtype (CPU_ATTN without AVX-512 or AMX), the fp8 ops are not 
 with vLLM's message; a head size it refuses (CPU_ATTN with fp8: `head_size % 32 != 0`) fails
 that case with vLLM's message.
 
+The model-family ops (docs/families.md) run what a served model of the family runs:
+
+- MLA (`mla_decode`, `providers/vllm_mla.py`): CPU_MLA's decode kernel `_C.mla_decode_kvcache`.
+  The adapter packs the latent cache into CPU_MLA's `[num_blocks, 16, 576]` layout, each slot
+  `[kv_c | k_pe]` as its cache update writes it, folds W_UK into the query and up-projects the
+  latent output by W_UV with `torch.bmm`, as vLLM's `MLAAttention` does around the backend. The
+  kernel takes kv_lora_rank + rope = 576 and block size 16 only; other widths fail the case with
+  that message. On x86 hosts with AMX vLLM selects AMX_MLA instead (not mapped). `mla_prefill`
+  is torch code in vLLM (CPU_SDPA_MLA), covered by the torch provider.
+- DeepSeek's MoE (`grouped_topk`, `fused_moe_shared`, `providers/vllm_moe.py`): routing through
+  the router vLLM's FusedMoE layer builds (`create_fused_moe_router` with `use_grouped_topk`; on
+  CPU `CPURouter`'s grouped top-k), each row put in ascending expert id; routed experts through
+  `_C.cpu_fused_moe`; shared experts as `DeepseekV2MLP` runs them (the platform GEMM dispatch and
+  `_C.silu_and_mul`), added in the model dtype. On CPU vLLM scales the experts' output by
+  `routed_scaling_factor` instead of the router weights; the adapter passes the factor to the
+  router, which gives the same product.
+- Vision (`encoder_attention`, `patch_embed`, `mrope`, `vision_rope_2d`,
+  `providers/vllm_vision.py`): vLLM's layers as its Qwen2-VL/Qwen3-VL code calls them —
+  `MMEncoderAttention` with the ViT backend vLLM picks and the `cu_seqlens` metadata its vision
+  towers prepare, `Conv3dLayer`, `get_rope`'s `MRotaryEmbedding` (`mrope_section`,
+  `mrope_interleaved`) and the ViT RoPE (`ApplyRotaryEmb`). These layers run torch code on CPU.
+- Mamba2 (`selective_state_update`, `causal_conv1d_update`, `causal_conv1d_fwd`,
+  `ssd_chunk_scan`, `providers/vllm_mamba.py`): called as MambaMixer2 calls them
+  (`_C.selective_state_update_cpu` once per decode step, `causal_conv1d_update` →
+  `_C.causal_conv1d_update_cpu_vec`, the chunked scan `_C.mamba_chunk_scan_fwd_cpu`). The decode
+  ops take a leading step axis: one call applies T consecutive updates carrying the SSM and conv
+  state, so a kernel that drops the state between decode steps fails from step 2; states are
+  compared with the outputs (conv states exactly). On CPU the prefill convolution has no kernel:
+  vLLM runs torch `F.conv1d` per sequence (`causal_conv1d_fn_cpu`); `_C.causal_conv1d_fwd_cpu`
+  serves only GatedDeltaNet.
+
 ## Reproducers
 
 A dtype that fails or errors writes `repro/<check id>.py` into the run folder

@@ -74,6 +74,9 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
     fw, tok = active.framework, local_tokenizer(active)
     eos = tok.eos_ids()
     reqs = _batch_requests(p.batch, p.max_tokens, p.top_n)
+    # A multimodal teacher's image prompts join the batch: pictures of two sizes among text rows.
+    reqs += [GenRequest(messages=[{"role": "user", "content": text}], images=[image], max_tokens=p.max_tokens,
+                        logprobs=p.top_n) for text, image in prompts.image_prompts(p.teacher.images)]
     alone = [fw.generate([r])[0] for r in reqs]
     together = [g for g in fw.generate(reqs)]
     margin = tie_margin_for(p.tie_margin, active.options.dtype)
@@ -86,7 +89,8 @@ def concurrent(ctx: CheckContext, active: Active, p: ConcurrentParams) -> Outcom
     tf_rows, distribution = _scored_alone_vs_batched(ctx, active, tok, p.teacher)
     rows.extend(tf_rows)
     if p.stream and getattr(fw, "supports_stream", False):
-        streamed = fw.generate([GenRequest(prompt=r.prompt, max_tokens=r.max_tokens, stream=True) for r in reqs])
+        streamed = fw.generate([GenRequest(prompt=r.prompt, messages=r.messages, images=r.images,
+                                           max_tokens=r.max_tokens, stream=True) for r in reqs])
         diff = [f"request {i}: {a.text!r} vs streamed {b.text!r}" for i, (a, b) in enumerate(zip(together, streamed, strict=False))
                 if a.text != b.text]
         rows.append(subcheck("stream vs non-stream", not diff, "; ".join(diff[:2]) or f"{len(reqs)} streamed answers identical"))
@@ -109,7 +113,7 @@ def _scored_alone_vs_batched(ctx: CheckContext, active: Active, tok: Tok,
     teacher, control_sum = found
     try:
         alone = tf_rules.score_alone(active.framework, teacher.sequences, TOP_K)
-        together = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K) for s in teacher.sequences])
+        together = active.framework.score([ScoreRequest(s.token_ids, s.start, TOP_K, list(s.images)) for s in teacher.sequences])
     except ScoringUnsupported as exc:
         return [subcheck(name, None, f"not possible here: {exc}")], None
     policy, dtype = load_numerics(), active.options.dtype

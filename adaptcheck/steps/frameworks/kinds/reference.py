@@ -41,7 +41,7 @@ class ReferenceParams(FrameworkParams, TeacherSize):
     @property
     def teacher(self) -> TeacherSize:
         return TeacherSize(prompts=self.prompts, long_prompt_tokens=self.long_prompt_tokens, chat=self.chat,
-                           max_tokens=self.max_tokens, top_n=self.top_n)
+                           max_tokens=self.max_tokens, top_n=self.top_n, images=self.images)
 
 
 class ReferenceCheck(FrameworkCheck):
@@ -87,6 +87,8 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     if p.greedy:
         ctx.progress(2, 3, "parts", note="greedy answers vs the float64 reference")
         rows.extend(_greedy_rows(fw, tok, reqs, teacher.generations, p, metrics, tf))
+    if any(r.images for r in reqs):
+        rows.append(_images_deterministic_row(fw, [r for r in reqs if r.images]))
     compared_as_text = tf.get("greedy", {}).get("compared_as_text")
     repro: dict[str, str] = {}  # the reproducer's run-folder path, or why it could not be written
     if any(r.ok is False for r in rows) and tf.get("method") == "teacher_forced":
@@ -99,6 +101,21 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     return verdict(rows, "reference agreement", metrics=metrics,
                    details={"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU",
                             "compared_as_text": compared_as_text, **repro})
+
+
+def _images_deterministic_row(fw: Framework, reqs: list[GenRequest]) -> SubcheckRow:
+    """The same image requests twice: identical prompt ids (the widened placeholders) and answers.
+
+    vLLM's own processor tests require this of a multimodal processor (its cached and uncached
+    paths, text and token prompts, give the same inputs); the second pass here is the one a
+    processor cache would serve.
+    """
+    first, second = fw.generate(list(reqs)), fw.generate(list(reqs))
+    differ = [f"image prompt {i}: " + ("prompt ids differ" if a.prompt_ids != b.prompt_ids else "answers differ")
+              for i, (a, b) in enumerate(zip(first, second, strict=True))
+              if a.prompt_ids != b.prompt_ids or a.token_ids != b.token_ids]
+    return subcheck("image inputs deterministic (the same images processed twice)", not differ,
+                    "; ".join(differ) or f"{len(reqs)} image prompts: identical prompt ids and answers twice")
 
 
 def _greedy_rows(fw: Framework, tok: Tok, reqs: list[GenRequest], ref: list[Generation], p: ReferenceParams,

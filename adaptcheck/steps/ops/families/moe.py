@@ -1,4 +1,6 @@
-"""MoE family: the fused mixture-of-experts layer (softmax → top-k → renormalize → experts).
+"""MoE family: the fused mixture-of-experts layer (softmax → top-k → renormalize → experts), the
+MoE layer with shared experts (DeepSeek: routed experts from a given routing plus one shared
+SwiGLU MLP every token goes through), and, from moe_routing.py, DeepSeek's grouped top-k router.
 
 What goes wrong: routing softmax taken over the wrong axis or in low precision, the top-k
 renormalization skipped or applied when it should not be, gate and up halves of w13
@@ -15,6 +17,12 @@ unselected ones.
 The torch implementation (``native``) is the expert-by-expert loop a model without a
 fused kernel runs: matmuls in the model dtype, the weighted sum across experts in fp32.
 
+Shared experts (``fused_moe_shared``): the shared MLP's output is added with weight 1 to the
+routed sum. What goes wrong: the shared experts dropped or added twice (a layer that adds them
+and a runner that adds them again), the routing weights applied to them. The routing is an
+input (weights summing to a routed scaling factor, distinct ids per token), so the check sees
+only the experts.
+
 Adding an op to a family: docs/adding-an-op.md.
 """
 
@@ -28,6 +36,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from adaptcheck.base.dtypes import torch_dtype
+from adaptcheck.steps.ops.families.moe_routing import ROUTING_OPS
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
 from reference_kernels import moe as ref
 
@@ -118,6 +127,62 @@ def _moe_inputs(case: MoeCase, dtype: str, gen: torch.Generator) -> OpInputs:
                      "renormalize": case.renormalize}, notes=notes)
 
 
+class MoeSharedCase(CaseBase):
+    """out[T, H] = Σ_k topk_weights · expert_{topk_ids}(x) + shared(x), SwiGLU experts, routing given."""
+
+    tokens: int = Field(ge=1, description="Tokens T.")
+    hidden: int = Field(ge=1, description="Hidden size H.")
+    intermediate: int = Field(ge=1, description="Routed expert intermediate size I.")
+    experts: int = Field(ge=1, description="Routed experts E.")
+    topk: int = Field(ge=1, description="Routed experts per token.")
+    n_shared: int = Field(default=1, ge=1, description="Shared experts, fused into one MLP of width n_shared·I.")
+    routed_scaling_factor: float = Field(default=1.0, gt=0, description="What each token's routing weights sum to.")
+    same_expert: bool = Field(default=False, description="Every token routed to the same experts (a hot expert).")
+
+    @model_validator(mode="after")
+    def _topk_fits(self) -> MoeSharedCase:
+        if self.topk > self.experts:
+            raise ValueError(f"topk {self.topk} > experts {self.experts}")
+        return self
+
+    def work(self) -> float:
+        return 2.0 * self.tokens * (self.topk + self.n_shared) * 3 * self.hidden * self.intermediate
+
+    def scaled(self, factor: float) -> MoeSharedCase:
+        tokens = max(1, int(self.tokens * min(1.0, factor)))
+        rest = factor * self.tokens / tokens
+        inter = max(1, int(self.intermediate * min(1.0, rest)))
+        if self.intermediate % 32 == 0:
+            # Model widths are multiples of 32 and kernels rely on it (vLLM's silu_and_mul
+            # needs the shared width to be a multiple of its vector length): keep it so.
+            inter = max(32, inter // 32 * 32)
+        return self.model_copy(update={"tokens": tokens, "intermediate": inter})
+
+
+def _moe_shared_inputs(case: MoeSharedCase, dtype: str, gen: torch.Generator) -> OpInputs:
+    tdt = torch_dtype(dtype)
+    t, h, i, e, k = case.tokens, case.hidden, case.intermediate, case.experts, case.topk
+    shared_i = case.n_shared * i
+    x = torch.randn(t, h, generator=gen).to(tdt)
+    w13 = (torch.randn(e, 2 * i, h, generator=gen) / math.sqrt(h)).to(tdt)
+    w2 = (torch.randn(e, h, i, generator=gen) / math.sqrt(i)).to(tdt)
+    shared_w13 = (torch.randn(2 * shared_i, h, generator=gen) / math.sqrt(h)).to(tdt)
+    shared_w2 = (torch.randn(h, shared_i, generator=gen) / math.sqrt(shared_i)).to(tdt)
+    if case.same_expert:
+        ids = torch.randperm(e, generator=gen)[:k].repeat(t, 1)
+    else:
+        ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    # Positive weights away from zero (each expert visibly contributes), summing to the factor
+    # as a renormalized, scaled router output does.
+    raw = 0.5 + torch.rand(t, k, generator=gen)
+    weights = (raw / raw.sum(dim=1, keepdim=True) * case.routed_scaling_factor).float()
+    counts = torch.bincount(ids.reshape(-1), minlength=e)
+    return OpInputs({"x": x, "topk_weights": weights, "topk_ids": ids.to(torch.int32), "w13": w13, "w2": w2,
+                     "shared_w13": shared_w13, "shared_w2": shared_w2},
+                    notes={"max_tokens_per_expert": int(counts.max()), "experts_used": int((counts > 0).sum()),
+                           "shared_intermediate": shared_i})
+
+
 # --- native: the torch provider's implementation (device-generic torch, the path a model takes
 # without custom kernels); each OpDef below names its function, and the provider reads them there.
 
@@ -142,6 +207,25 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w
     return out.to(x.dtype)
 
 
+def _swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    h = x @ w13.t()
+    inter = w13.shape[0] // 2
+    return (F.silu(h[:, :inter]) * h[:, inter:]) @ w2.t()
+
+
+def fused_moe_shared(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                     w2: torch.Tensor, shared_w13: torch.Tensor, shared_w2: torch.Tensor) -> torch.Tensor:
+    # Shared MLP in the model dtype, as the model's dense MLP runs; routed experts as fused_moe.
+    out = _swiglu(x, shared_w13, shared_w2).float()
+    ids = topk_ids.long()
+    for e in range(w13.shape[0]):
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel():
+            y = _swiglu(x[tok], w13[e], w2[e])
+            out.index_add_(0, tok, y.float() * topk_weights[tok, slot].float().unsqueeze(1))
+    return out.to(x.dtype)
+
+
 OPS = [
     OpDef(
         name="fused_moe", family="moe",
@@ -151,4 +235,14 @@ OPS = [
         case_model=MoeCase, make_inputs=_moe_inputs, reference=ref.fused_moe, native=fused_moe,
         outputs=("out",), tolerance=("reduction",),
     ),
+    OpDef(
+        name="fused_moe_shared", family="moe",
+        description="MoE layer with shared experts: given routing, SwiGLU routed experts plus a shared SwiGLU MLP.",
+        signature=("fused_moe_shared(x: [T, H], topk_weights: [T, k] float32, topk_ids: [T, k] int32, w13: [E, 2I, H],"
+                   " w2: [E, H, I], shared_w13: [2Is, H], shared_w2: [H, Is]) -> out: [T, H] (dtype of x);"
+                   " out = Σ_k topk_weights · expert(x) + shared(x); w13 rows: first I gate, next I up"),
+        case_model=MoeSharedCase, make_inputs=_moe_shared_inputs, reference=ref.fused_moe_shared,
+        native=fused_moe_shared, outputs=("out",), tolerance=("reduction",),
+    ),
+    *ROUTING_OPS,
 ]

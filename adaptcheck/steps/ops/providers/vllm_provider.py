@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.frameworks.vllm_ops import VLLM_OPS
 from adaptcheck.steps.ops.providers import vllm_attention as va
+from adaptcheck.steps.ops.providers import vllm_mamba, vllm_mla, vllm_moe, vllm_vision
 from adaptcheck.steps.ops.providers import vllm_quant_weight as vqw
 from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.vllm_attention import (  # noqa: F401 - the CPU cache layouts, re-exported
@@ -340,7 +341,11 @@ ADAPTERS: dict[str, Callable[..., Any]] = {
     "fp8_quantize": fp8_quantize,
     "greedy_sample": greedy_sample,
     "top_k_top_p_mask": top_k_top_p_mask,
-    **vqw.ADAPTERS,
+    **vllm_moe.ADAPTERS,  # DeepSeek's grouped routing and shared experts (vllm_moe.py)
+    **vllm_vision.ADAPTERS,
+    **vllm_mla.ADAPTERS,
+    **vllm_mamba.ADAPTERS,  # Mamba2 (hybrid models): vllm_mamba.py
+    **vqw.ADAPTERS,  # int4 GPTQ/AWQ and block fp8 (vllm_quant_weight.py)
 }
 
 # Catalog op → a gate called once vLLM is imported: vLLM's own reason not to run the op on this
