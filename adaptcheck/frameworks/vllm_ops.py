@@ -108,6 +108,16 @@ VLLM_OPS: dict[str, VllmOp] = {
     "int8_w8a8_gemm": VllmOp(("_C.create_onednn_scaled_mm_handler", "_C.onednn_scaled_mm")),
     "scaled_int8_quant": VllmOp(("_C.static_scaled_int8_quant", "_C.dynamic_scaled_int8_quant")),
     "fp8_quantize": VllmOp(("_C.quantize_fp8e4m3_vec",), "bf16 inputs only (the kernel's contract)"),
+    # Weight-quantized GEMMs (adaptcheck/steps/ops/providers/vllm_quant_weight.py, with the gates
+    # that make them not applicable where vLLM would not run them).
+    "int4_w4a16_gemm": VllmOp(("_C.cpu_gemm_wna16", "vllm.model_executor.kernels.linear:choose_mp_linear_kernel",
+                               "vllm.model_executor.layers.quantization.auto_awq:_convert_awq_to_standard_format"),
+                              "layer built as vLLM loads it (AWQ converted by vLLM, the kernel chosen and its"
+                              " process_weights_after_loading run), then apply_weights; symmetric GPTQ without"
+                              " act-order only (vLLM 0.32 refuses the others)"),
+    "block_fp8_gemm": VllmOp(("_C.convert_weight_packed", "_C.fp8_scaled_mm_cpu"),
+                             "CPUFp8BlockScaledMMKernel's W8A16 path: bf16/fp32 activations, K block 128; W8A8"
+                             " group-quantized activations have no vLLM CPU kernel"),
     "greedy_sample": VllmOp(("_C.greedy_argmax",), "logits upcast to float32 as vLLM's Sampler does"),
     "top_k_top_p_mask": VllmOp(("vllm.v1.sample.ops.topk_topp_sampler:apply_top_k_top_p",),
                                "vLLM's sampler code (Python/torch on CPU, logits upcast to float32 as the"

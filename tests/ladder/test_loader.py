@@ -169,6 +169,9 @@ def test_an_unknown_quantization_tag_is_rejected_with_the_known_ones() -> None:
 # Which quantization format each quantized op belongs to (the catalog's 'quant' family).
 QUANT_OP_FORMAT = {"int8_w8a8_gemm": "int8_w8a8", "scaled_int8_quant": "int8_w8a8",
                    "fp8_quantize": "fp8", "fp8_scaled_gemm": "fp8"}
+# The 'quant_weight' family's ops: the int4 GEMM is one op for two checkpoint formats, so each
+# of its checks names the format its cases use.
+QUANT_WEIGHT_OP_FORMATS = {"int4_w4a16_gemm": {"gptq", "awq"}, "block_fp8_gemm": {"fp8_block"}}
 
 
 @pytest.mark.parametrize("name", ["quick", "standard"])
@@ -176,13 +179,20 @@ def test_shipped_ladders_tag_every_quantized_op_check_with_its_format(name: str)
     from adaptcheck.steps.ops.catalog import all_ops
 
     assert {op for op, spec in all_ops().items() if spec.family == "quant"} == set(QUANT_OP_FORMAT)
+    assert {op for op, spec in all_ops().items() if spec.family == "quant_weight"} == set(QUANT_WEIGHT_OP_FORMATS)
     spec = load_ladder(name).spec
     assert spec.model.quantization == "none"
     tagged = 0
     for c in spec.checks:
         quant_tags = [t for t in c.tags if t.startswith("quant:")]
         op = c.params.get("op") if c.kind == "ops.op" else None
+        if op in QUANT_WEIGHT_OP_FORMATS:
+            assert len(quant_tags) == 1 and quant_tags[0][len("quant:"):] in QUANT_WEIGHT_OP_FORMATS[op], c.id
+            fmt = quant_tags[0][len("quant:"):]
+            assert all(case.get("format", "fp8_block") == fmt for case in c.params["cases"]), c.id
+            tagged += 1
+            continue
         want = [f"quant:{QUANT_OP_FORMAT[op]}"] if op in QUANT_OP_FORMAT else []
         assert quant_tags == want, c.id
         tagged += bool(want)
-    assert tagged == 7
+    assert tagged == 11

@@ -14,7 +14,7 @@ from adaptcheck.base.errors import UnknownNameError, did_you_mean
 from adaptcheck.steps.ops.opdef import OpDef
 
 FAMILIES = ("gemm", "norms", "activations", "rope", "attention", "moe", "quant", "sampling", "embedding",
-            "mla", "mamba", "vision")
+            "mla", "mamba", "vision", "quant_weight")
 """Modules under adaptcheck.steps.ops.families, each exporting ``OPS: list[OpDef]``."""
 
 

@@ -17,6 +17,7 @@ from adaptcheck.base.hostfacts import cpu_flags
 from adaptcheck.frameworks.vllm_ops import VLLM_OPS
 from adaptcheck.steps.ops.providers import vllm_attention as va
 from adaptcheck.steps.ops.providers import vllm_mamba, vllm_mla, vllm_moe, vllm_vision
+from adaptcheck.steps.ops.providers import vllm_quant_weight as vqw
 from adaptcheck.steps.ops.providers.base import OpProvider
 from adaptcheck.steps.ops.providers.vllm_attention import (  # noqa: F401 - the CPU cache layouts, re-exported
     pack_key_cache,
@@ -344,6 +345,14 @@ ADAPTERS: dict[str, Callable[..., Any]] = {
     **vllm_vision.ADAPTERS,
     **vllm_mla.ADAPTERS,
     **vllm_mamba.ADAPTERS,  # Mamba2 (hybrid models): vllm_mamba.py
+    **vqw.ADAPTERS,  # int4 GPTQ/AWQ and block fp8 (vllm_quant_weight.py)
+}
+
+# Catalog op → a gate called once vLLM is imported: vLLM's own reason not to run the op on this
+# host (e.g. its kernel is built only for AVX-512, or its kernel class is_supported() says no),
+# None where it would. The op is then lacking with that reason, kernels present or not.
+GATES: dict[str, Callable[[], str | None]] = {
+    **vqw.GATES,
 }
 
 MAPPINGS: dict[str, _Mapping] = {op: _Mapping(fn, VLLM_OPS[op].kernels, VLLM_OPS[op].note)
@@ -383,6 +392,15 @@ class _State:
 _STATE = _State()
 
 
+def _gate_reason(op: str) -> str | None:
+    """The op's gate (GATES), never raising: a gate that fails keeps the op out, saying why."""
+    gate = GATES.get(op)
+    try:
+        return gate() if gate is not None else None
+    except Exception as exc:  # noqa: BLE001 - an unknown answer is no licence to run the op
+        return f"could not tell whether vLLM runs {op} here ({type(exc).__name__}: {exc})"
+
+
 def _probe() -> _State:
     """Import vLLM once per process and remember the answer."""
     if _STATE.checked:
@@ -403,8 +421,10 @@ def _probe() -> _State:
     _STATE.device_type = str(getattr(current_platform, "device_type", ""))
     for op, mapping in MAPPINGS.items():
         absent = [k for k in mapping.kernels if not _has_kernel(k)]
-        if absent:
-            _STATE.missing[op] = (f"vLLM {_STATE.version} on {_STATE.platform} has no {', '.join(absent)}")
+        why = _gate_reason(op)
+        if absent or why:
+            text = f"vLLM {_STATE.version} on {_STATE.platform} has no {', '.join(absent)}" if absent else ""
+            _STATE.missing[op] = "; ".join(t for t in (text, why) if t)
     return _STATE
 
 
