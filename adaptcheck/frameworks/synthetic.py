@@ -221,6 +221,25 @@ class DraftSpec(SyntheticSpec):
         return hashlib.sha256(both.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class DerivedSpec(SyntheticSpec):
+    """A variant written from another embedded model's finished folder (same seed, same root):
+    the quantized copies of docs/families.md. Subclasses write it in :meth:`write`."""
+
+    source: str = ""
+    """The embedded model it is derived from; its folder is written first."""
+
+    def spec_hash(self) -> str:
+        """Also the source's hash: a change to the source's bytes moves this folder too."""
+        both = super().spec_hash() + _spec(self.source).spec_hash()
+        return hashlib.sha256(both.encode()).hexdigest()
+
+    def write(self, source: Path, seed: int, out: Path) -> None:
+        """Write every file of the variant into ``out`` (an empty temporary folder), the
+        metadata file last."""
+        raise NotImplementedError
+
+
 EMBEDDED: dict[str, SyntheticSpec] = {
     spec.name: spec
     for spec in (
@@ -362,6 +381,12 @@ class SyntheticMeta(ValidatedTypedDict, total=False):
     eos_probe_token_ids: list[int]
     eos_probe_min_logprob_gap: float
     stop_probe: StopProbe
+    reference_folder: str
+    """A subfolder holding the exact float weights the checkpoint means (a quantized variant):
+    the float64 reference is computed from it, since the checkpoint itself is packed."""
+    activation_quant: str
+    """How the checkpoint quantizes Linear inputs as it runs (``int8_per_token`` for W8A8): the
+    reference does the same."""
 
 
 @functools.cache
@@ -399,6 +424,9 @@ def ensure_model(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
     if isinstance(spec, DraftSpec):
         target = ensure_model(spec.target, seed=seed, root=root)
         return publish_folder(final, lambda out: _write_draft(spec, target, seed, out), is_complete)
+    if isinstance(spec, DerivedSpec):
+        source = ensure_model(spec.source, seed=seed, root=root)
+        return publish_folder(final, lambda out: spec.write(source, seed, out), is_complete)
     return publish_folder(final, lambda out: _write_model(spec, seed, out), is_complete)
 
 

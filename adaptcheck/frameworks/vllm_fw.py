@@ -165,8 +165,9 @@ class VllmFramework(Framework):
         if not avail.available:
             raise FrameworkUnavailable(avail.reason)
         from adaptcheck.frameworks import multimodal
+        from adaptcheck.frameworks.vllm_quant import vllm_quant_refusal
 
-        refusal = multimodal.vllm_refusal(opts.model_path)
+        refusal = multimodal.vllm_refusal(opts.model_path) or vllm_quant_refusal(opts.model_path)
         if refusal:
             raise FrameworkUnavailable(refusal)  # not applicable here, in vLLM's words (never a pass)
         # What is set here (and what vLLM sets for itself while it starts) is this process's

@@ -125,11 +125,24 @@ def _images_of(g: Generation) -> list[str]:
     return [str(x) for x in images] if isinstance(images, list) else []
 
 
+def reference_path(model: ResolvedModel) -> Path:
+    """The folder the reference loads: the model's own, or for a quantized embedded variant the
+    subfolder with its exact dequantized weights (``reference_folder`` in its metadata)."""
+    sub = model.synthetic.get("reference_folder") if model.synthetic else None
+    return model.path / sub if isinstance(sub, str) and sub else model.path
+
+
 def cpu_transformers(model: ResolvedModel, dtype: str) -> Any:
     from adaptcheck.frameworks.transformers_fw import TransformersFramework
 
     fw = TransformersFramework()
-    fw.load(LoadOptions(model_path=model.path, dtype=dtype), "cpu")
+    fw.load(LoadOptions(model_path=reference_path(model), dtype=dtype), "cpu")
+    activations = model.synthetic.get("activation_quant") if model.synthetic else None
+    if isinstance(activations, str):
+        # A W8A8 checkpoint quantizes every Linear's input as it runs: so does its reference.
+        from adaptcheck.frameworks.synthetic_families.quantized import quantize_activations_like
+
+        quantize_activations_like(fw.model, activations)
     return fw
 
 

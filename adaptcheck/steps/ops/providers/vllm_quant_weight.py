@@ -26,41 +26,15 @@ from unittest import mock
 
 import torch
 
+# vLLM's own conditions for its int4 and block-fp8 kernels, shared with step 4's quantized models.
+from adaptcheck.frameworks.vllm_quant import block_fp8_gate, int4_gate
+
 
 def _vllm_ops() -> Any:
     return importlib.import_module("vllm._custom_ops")
 
 
 # ------------------------------------------------------------------------------ gates
-
-
-def int4_gate() -> str | None:
-    """None where vLLM can run its CPU int4 kernel here, else why not (vLLM's condition)."""
-    _vllm_ops()
-    if hasattr(torch.ops._C, "cpu_gemm_wna16"):
-        return None
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cpu() and not torch.cpu._is_avx512_supported():
-        return ("vLLM's CPU int4 kernel (CPUWNA16LinearKernel → _C.cpu_gemm_wna16) is built only into its"
-                " AVX-512 libraries: CpuPlatform.import_kernels loads _C_AVX2 where"
-                " torch.cpu._is_avx512_supported() is False, as on this host. choose_mp_linear_kernel still"
-                " picks CPUWNA16LinearKernel (its can_implement does not look for the op), so a GPTQ or AWQ"
-                " model loads and then fails when a quantized layer first runs (the op is absent): vLLM has no"
-                " other CPU path for them here")
-    return None
-
-
-def block_fp8_gate() -> str | None:
-    """None where vLLM would run its CPU block-fp8 kernel here, else its own is_supported reason."""
-    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
-
-    ok, why = CPUFp8BlockScaledMMKernel.is_supported()
-    if ok:
-        return None
-    return (f"vLLM's CPU block-fp8 kernel (CPUFp8BlockScaledMMKernel → _C.fp8_scaled_mm_cpu) "
-            f"{str(why).rstrip('.')}; its W8A8 sibling needs AMX-FP8 as well, and vLLM has no other CPU path"
-            " for block-fp8 checkpoints")
 
 
 # ------------------------------------------------------------------------------ int4
