@@ -19,7 +19,9 @@ import pytest
 
 from tests.conftest import run_checks
 
-pytestmark = pytest.mark.slow  # real processes or servers: outside the fast lane (-m "not slow")
+# Real processes: outside the fast lane (-m "not slow"). 688 s measured on the 2 shared cores at load
+# 10-22 (other sessions' runs); the default 600 s per-test limit is for an idle machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 DEEPSEEK, QWEN3_MOE = "embedded:tiny-deepseek-v3", "embedded:tiny-qwen3-moe"
 MODELS = {"ds": DEEPSEEK, "q3": QWEN3_MOE}
