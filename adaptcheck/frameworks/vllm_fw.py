@@ -451,6 +451,9 @@ def engine_facts_from(cfg: Any) -> dict[str, JsonValue]:
         "enable_chunked_prefill": _plain(read(cfg, "scheduler_config", "enable_chunked_prefill")),
         "max_num_batched_tokens": _plain(read(cfg, "scheduler_config", "max_num_batched_tokens")),
         "max_model_len": _plain(read(cfg, "model_config", "max_model_len")),
+        # Multi-head latent attention: vLLM's CPU platform turns prefix caching and chunked prefill
+        # off for such models whatever was asked (the kv_cache check says so rather than failing).
+        "use_mla": _plain(read(cfg, "model_config", "use_mla")),
     }
 
 

@@ -114,6 +114,21 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
     return verdict(rows, "KV cache", metrics=metrics, details={"distribution": distribution})
 
 
+def engine_turned_prefix_caching_off(fw: Framework) -> str | None:
+    """Why the running engine has prefix caching off although the load did not ask for that
+    (read back from its resolved config), or None. vLLM on a CPU turns it off for models with
+    multi-head latent attention: the prefix-cache rows are then not applicable, with that
+    reason, rather than a silent pass or a failed hit count."""
+    facts = fw.engine_facts()
+    if facts.get("enable_prefix_caching") is not False:
+        return None
+    why = (f"{fw.display_name} turned prefix caching off for this model (resolved engine config: "
+           f"enable_prefix_caching=False, enable_chunked_prefill={facts.get('enable_chunked_prefill')}")
+    if facts.get("use_mla"):
+        why += "; vLLM disables both for multi-head latent attention (MLA) models on a non-GPU platform"
+    return why + ")"
+
+
 def _prefix_hits(fw: Framework) -> float | None:
     values = [v for k, v in fw.metrics().items() if "prefix_cache_hits" in k]
     return sum(values) if values else None
@@ -124,6 +139,9 @@ def _prefix_hits_row(active: Active, before: float | None, after: float | None) 
     fw = active.framework
     if not fw.supports_prefix_caching or active.options.enable_prefix_caching is False:
         return subcheck("prefix cache hit", None, f"prefix caching is not in use on {fw.display_name}")
+    turned_off = engine_turned_prefix_caching_off(fw)
+    if turned_off:
+        return subcheck("prefix cache hit", None, turned_off)
     if before is None or after is None:
         return subcheck("prefix cache hit", None, "the framework exposes no prefix-cache counter")
     return subcheck("prefix cache hit", after > before, f"prefix-cache hit tokens {before:g} → {after:g} over the rounds")
@@ -133,6 +151,9 @@ def _prefix_off_row(ctx: CheckContext, active: Active, p: KvCacheParams, reqs: l
                     cached: list[Generation], eos: set[int]) -> SubcheckRow:
     if not active.framework.supports_prefix_caching:
         return subcheck("prefix cache on vs off", None, f"{active.framework.display_name} has no prefix-caching switch")
+    turned_off = engine_turned_prefix_caching_off(active.framework)
+    if turned_off:  # on vs off would compare two instances without it: no second load
+        return subcheck("prefix cache on vs off", None, turned_off)
     params = p.model_copy(update={"prefix_caching": False})
     other = acquire(ctx, p.framework, ctx.check_id, **params.load_overrides())
     tok = local_tokenizer(other)
