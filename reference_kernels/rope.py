@@ -24,8 +24,10 @@ import numpy as np
 
 def rotate_heads(positions: np.ndarray, x: np.ndarray, cos_sin_cache: np.ndarray, head_size: int,
                  is_neox: bool) -> np.ndarray:
-    """RoPE of one tensor ``x: [T, H * head_size]`` → same shape, float64."""
+    """RoPE of one tensor ``x: [T, H * head_size]`` (or ``[T, H, head_size]``) → same shape, float64."""
     x = np.asarray(x, dtype=np.float64)
+    shape = x.shape
+    x = x.reshape(shape[0], -1)
     cache = np.asarray(cos_sin_cache, dtype=np.float64)
     positions = np.asarray(positions, dtype=np.int64)
     tokens, width = x.shape
@@ -55,7 +57,7 @@ def rotate_heads(positions: np.ndarray, x: np.ndarray, cos_sin_cache: np.ndarray
     out = heads.copy()  # the pass-through tail of a partial rotary stays as it was
     out[:, :, a_idx] = x_a * cos - x_b * sin
     out[:, :, b_idx] = x_b * cos + x_a * sin
-    return out.reshape(tokens, width)
+    return out.reshape(shape)
 
 
 def rope(positions: np.ndarray, query: np.ndarray, key: np.ndarray, cos_sin_cache: np.ndarray,

@@ -45,6 +45,9 @@ class RopeCase(CaseBase):
                               description="Rows of the cos/sin cache; positions are drawn below it and the "
                                           "largest one (max_position - 1) is always among them.")
     base: float = Field(default=10000.0, gt=1.0, description="RoPE base θ.")
+    heads_axis: bool = Field(default=False, description="Pass query and key as [T, H, D], one axis per head, as "
+                             "DeepSeek's MLA attention hands its rope parts to the rotary kernel (q_pe [T, H, 64], "
+                             "k_pe [T, 1, 64]); a kernel that indexes only [T, H*D] rows rotates them wrongly.")
 
     @model_validator(mode="after")
     def _shapes(self) -> RopeCase:
@@ -105,6 +108,8 @@ def _rope_inputs(case: RopeCase, dtype: str, gen: torch.Generator) -> OpInputs:
     query = torch.randn((t, case.num_q_heads * d), generator=gen, dtype=torch.float32).to(tdt)
     key = torch.randn((t, case.num_kv_heads * d), generator=gen, dtype=torch.float32).to(tdt)
     positions = draw_positions(t, case.max_position, gen)
+    if case.heads_axis:
+        query, key = query.view(t, case.num_q_heads, d), key.view(t, case.num_kv_heads, d)
     return OpInputs(
         {"positions": positions, "query": query, "key": key,
          "cos_sin_cache": cos_sin_cache(case.max_position, case.rotary, case.base),
@@ -112,7 +117,7 @@ def _rope_inputs(case: RopeCase, dtype: str, gen: torch.Generator) -> OpInputs:
         notes={"style": "neox" if case.is_neox else "gptj", "rotary_dim": case.rotary,
                "max_position": int(positions.max()), "gqa": f"{case.num_q_heads}/{case.num_kv_heads}",
                "needs_more_than_int16": bool(positions.max() > 2**15 - 1),
-               "cache_dtype": "float32"},
+               "cache_dtype": "float32", "layout": "[T, H, D]" if case.heads_axis else "[T, H*D]"},
     )
 
 
@@ -121,7 +126,7 @@ def _rope_inputs(case: RopeCase, dtype: str, gen: torch.Generator) -> OpInputs:
 
 
 def _rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool) -> torch.Tensor:
-    """Rotate ``x: [T, H*D]`` in place with ``cos, sin: [T, rotary_dim/2]`` (float32)."""
+    """Rotate ``x: [T, H*D]`` (or ``[T, H, D]``) in place with ``cos, sin: [T, rotary_dim/2]`` (float32)."""
     tokens = x.shape[0]
     heads = x.view(tokens, -1, head_size)
     rotary_dim = 2 * cos.shape[-1]
@@ -157,7 +162,8 @@ OPS = [
         description="Rotary position embedding of query and key (neox or GPT-J style, partial rotary), in place.",
         signature=("rope(positions: [T] int64, query: [T, Hq*D], key: [T, Hk*D], cos_sin_cache: [max_pos, "
                    "rotary_dim] float32 (cos half then sin half), head_size: int, is_neox: bool) -> "
-                   "(query_out: [T, Hq*D], key_out: [T, Hk*D]); may rotate query and key in place"),
+                   "(query_out: [T, Hq*D], key_out: [T, Hk*D]); may rotate query and key in place; query and key "
+                   "may also come as [T, H, D] (case heads_axis), outputs in the same shape"),
         case_model=RopeCase, make_inputs=_rope_inputs, reference=ref.rope, native=rope,
         outputs=("query_out", "key_out"), tolerance=("reduction", "reduction"),
         in_place=True,
