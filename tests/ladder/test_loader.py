@@ -195,4 +195,5 @@ def test_shipped_ladders_tag_every_quantized_op_check_with_its_format(name: str)
         want = [f"quant:{QUANT_OP_FORMAT[op]}"] if op in QUANT_OP_FORMAT else []
         assert quant_tags == want, c.id
         tagged += bool(want)
-    assert tagged == 11
+    # quick leaves the int4 and block-fp8 ops (the weight-quantized families) to the standard ladder.
+    assert tagged == {"standard": 11, "quick": 7}[name]
