@@ -5,7 +5,7 @@ variants and its :class:`~adaptcheck.frameworks.synthetic.ArchWriter` with
 
 import importlib
 
-FAMILY_MODULES: tuple[str, ...] = ()
+FAMILY_MODULES: tuple[str, ...] = ("hybrid",)
 """Module names under this package, imported in this order."""
 
 for _name in FAMILY_MODULES:
