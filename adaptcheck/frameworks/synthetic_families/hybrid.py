@@ -34,6 +34,12 @@ A_RANGE = (1.0, 16.0)
 DT_RANGE = (1e-3, 1e-1)
 CONV_STD = 0.5
 """Depthwise conv taps: ~1/sqrt(kernel width 4), the fan-in scaling of a real init."""
+BC_GAIN = 4.0
+"""The in_proj rows that make B and C are drawn this much larger than the other rows. At the
+plain scale the state's read-out ``C . h`` is ~5% of the skip ``D * x`` (B and C ~0.5, and
+``h`` sums only dt ~0.01 of each token), so a state that is never carried would change no
+greedy token: a random model has none of the large B/C a trained one learns. At 4x the
+state's share is comparable to the skip's, as in trained models."""
 
 
 def _config(spec: SyntheticSpec, common: dict[str, Any]) -> dict[str, object]:
@@ -88,7 +94,7 @@ def _layout(spec: SyntheticSpec) -> list[tuple[str, tuple[int, ...], str]]:
         if kind == "mamba":
             m = p + "mamba."
             out += [
-                (m + "in_proj.weight", (in_proj, h), "linear"),
+                (m + "in_proj.weight", (in_proj, h), "in_proj"),
                 (m + "conv1d.weight", (conv_dim, 1, d_conv), "conv"),
                 (m + "conv1d.bias", (conv_dim,), "bias"),
                 (m + "A_log", (n_heads,), "a_log"),
@@ -118,10 +124,25 @@ def _init(name: str, shape: tuple[int, ...], kind: str, gen: torch.Generator) ->
         lo, hi = (math.log(x) for x in DT_RANGE)
         dt = torch.exp(lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float64))
         return (dt + torch.log(-torch.expm1(-dt))).float()  # softplus⁻¹(dt)
+    if kind == "in_proj":
+        # Rows: z and x (d_inner each), then B and C (d_state each), then dt (one per head).
+        rows = torch.randn(shape, generator=gen, dtype=torch.float32) * STD
+        n_heads, d_state = KNOBS["mamba_n_heads"], KNOBS["mamba_d_state"]
+        bc = slice(shape[0] - n_heads - 2 * d_state, shape[0] - n_heads)
+        rows[bc] *= BC_GAIN
+        return rows
     if kind == "conv":
         return torch.randn(shape, generator=gen, dtype=torch.float32) * CONV_STD
     return None
 
+
+KNOBS: dict[str, Any] = {
+    "layer_types": LAYER_TYPES, "mamba_n_heads": 8, "mamba_d_head": 64, "mamba_d_state": 32,
+    "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 16, "bc_gain": BC_GAIN,
+}
+"""The family knobs of ``tiny-hybrid`` (:attr:`SyntheticSpec.extra`)."""
+STD = 0.06
+"""SyntheticSpec's default ``std`` (the other linear layers')."""
 
 TINY_HYBRID = register(
     SyntheticSpec(
@@ -131,10 +152,7 @@ TINY_HYBRID = register(
         description="Granite 4.0-H-style hybrid: Mamba2 / attention / Mamba2, d_state 32, 8 SSM heads of 64",
         hidden_size=256, intermediate_size=512, num_layers=len(LAYER_TYPES), num_heads=4, num_kv_heads=2,
         head_dim=64,
-        extra=tuple(sorted({
-            "layer_types": LAYER_TYPES, "mamba_n_heads": 8, "mamba_d_head": 64, "mamba_d_state": 32,
-            "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 16,
-        }.items())),
+        extra=tuple(sorted(KNOBS.items())),
     ),
     ArchWriter(config=_config, layout=_layout, init=_init),
 )
