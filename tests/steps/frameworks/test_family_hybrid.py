@@ -117,6 +117,7 @@ def rows(check: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the module's one CLI run is set up by the first test that reads it
 @pytest.mark.parametrize("check_id", ["hy.transformers", "hy.vllm"])
 def test_the_healthy_hybrid_agrees_with_float64(hybrid_run: dict[str, dict[str, Any]], check_id: str) -> None:
     if check_id not in hybrid_run:
@@ -128,6 +129,7 @@ def test_the_healthy_hybrid_agrees_with_float64(hybrid_run: dict[str, dict[str, 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_a_state_not_carried_fails_the_cached_greedy_decode(hybrid_run: dict[str, dict[str, Any]]) -> None:
     c = hybrid_run["hy.state"]
     assert c["status"] == "fail"
@@ -137,6 +139,7 @@ def test_a_state_not_carried_fails_the_cached_greedy_decode(hybrid_run: dict[str
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_a_dropped_d_skip_fails_the_distributions(hybrid_run: dict[str, dict[str, Any]]) -> None:
     c = hybrid_run["hy.no_d"]
     assert c["status"] == "fail"
