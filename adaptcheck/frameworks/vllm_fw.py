@@ -443,6 +443,11 @@ def engine_facts_from(cfg: Any) -> dict[str, JsonValue]:
         "num_gpu_blocks": _plain(read(cfg, "cache_config", "num_gpu_blocks")),
         "block_size": _plain(read(cfg, "cache_config", "block_size")),
         "enable_prefix_caching": _plain(read(cfg, "cache_config", "enable_prefix_caching")),
+        # A model with Mamba-style state (hybrid): vLLM caches its prefix only as whole
+        # state blocks ('align'), or not at all ('none'); framework.kv_cache says which.
+        "has_inner_state": _plain(read(cfg, "model_config", "has_inner_state")),
+        "mamba_cache_mode": _plain(read(cfg, "cache_config", "mamba_cache_mode")),
+        "mamba_block_size": _plain(read(cfg, "cache_config", "mamba_block_size")),
         "speculative_method": _plain(read(spec, "method")) if spec is not None else None,
         "num_speculative_tokens": _plain(read(spec, "num_speculative_tokens")) if spec is not None else None,
         "tensor_parallel_size": _plain(read(cfg, "parallel_config", "tensor_parallel_size")),

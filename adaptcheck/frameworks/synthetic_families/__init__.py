@@ -5,7 +5,7 @@ variants and its :class:`~adaptcheck.frameworks.synthetic.ArchWriter` with
 
 import importlib
 
-FAMILY_MODULES: tuple[str, ...] = ("moe_families", "vlm", "quantized")
+FAMILY_MODULES: tuple[str, ...] = ("moe_families", "hybrid", "vlm", "quantized")
 """Module names under this package, imported in this order."""
 
 for _name in FAMILY_MODULES:

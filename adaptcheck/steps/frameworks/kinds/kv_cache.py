@@ -7,8 +7,9 @@ Everything of the kind lives here: params, probe, check, label and typical time
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from adaptcheck.base.procs import tree_rss_mib
 from adaptcheck.base.schemas.framework_evidence import SubcheckRow
@@ -108,7 +109,7 @@ def kv_cache(ctx: CheckContext, active: Active, p: KvCacheParams) -> Outcome:
         rows.append(subcheck("memory back at baseline", growth <= p.memory_growth_mib,
                          f"no KV-cache gauge readable; process RSS grew {growth:.1f} MiB over {p.rounds} rounds "
                          f"(bound {p.memory_growth_mib:g} MiB)"))
-    rows.append(_prefix_hits_row(active, hits_before, _prefix_hits(fw)))
+    rows.append(_prefix_hits_row(active, hits_before, _prefix_hits(fw), p.prefix_tokens))
     if p.compare_prefix_off:
         rows.append(_prefix_off_row(ctx, active, p, reqs, first, eos))
     return verdict(rows, "KV cache", metrics=metrics, details={"distribution": distribution})
@@ -134,7 +135,7 @@ def _prefix_hits(fw: Framework) -> float | None:
     return sum(values) if values else None
 
 
-def _prefix_hits_row(active: Active, before: float | None, after: float | None) -> SubcheckRow:
+def _prefix_hits_row(active: Active, before: float | None, after: float | None, prefix_tokens: int) -> SubcheckRow:
     """The repeated rounds really were served from the prefix cache (else nothing was tested)."""
     fw = active.framework
     if not fw.supports_prefix_caching or active.options.enable_prefix_caching is False:
@@ -144,7 +145,35 @@ def _prefix_hits_row(active: Active, before: float | None, after: float | None) 
         return subcheck("prefix cache hit", None, turned_off)
     if before is None or after is None:
         return subcheck("prefix cache hit", None, "the framework exposes no prefix-cache counter")
-    return subcheck("prefix cache hit", after > before, f"prefix-cache hit tokens {before:g} → {after:g} over the rounds")
+    state = state_prefix_caching(fw.engine_facts(), prefix_tokens)
+    if state is not None and state[0] is None:
+        return subcheck("prefix cache hit", None, state[1])
+    note = f"; {state[1]}" if state is not None else ""
+    return subcheck("prefix cache hit", after > before,
+                    f"prefix-cache hit tokens {before:g} → {after:g} over the rounds{note}")
+
+
+def state_prefix_caching(facts: Mapping[str, JsonValue], prefix_tokens: int) -> tuple[bool | None, str] | None:
+    """How the engine caches the prefix of a model with recurrent (Mamba) state, from its
+    resolved config; None for a model without such state or an engine that does not say.
+
+    vLLM keeps a hybrid model's Mamba state for a prefix only at whole state blocks
+    (``mamba_cache_mode`` 'align', ``mamba_block_size`` tokens) or not at all ('none'): a
+    shared prefix shorter than one block can never hit, and that is vLLM's design, not a
+    fault, so the hit row is then not applicable with the reason instead of failing (and
+    never passes silently: the mode is named either way).
+    """
+    if not facts.get("has_inner_state"):
+        return None
+    mode, block = facts.get("mamba_cache_mode"), facts.get("mamba_block_size")
+    if mode is None:
+        return None
+    if mode == "none":
+        return None, "vLLM does not cache the Mamba state of a prefix for this model (mamba_cache_mode 'none')"
+    how = f"vLLM caches this model's Mamba state per whole block of {block} tokens (mamba_cache_mode '{mode}')"
+    if mode == "align" and isinstance(block, int) and prefix_tokens < block:
+        return None, f"{how}; the shared prefix of ~{prefix_tokens} tokens is shorter than one block, so it cannot hit"
+    return True, how
 
 
 def _prefix_off_row(ctx: CheckContext, active: Active, p: KvCacheParams, reqs: list[GenRequest],
