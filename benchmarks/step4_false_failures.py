@@ -78,11 +78,13 @@ def model_spec(model: str) -> tuple[str, str]:
 
 
 def ladder_sizes(name: str) -> dict[str, dict[str, Any]]:
-    """The step-4 sizes a shipped ladder gives its transformers checks, by kind (``framework.reference``
-    → its params without ``framework``)."""
+    """The step-4 sizes a shipped ladder gives its transformers checks of the ladder's model, by kind
+    (``framework.reference`` → its params without ``framework``); checks naming a model of their own
+    (a family's embedded model) have sizes of their own."""
     spec = load_ladder(name).spec  # resolved: quick extends standard
     return {c.kind: {k: v for k, v in c.params.items() if k != "framework"}
-            for c in spec.checks if c.step == 4 and c.params.get("framework") == "transformers"}
+            for c in spec.checks if c.step == 4 and c.params.get("framework") == "transformers"
+            and not c.params.get("model")}
 
 
 def ladder(frameworks: Iterable[str], dtypes: Iterable[str], models: Iterable[str], kinds: Iterable[str],
