@@ -129,9 +129,12 @@ class DecodeCase(HeadsCase):
         return self.model_copy(update={**heads, "batch": batch, "max_seq_len": seq})
 
 
-class PagedCase(DecodeCase):
-    """Decode attention reading K/V through block tables from a paged cache."""
+class PagedBlocks(CaseBase):
+    """A paged cache's geometry for ``batch`` sequences of at most ``max_seq_len`` tokens (the
+    paged attention cases here, MLA's latent cache in mla.py)."""
 
+    batch: int
+    max_seq_len: int
     block_size: int = Field(default=16, ge=1, description="Tokens per cache block.")
     num_blocks: int | None = Field(default=None, ge=1,
                                    description="Cache blocks; None: twice what the batch can need, plus one. "
@@ -146,10 +149,14 @@ class PagedCase(DecodeCase):
         return self.num_blocks if self.num_blocks is not None else 2 * self.batch * self.blocks_per_seq + 1
 
     @model_validator(mode="after")
-    def _enough_blocks(self) -> PagedCase:
+    def _enough_blocks(self) -> PagedBlocks:
         if self.total_blocks < self.batch * self.blocks_per_seq:
             raise ValueError(f"num_blocks {self.total_blocks} < {self.batch * self.blocks_per_seq} blocks the batch may need")
         return self
+
+
+class PagedCase(PagedBlocks, DecodeCase):
+    """Decode attention reading K/V through block tables from a paged cache."""
 
     def work(self) -> float:
         # Attention over the sequences, plus the whole cache drawn and converted on the host.

@@ -35,10 +35,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from adaptcheck.base.dtypes import torch_dtype
-from adaptcheck.steps.ops.families.attention import ELEMENT_COST, draw_seq_lens
+from adaptcheck.steps.ops.families.attention import ELEMENT_COST, PagedBlocks, draw_seq_lens
 from adaptcheck.steps.ops.opdef import CaseBase, OpDef, OpInputs
 from reference_kernels import mla as ref
 
@@ -96,29 +96,12 @@ class MlaPrefillCase(MlaDims):
         return self.model_copy(update={"num_heads": heads, "num_tokens": max(1, int(self.num_tokens * math.sqrt(rest)))})
 
 
-class MlaDecodeCase(MlaDims):
+class MlaDecodeCase(PagedBlocks, MlaDims):
     """One query per sequence against a paged latent cache (vLLM's CPU kernel: L + R = 576, block 16)."""
 
     batch: int = Field(ge=1, description="Sequences B.")
     max_seq_len: int = Field(ge=1, description="Longest sequence S; sequence 0 has this length, sequence 1 (if B > 1) "
                                                "length 1, the others random in [1, S].")
-    block_size: int = Field(default=16, ge=1, description="Tokens per cache block (vLLM's CPU MLA: 16).")
-    num_blocks: int | None = Field(default=None, ge=1, description="Cache blocks; None: twice what the batch can "
-                                                                   "need, plus one. The highest block is in use.")
-
-    @property
-    def blocks_per_seq(self) -> int:
-        return -(-self.max_seq_len // self.block_size)
-
-    @property
-    def total_blocks(self) -> int:
-        return self.num_blocks if self.num_blocks is not None else 2 * self.batch * self.blocks_per_seq + 1
-
-    @model_validator(mode="after")
-    def _enough_blocks(self) -> MlaDecodeCase:
-        if self.total_blocks < self.batch * self.blocks_per_seq:
-            raise ValueError(f"num_blocks {self.total_blocks} < {self.batch * self.blocks_per_seq} the batch may need")
-        return self
 
     def work(self) -> float:
         absorb = 2.0 * self.batch * self.num_heads * self.kv_lora_rank * (self.qk_nope_head_dim + self.v_head_dim)

@@ -205,45 +205,13 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _moe_isa(dtype: torch.dtype) -> str:
-    """X86CPUUnquantizedExperts (AMX, bf16 only) where it applies, else the portable 'vec'."""
-    torch = _torch()
-    from vllm.platforms import current_platform
-    from vllm.platforms.interface import CpuArchEnum
-
-    if (dtype == torch.bfloat16 and current_platform.get_cpu_architecture() == CpuArchEnum.X86
-            and torch.cpu._is_amx_tile_supported()):
-        return "amx"
-    return "vec"
-
-
 def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk: int, renormalize: bool) -> torch.Tensor:
-    torch = _torch()
-    ops = _ops()
     from vllm.model_executor.layers.fused_moe.router.cpu_router import _softmax_topk
 
-    e, two_i, h = w13.shape
-    inter = two_i // 2
-    if h % 32:
-        raise ValueError(f"vLLM's CPU MoE kernels need hidden % 32 == 0 (hidden={h})")
-    # CPUUnquantizedExperts._pad_moe_intermediate: pad I to a multiple of 32 with zeros (the
-    # padded gate/up rows give silu(0)·0 = 0 and the padded w2 columns are zero).
-    padded = -(-inter // 32) * 32
-    if padded != inter:
-        w13p = w13.new_zeros(e, 2 * padded, h)
-        w13p[:, :inter] = w13[:, :inter]
-        w13p[:, padded:padded + inter] = w13[:, inter:]
-        w2p = w2.new_zeros(e, h, padded)
-        w2p[:, :, :inter] = w2
-        w13, w2 = w13p, w2p
-    isa = _moe_isa(x.dtype)
-    # The routing vLLM's CPURouter runs for plain softmax top-k.
+    # The routing vLLM's CPURouter runs for plain softmax top-k; the experts as DeepSeek's op runs them.
     weights, ids = _softmax_topk(router_logits, int(topk), bool(renormalize))
-    out = torch.empty_like(x)
-    ops.cpu_fused_moe(out, x.contiguous(), ops.cpu_prepack_moe_weight(w13.contiguous(), isa),
-                      ops.cpu_prepack_moe_weight(w2.contiguous(), isa), None, None, weights, ids, "silu", isa)
-    return out
+    return vllm_moe.cpu_routed_experts(x, weights, ids, w13, w2)
 
 
 def int8_w8a8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
