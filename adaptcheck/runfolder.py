@@ -25,7 +25,8 @@ from adaptcheck.base.schemas.results import (
     RunResults,
     utcnow,
 )
-from adaptcheck.frameworks.modelfamily import named_families, read_config
+from adaptcheck.frameworks.modelfamily import named_families
+from adaptcheck.frameworks.modelfiles import read_config
 from adaptcheck.frameworks.modelsrc import is_named_model
 from adaptcheck.grade import compute_families, compute_features, compute_grade
 

@@ -6,11 +6,11 @@ instead of certifying a family the weights do not have (docs/families.md).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection
 from pathlib import Path
 
 from adaptcheck.base.families import UNKNOWN, FamilyReading, read_families
+from adaptcheck.frameworks.modelfiles import read_config
 from adaptcheck.frameworks.modelsrc import AUTO_MODEL, EMBEDDED_PREFIX, PRETRAINED_PREFIX
 
 # Family → (what the weights of such a checkpoint always hold, as a test on one tensor name).
@@ -32,15 +32,6 @@ _WEIGHT_SIGNS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "fp8_block": ("block scales (weight_scale_inv / weight_scale)",
                   lambda n: n.endswith(("weight_scale_inv", "weight_scale"))),
 }
-
-
-def read_config(folder: Path) -> dict[str, object] | None:
-    """config.json of ``folder`` as a dict, None when it is missing or not a JSON object."""
-    try:
-        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def weights_contradiction(families: Collection[str], names: Collection[str]) -> str | None:

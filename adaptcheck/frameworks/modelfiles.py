@@ -5,6 +5,7 @@ one-line model error and the weights digests (docs/frameworks.md, "Shared model-
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -62,3 +63,13 @@ def _weights_sha256(files: list[Path], *, cache_min_bytes: int | None = None) ->
     if cache is not None:
         cache.write_text(sha + "\n")
     return sha, size
+
+
+def read_config(folder: Path) -> dict[str, object] | None:
+    """config.json of ``folder`` as a dict, None when it is missing, unreadable or not a JSON
+    object (the family reading, the multimodal and quantization probes read it alike)."""
+    try:
+        data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

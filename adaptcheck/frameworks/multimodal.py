@@ -18,6 +18,8 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.frameworks.modelfiles import read_config
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -93,21 +95,16 @@ def openai_messages(messages: list[dict[str, str]], images: list[str]) -> list[d
 
 def vision_config(path: Path) -> dict[str, Any] | None:
     """The ``vision_config`` of a model folder's config.json, None for a text-only model."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    vision = config.get("vision_config") if isinstance(config, dict) else None
+    config = read_config(path)
+    vision = config.get("vision_config") if config is not None else None
     return vision if isinstance(vision, dict) else None
 
 
 def architecture(path: Path) -> str | None:
     """``architectures[0]`` of the folder's config.json."""
-    try:
-        archs = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return None
-    return str(archs[0]) if archs else None
+    config = read_config(path)
+    archs = config.get("architectures") if config is not None else None
+    return str(archs[0]) if isinstance(archs, list) and archs else None
 
 
 def vllm_refusal(path: Path) -> str | None:

@@ -12,7 +12,6 @@ check must say "not applicable here" with the reason instead of an error, and ne
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 
@@ -57,12 +56,10 @@ def vllm_quant_refusal(path: Path) -> str | None:
     """Why vLLM cannot run the quantized checkpoint in ``path`` here, or None (not quantized, or
     runnable, or a format this module does not judge: the engine then speaks for itself)."""
     from adaptcheck.base.families import read_families
+    from adaptcheck.frameworks.modelfiles import read_config
 
-    try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config = read_config(path)
+    if config is None:
         return None
     quantization = read_families(config).quantization
     try:
