@@ -18,7 +18,8 @@ table (:func:`compute_families`) says per family what its tagged checks establis
 
 Beside the level, never folded into it, the features table (:func:`compute_features`): per
 known serving feature (:mod:`adaptcheck.base.features`), what the checks tagged
-``feature:<name>`` established. ``adaptcheck grade --require-feature`` gates on it.
+``feature:<name>`` established. ``adaptcheck grade --require-feature`` gates on it. A row is
+marked ``deployed`` when the deployment under test (``--serve``) turns the feature on.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import fnmatch
 
 from adaptcheck.base.families import FAMILIES, FAMILY_TABLE, QUANT_FORMATS, graded_families
 from adaptcheck.base.features import FEATURES, Outcome, Planned, feature_names, feature_table
+from adaptcheck.base.schemas.deployment import Deployment
 from adaptcheck.base.schemas.ladder import QUANT_TAG, ConditionSpec, GradeSpec
 from adaptcheck.base.schemas.results import (
     CheckResult,
@@ -206,14 +208,28 @@ def _tag_inputs(planned: list[PlannedCheck], results: list[CheckResult]) -> tupl
     return outcomes, [Planned(id=p.id, step=p.step, tags=tuple(p.tags)) for p in planned]
 
 
-def compute_features(planned: list[PlannedCheck], results: list[CheckResult], steps_run: list[int]) -> list[FeatureResult]:
-    """The features table: every known feature's status from the checks tagged ``feature:<name>``.
+def deployed_features(deployment: Deployment | None) -> set[str]:
+    """The features the deployment under test turns on: only a deployment the user gave.
+
+    adaptcheck's own deployment (``source: adaptcheck``) has no engine arguments of its own, each
+    check chooses its own, so it deploys no feature; a file older than schema 1.7 has none at all.
+    """
+    return set(deployment.features) if deployment is not None and deployment.given else set()
+
+
+def compute_features(planned: list[PlannedCheck], results: list[CheckResult], steps_run: list[int],
+                     deployment: Deployment | None = None) -> list[FeatureResult]:
+    """The features table: every known feature's status from the checks tagged ``feature:<name>``,
+    each row marked ``deployed`` when ``deployment`` (``--serve``) turns the feature on.
 
     Every check counts, ``quant:``-tagged ones too: a feature is a property of the serving stack,
-    whichever model the grade is for.
+    whichever model the grade is for. ``deployed`` says what the deployment runs, never changes a
+    status: a deployed feature whose checks failed is failed, and one no check tested is not tested.
     """
     outcomes, plans = _tag_inputs(planned, results)
-    return [FeatureResult(name=v.name, description=FEATURES[v.name], status=v.status, reason=v.reason, checks=v.checks)
+    on = deployed_features(deployment)
+    return [FeatureResult(name=v.name, description=FEATURES[v.name], status=v.status, reason=v.reason, checks=v.checks,
+                          deployed=v.name in on)
             for v in feature_table(outcomes, plans, steps_run)]
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import adaptcheck
 from adaptcheck.base.families import FAMILY_TAG, UNKNOWN, read_families
 from adaptcheck.base.features import feature_names
+from adaptcheck.base.schemas.deployment import Deployment
 from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.base.schemas.ladder import LadderSpec, Quantization
 from adaptcheck.base.schemas.results import (
@@ -65,6 +66,10 @@ class RunMeta(BaseModel):
     endpoint_model: str | None = Field(default=None, description="--endpoint-model: served model name to request.")
     baseline: str | None = Field(default=None, description="--baseline: the results file given (copied to baseline.json "
                                  "beside this file).")
+    deployment: Deployment | None = Field(default=None, description="--serve: the deployment under test as the engine's "
+                                          "parser read it (None: adaptcheck's own deployment).")
+    reference_memory: int | None = Field(default=None, description="--reference-memory in bytes (None: half of the "
+                                         "host's free memory).")
 
 
 def planned_checks(spec: LadderSpec) -> list[PlannedCheck]:
@@ -117,9 +122,46 @@ def with_run_model(spec: LadderSpec, meta: RunMeta) -> LadderSpec:
             declared = hf_quantization(Path(name))
             if declared is not None:
                 update["quantization"] = declared
-    if not update:
-        return model_checks_tagged(spec)
-    return model_checks_tagged(spec.model_copy(update={"model": spec.model.model_copy(update=update)}))
+    dep = meta.deployment
+    if dep is not None and dep.given:
+        # The deployment fixes the dtype and the context length the model is certified at.
+        if dep.dtype in ("fp32", "fp16", "bf16"):
+            update["precision"] = dep.dtype
+        if dep.max_model_len:
+            update["context_length"] = dep.max_model_len
+    if update:
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update=update)})
+    return deployment_checks_tagged(model_checks_tagged(spec), dep)
+
+
+def deployment_checks_tagged(spec: LadderSpec, deployment: Deployment | None) -> LadderSpec:
+    """The ladder with the deployed features' tags on the step-4 checks that run the deployment itself.
+
+    A feature the ``--serve`` command turns on (tensor parallel 2, prefix caching …) is in every
+    answer those checks compare with the float64 reference, so they are its evidence: the features
+    table certifies it *as deployed* (or fails it) through them. A feature check (tagged with its
+    own feature) vouches for its own feature only, and a check of another model or of another
+    engine (transformers) does not run the deployment.
+    """
+    if deployment is None or not deployment.given or not deployment.features:
+        return spec
+    from adaptcheck.frameworks.registry import framework_class
+
+    tags = [f"feature:{name}" for name in deployment.features]
+    checks = []
+    for c in spec.checks:
+        framework = c.params.get("framework")
+        runs_it = (c.step == 4 and isinstance(framework, str) and not c.params.get("model")
+                   and not feature_names(c.tags))
+        if runs_it:
+            try:
+                runs_it = framework_class(str(framework)).deploys == deployment.engine
+            except Exception:  # noqa: BLE001 - an unknown framework is the check's own error to report
+                runs_it = False
+        if runs_it:
+            c = c.model_copy(update={"tags": c.tags + [t for t in tags if t not in c.tags]})
+        checks.append(c)
+    return spec.model_copy(update={"checks": checks})
 
 
 def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]], complete: bool) -> RunResults:
@@ -141,9 +183,22 @@ def assemble(meta: RunMeta, spec: LadderSpec, done: dict[str, list[CheckResult]]
         environment=environment, planned=planned, grade_rules=spec.grade, checks=checks, model=spec.model,
         grade=compute_grade(spec.grade, planned, checks, meta.steps, meta.device.device_count, spec.model.precision,
                             spec.model.quantization, spec.model.families),
-        features=compute_features(planned, checks, meta.steps),
+        features=compute_features(planned, checks, meta.steps, meta.deployment),
         families=compute_families(planned, checks, meta.steps, spec.model.families),
+        deployment=run_deployment(meta, spec),
     )
+
+
+def run_deployment(meta: RunMeta, spec: LadderSpec) -> Deployment:
+    """The deployment a run certifies: ``--serve``'s, else adaptcheck's own (its model, its settings)."""
+    if meta.deployment is not None:
+        return meta.deployment
+    from adaptcheck.frameworks.deployment import own_deployment
+    from adaptcheck.frameworks.registry import framework_class
+
+    engine = "vllm" if framework_class("vllm").availability().available else "transformers"
+    name = meta.model_auto if spec.model.name == "auto" and meta.model_auto else spec.model.name
+    return own_deployment(name, engine, spec.model.context_length, spec.model.precision)
 
 
 def regrade(results: RunResults) -> RunResults:
@@ -152,7 +207,7 @@ def regrade(results: RunResults) -> RunResults:
     grade = compute_grade(results.grade_rules, results.planned, results.checks, results.steps,
                           results.device.device_count, results.model.precision, results.model.quantization,
                           results.model.families)
-    features = compute_features(results.planned, results.checks, results.steps)
+    features = compute_features(results.planned, results.checks, results.steps, results.deployment)
     families = compute_families(results.planned, results.checks, results.steps, results.model.families)
     return results.model_copy(update={"grade": grade, "features": features, "families": families})
 

@@ -10,10 +10,12 @@ with ``--baseline``), executes the selected checks through the isolated runner, 
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import get_backend, select_backend
@@ -21,6 +23,7 @@ from adaptcheck.base.errors import DeviceError, IntegrityError, InvalidInputErro
 from adaptcheck.base.paths import default_reports_dir
 from adaptcheck.base.runlock import LOCK_FILE, RunLock
 from adaptcheck.base.runlock import acquire as acquire_lock
+from adaptcheck.base.schemas.deployment import Deployment
 from adaptcheck.base.schemas.ladder import CheckSpec, LadderSpec
 from adaptcheck.base.schemas.results import (
     CheckResult,
@@ -40,10 +43,14 @@ from adaptcheck.runfolder import (
     WORKER_LOG,
     RunMeta,
     assemble,
+    run_deployment,
     stored_meta,
     with_run_model,
     write_outputs,
 )
+
+if TYPE_CHECKING:
+    from adaptcheck.frameworks.server import ManagedServer
 
 
 @dataclass
@@ -62,6 +69,10 @@ class RunOptions:
     baseline: Path | None = None
     allow_unverified: bool = False  # use a --baseline edited after its run or without digest (marked)
     command: list[str] = field(default_factory=list)
+    serve: str | None = None
+    """``--serve``: the command the user deploys (docs/deployment.md)."""
+    reference_memory: int | None = None
+    """``--reference-memory`` in bytes (None: half of the host's free memory)."""
 
 
 class Progress:
@@ -98,6 +109,8 @@ class RunHeader:
     expected: str
     """Expected duration of the checks still to run, e.g. 'about 21 min' (adaptcheck.ladder.estimate)."""
     endpoint: str | None = None
+    deployment: str = ""
+    """The deployment under test, one line (:meth:`Deployment.summary`)."""
 
 
 def run_header(run_dir: Path, meta: RunMeta, spec: LadderSpec, selected: list[CheckSpec],
@@ -113,7 +126,7 @@ def run_header(run_dir: Path, meta: RunMeta, spec: LadderSpec, selected: list[Ch
         model=_model_line(spec),
         run_dir=run_dir, steps=list(meta.steps), checks=len(selected),
         already_done=len(selected) - len(todo), expected=estimate(todo, _runs_here(meta.endpoint)).text(),
-        endpoint=meta.endpoint)
+        endpoint=meta.endpoint, deployment=run_deployment(meta, spec).summary())
 
 
 def _model_line(spec: LadderSpec) -> str:
@@ -251,6 +264,7 @@ def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunRe
     ladder = load_ladder(opts.ladder)
     steps = parse_steps(",".join(map(str, opts.steps)) if opts.steps else None, sorted({c.step for c in ladder.spec.checks}))
     backend, probe = select_backend(opts.device)
+    deployment = _read_deployment(opts, backend, probe.device_count) if opts.serve is not None else None
     started = utcnow()
     run_id = f"{started.strftime('%Y%m%d-%H%M%S')}-{backend.name}-{secrets.token_hex(3)}"
     run_dir, lock = new_run_dir(opts.out, run_id)  # held until _continue ends (or this process does)
@@ -258,9 +272,11 @@ def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunRe
         run_id=run_id, started_at=started, command=opts.command,
         ladder=LadderRef(id=ladder.spec.id, version=ladder.spec.version, source=ladder.source, sha256=ladder.sha256),
         seed=opts.seed, steps=steps, device=_device_ref(backend, 0, probe.device_count), op_provider=opts.ops,
-        model=opts.model, model_auto=_auto_now(opts.model or ladder.spec.model.name),
+        model=(deployment.model or None) if deployment is not None else opts.model,
+        model_auto=_auto_now(opts.model or ladder.spec.model.name) if deployment is None else None,
         endpoint=opts.endpoint, endpoint_model=opts.endpoint_model,
         baseline=str(opts.baseline) if opts.baseline is not None else None,
+        deployment=deployment, reference_memory=opts.reference_memory,
     )
     if baseline_text is not None:
         (run_dir / BASELINE).write_text(baseline_text, encoding="utf-8")
@@ -269,6 +285,26 @@ def start_run(opts: RunOptions, progress: Progress | None = None) -> tuple[RunRe
     # gets the real endpoint through its init message, and a resume asks for it again.
     (run_dir / RUN_META).write_text(stored_meta(meta).model_dump_json(indent=2), encoding="utf-8")
     return _continue(run_dir, meta, ladder.spec, backend, progress, lock), run_dir
+
+
+def _read_deployment(opts: RunOptions, backend: Backend, device_count: int) -> Deployment:
+    """``--serve`` read by its engine's parser and checked against this machine, before any folder is
+    made or anything runs (:class:`DeploymentError`, one line)."""
+    from adaptcheck.frameworks.base import allowed_cores
+    from adaptcheck.frameworks.deployment import check_fits, read_serve
+    from adaptcheck.frameworks.registry import framework_class
+
+    if opts.model is not None:
+        raise UsageError("--model and --serve both name the model", hint="the model is the --serve command's: "
+                         "leave --model out")
+    if opts.endpoint is not None:
+        raise UsageError("--endpoint and --serve both name the server under test",
+                         hint="--serve starts the server itself: leave --endpoint out")
+    deployment = read_serve(opts.serve or "")
+    rank_env = framework_class("vllm").host_tensor_parallel_env if deployment.engine == "vllm" else None
+    check_fits(deployment, device_type=backend.torch_device(0).type, device_count=device_count,
+               host_rank_env=rank_env, cores=len(allowed_cores()))
+    return deployment
 
 
 def _baseline_text(path: Path, allow_unverified: bool = False) -> str:
@@ -398,11 +434,16 @@ def _run_locked(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend
             progress.finished(c, done[c.id])
         else:
             todo.append(PlannedRun(c, spec.timeout_for(c)))
+    server = _start_deployed_server(meta, run_dir)
+    endpoint = meta.endpoint if server is None else server.base_url
     init: WorkerInit = {"backend": backend.name, "device_index": meta.device_index, "seed": meta.seed,
             "run_dir": str(run_dir), "model": spec.model.model_dump(mode="json"),
             "device_count": meta.device.device_count, "op_provider": meta.op_provider,
-            "endpoint": {"url": meta.endpoint, "model": meta.endpoint_model, "reference": meta.model is not None}
-            if meta.endpoint else None}
+            "endpoint": {"url": endpoint, "model": meta.endpoint_model,
+                         "reference": meta.model is not None and bool(meta.model)}
+            if endpoint else None,
+            "deployment": meta.deployment.model_dump(mode="json") if meta.deployment is not None else None,
+            "reference_memory": meta.reference_memory}
     try:
         execute(todo, init, journal, run_dir / WORKER_LOG, on_start=progress.started, on_done=progress.finished,
                 on_progress=progress.progress)
@@ -410,9 +451,35 @@ def _run_locked(run_dir: Path, meta: RunMeta, spec: LadderSpec, backend: Backend
         # Ctrl-C: still leave a readable (incomplete) results.json and report of what finished.
         write_outputs(assemble(meta, spec, journal.read(), complete=False), run_dir)
         raise
+    finally:
+        if server is not None:
+            server.stop()
     results = assemble(meta, spec, journal.read(), complete=True)
     write_outputs(results, run_dir)
     return results
+
+
+def _start_deployed_server(meta: RunMeta, run_dir: Path) -> ManagedServer | None:
+    """A ``--serve`` command that is not vLLM's (SGLang, any OpenAI-compatible server): started as
+    given for the whole run, and tested as the run's endpoint (step 4's endpoint checks, step 5).
+    A command that exits during start-up is a one-line error quoting its last log line."""
+    dep = meta.deployment
+    if dep is None or not dep.given or dep.engine == "vllm":
+        return None
+    from adaptcheck.frameworks.server import ManagedServer, ServerSpec
+
+    spec = ServerSpec(kind="command", model_path=Path(dep.model or "."), command=list(dep.command),
+                      port=dep.port or _port_of(dep.server_args))
+    server = ManagedServer(spec, run_dir / "framework")
+    server.start()
+    return server
+
+
+def _port_of(server_args: list[str]) -> int | None:
+    for flag, value in itertools.pairwise(server_args):
+        if flag == "--port" and value.isdigit():
+            return int(value)
+    return None
 
 
 def resume_endpoint(stored: str | None, given: str | None) -> str | None:

@@ -38,7 +38,7 @@ def test_save_seals_the_file_with_the_documented_digest(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
     returned = results.save(path)
     data = _load(path)
-    assert data["schema_version"] == SCHEMA_VERSION == "1.6"
+    assert data["schema_version"] == SCHEMA_VERSION == "1.7"
     assert data["digest"] == returned == results.digest  # the object carries what the file carries
     assert data["digest"] == _independent_digest(data)
     assert verify_file(path).status is Integrity.INTACT

@@ -127,7 +127,8 @@ def grade(
               "blockers": results.grade.blockers, "steps_not_run": results.grade.steps_not_run,
               "integrity": integrity.status.value, "verified": integrity.intact,
               "unverified_reason": unverified,
-              # What the grade certifies (docs/ci.md): the model with its digest and dtype, the frameworks.
+              # What the grade certifies (docs/ci.md): the model with its digest and dtype, the frameworks, and
+              # 'deployment': the deployment under test as results.json holds it (null in a file older than 1.7).
               "subject": subject.line(), **subject.model_dump(mode="json")})
     problems = [] if level_meets else [f"grade {results.grade.level} is below the required {require}"]
     if missing:

@@ -9,6 +9,7 @@ import typer
 
 from adaptcheck.base.errors import GradeBelowRequired
 from adaptcheck.base.schemas.results import RunResults
+from adaptcheck.base.units import memory_size
 from adaptcheck.cli.output import Format, Output
 from adaptcheck.cli.progress import RichProgress
 from adaptcheck.cli.render import print_grade, print_summary
@@ -27,6 +28,8 @@ def run(
     ops: str | None = typer.Option(None, "--ops", help="Op provider for step 3 (name or 'module:object'), instead of the ladder's."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model for steps 1 and 4-5 instead of the ladder's: 'auto' (the first installed pretrained model, else embedded:tiny-llama), 'pretrained:NAME', 'embedded:NAME', a local Hugging Face folder or a .gguf file (never downloaded)."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Also test this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1); API key from $ADAPTCHECK_API_KEY or $OPENAI_API_KEY."),
+    serve: str | None = typer.Option(None, "--serve", help="The command you deploy, quoted as one argument: 'vllm serve MODEL --tensor-parallel-size 8 --max-model-len 32768 …' (or with vLLM's --config serve.yaml; or 'python -m sglang.launch_server …', or any OpenAI-compatible server command with --port N). Read by the installed engine's own parser; steps 4 and 5 run exactly it (docs/deployment.md)."),
+    reference_memory: str | None = typer.Option(None, "--reference-memory", help="Most memory the CPU float64 reference may hold, e.g. 400MB or 64GiB (default: half of the host's free memory); past it the reference streams the weights a decoder layer at a time."),
     endpoint_model: str | None = typer.Option(None, "--endpoint-model", help="Served model name to request from --endpoint (default: the first it lists)."),
     baseline: Path | None = typer.Option(None, "--baseline", help="results.json of an earlier run of this machine: the ladder's perf.regression check compares this run against it (copied into the run folder). Refused (exit 5) when edited after its run or without digest, unless --allow-unverified."),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Use a --baseline edited after its run or without digest; the perf.regression evidence then says the baseline was unverified."),
@@ -55,7 +58,9 @@ def run(
             opts = RunOptions(ladder=ladder, device=device, steps=parse_steps(steps, [1, 2, 3, 4, 5]) if steps is not None else None,
                               out=out, seed=seed, ops=ops, model=model, endpoint=endpoint, endpoint_model=endpoint_model,
                               baseline=baseline, allow_unverified=allow_unverified,
-                              command=["adaptcheck", *sys.argv[1:]])
+                              command=["adaptcheck", *sys.argv[1:]], serve=serve,
+                              reference_memory=memory_size(reference_memory, "--reference-memory")
+                              if reference_memory is not None else None)
             results, run_dir = start_run(opts, progress)
     finally:
         progress.stop()

@@ -47,6 +47,8 @@ class RichProgress(RunProgress):
         steps = ",".join(str(s) for s in header.steps)
         self.out.info(f"adaptcheck run: {header.checks} checks of ladder {header.ladder}, steps {steps}")
         rows = [("device", header.device), ("model", header.model)]
+        if header.deployment:
+            rows.append(("deploys", header.deployment))
         if header.endpoint:
             rows.append(("endpoint", header.endpoint))
         rows.append(("output", str(header.run_dir)))

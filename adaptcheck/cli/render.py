@@ -33,12 +33,16 @@ def print_summary(out: Output, results: RunResults) -> None:
 
 
 def print_grade(out: Output, results: RunResults) -> None:
-    """The grade line, what it certifies (model, digest, dtype, frameworks), the features table's
-    summary and the blockers for the next level."""
+    """The grade line, what it certifies (model, digest, dtype, frameworks), the deployment under test
+    (one line: :meth:`Deployment.summary`), the features table's summary and the blockers for the next level."""
     g = results.grade
     out.info(f"Grade: {g.level} ({g.name}) on {results.device.device_name} [{results.device.backend}]",
              style="bold green" if g.level != "L0" else "bold red")
-    out.info(f"{subject_label(g.level)}: {certificate_subject(results).line()}")
+    subject = certificate_subject(results)
+    out.info(f"{subject_label(g.level)}: {subject.line()}")
+    # What the grade is for: the --serve command, or (said as plainly) adaptcheck's own settings.
+    out.info(f"Deployment: {subject.deployment_line()}",
+             style=None if subject.given_deployment() is not None else "yellow")
     print_features(out, results)
     if g.steps_not_run:
         out.info(f"Steps not run: {', '.join(map(str, g.steps_not_run))}", style="yellow")

@@ -3,7 +3,8 @@
 :func:`compare_results` matches the checks of a baseline and a new ``results.json`` by id
 and reports status regressions (a pass that no longer passes), numerical regressions
 (:mod:`.numeric`), performance regressions beyond the measured run-to-run noise
-(:mod:`.perf`) and what changed in the stack in between (:mod:`.environment`).
+(:mod:`.perf`), what changed in the stack in between (:mod:`.environment`) and whether the two
+runs certified the same deployment under test (:mod:`.deployment`).
 ``adaptcheck compare`` and the ``perf.regression`` check both call it; docs/compare.md
 states every rule.
 """
@@ -15,12 +16,14 @@ from typing import Literal
 from adaptcheck.base.integrity import VerifyResult
 from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.compare import numeric, perf
+from adaptcheck.compare.deployment import compare_deployment
 from adaptcheck.compare.environment import compare_environment
 from adaptcheck.compare.grade import grade_change
 from adaptcheck.compare.model import (
     ComparePolicy,
     Comparison,
     Counts,
+    DeploymentChange,
     Regression,
     RegressionsFound,
     RunRef,
@@ -53,19 +56,29 @@ def _status_regression(s: StatusChange) -> Regression:
                       after=s.after_label, bound="must stay pass", line=f"{s.text}{why}")
 
 
-def _comparable(baseline: RunResults, new: RunResults) -> str:
-    """Why the two runs are not one machine over time ('' when they are)."""
+def _comparable(baseline: RunResults, new: RunResults, deployment: DeploymentChange | None) -> tuple[list[str], str]:
+    """(what makes the two runs not one machine over time, in the verdict's words; why, in full):
+    ([], '') when they are."""
     a, b = baseline.device, new.device
+    heads: list[str] = []
+    reasons: list[str] = []
     if (a.backend, a.device_name) != (b.backend, b.device_name):
-        return (f"different devices: the baseline ran on {a.device_name!r} ({a.backend}), this run on "
-                f"{b.device_name!r} ({b.backend}); the figures are listed, but a difference between two "
-                "devices is not a regression of one")
-    return ""
+        heads.append("different devices")
+        reasons.append(f"different devices: the baseline ran on {a.device_name!r} ({a.backend}), this run on "
+                       f"{b.device_name!r} ({b.backend}); the figures are listed, but a difference between two "
+                       "devices is not a regression of one")
+    if deployment is not None:
+        # TP 1 against TP 2, fp8 KV cache against auto, eager against compiled: the figures measure two
+        # deployments, and their difference says nothing of the machine getting better or worse.
+        heads.append("another deployment")
+        reasons.append(f"{deployment.line}: the figures are listed, but a difference between two deployments is "
+                       "not a regression of the machine")
+    return heads, "; ".join(reasons)
 
 
-def _verdict(why_not: str, regressions: list[Regression], counts: Counts) -> str:
+def _verdict(heads: list[str], regressions: list[Regression], counts: Counts) -> str:
     by_cat = {cat: sum(1 for r in regressions if r.category == cat) for cat in ("status", "numeric", "performance")}
-    head = "NOT COMPARABLE (different devices); " if why_not else ""
+    head = f"NOT COMPARABLE ({', '.join(heads)}); " if heads else ""
     if regressions:
         parts = ", ".join(f"{n} {cat}" for cat, n in by_cat.items() if n)
         return f"{head}{len(regressions)} regression(s): {parts}"
@@ -95,6 +108,7 @@ def compare_results(baseline: RunResults, new: RunResults, policy: ComparePolicy
     figures, not_compared = perf.compare_perf(pairs, policy, [old_checks[c] for c in removed],
                                               [new_checks[c] for c in added])
     env = compare_environment(baseline, new)
+    deployment = compare_deployment(baseline, new)
 
     regressions = ([_status_regression(s) for s in statuses if s.verdict == "regression"]
                    + [numeric.as_regression(n) for n in numbers if n.verdict == "regression"]
@@ -106,15 +120,16 @@ def compare_results(baseline: RunResults, new: RunResults, policy: ComparePolicy
                     status_changes=len(statuses), numeric_compared=judged, perf_compared=len(figures),
                     perf_not_compared=len(not_compared),
                     perf_improvements=sum(1 for f in figures if f.verdict == "improvement"),
-                    environment_changes=len(env), regressions=len(regressions))
-    why_not = _comparable(baseline, new)
+                    environment_changes=len(env), deployment_changes=len(deployment.changes) if deployment else 0,
+                    regressions=len(regressions))
+    heads, why_not = _comparable(baseline, new, deployment)
     comparison = Comparison(
         policy=policy, baseline=RunRef.of(baseline, baseline_check), new=RunRef.of(new, new_check),
-        comparable=not why_not, not_comparable_reason=why_not, verdict=_verdict(why_not, regressions, counts),
+        comparable=not heads, not_comparable_reason=why_not, verdict=_verdict(heads, regressions, counts),
         grade=grade_change(baseline, new) if grade else None,
         regressions=regressions, improvements=improvements, added_checks=added, removed_checks=removed,
         status_changes=statuses, numeric=numbers, perf=figures, not_compared=not_compared, environment=env,
-        counts=counts)
+        deployment=deployment, counts=counts)
     unverified = comparison.unverified_sides()
     if unverified:
         # Whoever reads only the verdict line (a CI log, a check message) must see it too.

@@ -22,7 +22,9 @@ from adaptcheck.base.errors import AdaptcheckError, ExitCode, InvalidInputError
 from adaptcheck.base.integrity import VerifyResult
 from adaptcheck.base.schemas.results import RunResults, Status
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+# 1.1: ``deployment`` (how the deployment under test differs), ``RunRef.deployment`` and
+#      ``counts.deployment_changes``; a 1.0 document reads as both runs on adaptcheck's own deployment.
 
 Better = Literal["lower", "higher"]
 Category = Literal["status", "numeric", "performance"]
@@ -57,6 +59,13 @@ class ComparePolicy(BaseModel):
                                  "of the baseline): guards only a spread measured as ~0, never widens a real one.")
 
 
+def deployment_text(results: RunResults) -> str:
+    """A run's deployment under test on one line (:meth:`Deployment.summary`); a file older than results
+    schema 1.7 records none, which is adaptcheck's own deployment (no run of that time took --serve)."""
+    d = results.deployment
+    return d.summary() if d is not None else "adaptcheck's own deployment (none recorded: results schema before 1.7)"
+
+
 class RunRef(BaseModel):
     """Which run one side of the comparison is."""
 
@@ -76,6 +85,9 @@ class RunRef(BaseModel):
     verified: bool = Field(default=True, description="False when the file was used although edited after its run or "
                            "undigested (--allow-unverified): nothing vouches for its figures.")
     unverified_reason: str = Field(default="", description="'edited after the run' | 'no digest' when not verified.")
+    deployment: str | None = Field(default=None, description="The deployment the run certified, on one line "
+                                   "(Deployment.summary(): the --serve command with its digest, or adaptcheck's own); "
+                                   "None in a comparison older than 1.1.")
 
     @classmethod
     def of(cls, results: RunResults, check: VerifyResult | None = None) -> RunRef:
@@ -85,7 +97,7 @@ class RunRef(BaseModel):
                    ladder=f"{results.ladder.id} {results.ladder.version}", backend=d.backend,
                    device_name=d.device_name, device_count=d.device_count, complete=results.complete,
                    integrity=check.status.value if check else None, verified=check is None or check.intact,
-                   unverified_reason=check.unverified_reason if check else "")
+                   unverified_reason=check.unverified_reason if check else "", deployment=deployment_text(results))
 
 
 class StatusChange(BaseModel):
@@ -215,6 +227,29 @@ class EnvChange(BaseModel):
     change: Literal["changed", "added", "removed"] = Field(description="added: absent before; removed: absent after.")
 
 
+class DeploymentChange(BaseModel):
+    """The two runs certified different deployments under test (``--serve``): what differs.
+
+    Named beside the environment changes, and like a change of device it makes the runs not
+    comparable: a figure of one deployment (TP 1) against another's (TP 2) is no regression of the
+    machine either way."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    before: str = Field(description="The baseline's deployment on one line (Deployment.summary(), or adaptcheck's "
+                        "own).")
+    after: str = Field(description="The new run's, likewise.")
+    before_digest: str | None = Field(default=None, description="The baseline's deployment digest; None: no "
+                                      "deployment was given (adaptcheck's own).")
+    after_digest: str | None = Field(default=None, description="The new run's, likewise.")
+    changes: list[EnvChange] = Field(default_factory=list, description="Each fact that differs (engine, model, "
+                                     "tensor_parallel_size, max_model_len, kv_cache_dtype, compile_mode, "
+                                     "engine_args.NAME …, 'deployment' when one side gave none), then "
+                                     "'command digest' (first 12 hex digits).")
+    line: str = Field(description="The change on one line: 'the baseline certified another deployment "
+                      "(tensor_parallel_size 1 → 2; command digest 0123456789ab… → fedcba987654…)'.")
+
+
 class Regression(BaseModel):
     """One regression, as one line plus its parts."""
 
@@ -243,6 +278,8 @@ class Counts(BaseModel):
     perf_not_compared: int = Field(description="Entries of not_compared.")
     perf_improvements: int = Field(description="Performance figures better than the baseline beyond the noise.")
     environment_changes: int = Field(description="Entries of environment.")
+    deployment_changes: int = Field(default=0, description="Facts of the deployment under test that differ "
+                                    "(entries of deployment.changes; 0 when both runs certified the same one).")
     regressions: int = Field(description="Entries of regressions (all categories).")
 
 
@@ -256,7 +293,8 @@ class Comparison(BaseModel):
     baseline: RunRef = Field(description="The earlier run.")
     new: RunRef = Field(description="The run judged against it.")
     comparable: bool = Field(description="False when the two runs are from different devices (backend or device "
-                             "name): the figures are listed, but they do not describe one machine over time.")
+                             "name) or certified different deployments (deployment): the figures are listed, but "
+                             "they do not describe one machine over time.")
     not_comparable_reason: str = Field(default="", description="Why comparable is False.")
     verdict: str = Field(description="One line: the outcome.")
     grade: GradeChange | None = Field(default=None, description="The grade change between the runs ('adaptcheck "
@@ -272,6 +310,8 @@ class Comparison(BaseModel):
     perf: list[PerfFigure] = Field(default_factory=list, description="Every performance figure compared.")
     not_compared: list[NotCompared] = Field(default_factory=list, description="Performance figures not compared, why.")
     environment: list[EnvChange] = Field(default_factory=list, description="Stack differences between the runs.")
+    deployment: DeploymentChange | None = Field(default=None, description="How the deployment under test differs "
+                                                "(--serve); None when both runs certified the same one.")
     counts: Counts = Field(description="Totals.")
 
     def unverified_sides(self) -> list[str]:

@@ -194,6 +194,10 @@ class Framework(ABC):
     name: ClassVar[str]
     """Registry name: 'transformers', 'vllm', 'vllm_serve', 'transformers_serve', 'endpoint'."""
     display_name: ClassVar[str]
+    deploys: ClassVar[str | None] = None
+    """The engine of a ``--serve`` deployment this adapter runs (``Deployment.engine``: 'vllm' for the
+    in-process LLM and ``vllm serve``): its checks of the deployed model then load exactly the
+    deployment's engine arguments (docs/deployment.md). None: the adapter is not that engine."""
     supports_prefix_caching: ClassVar[bool] = False
     supports_compile_toggle: ClassVar[bool] = False
     supports_tensor_parallel: ClassVar[bool] = False

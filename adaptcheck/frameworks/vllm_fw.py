@@ -135,6 +135,7 @@ class VllmFramework(Framework):
 
     name = "vllm"
     display_name = "vLLM (offline LLM API, in process)"
+    deploys = "vllm"
     supports_prefix_caching = True
     supports_compile_toggle = True
     supports_tensor_parallel = True
@@ -356,8 +357,8 @@ class VllmFramework(Framework):
 
     def engine_facts(self) -> dict[str, JsonValue]:
         """Read back from the running engine's ``VllmConfig`` (what vLLM resolved, not what was
-        asked): compilation mode and captured graph sizes, KV-cache dtype, blocks and block
-        size, speculative method, parallel world size, chunked prefill. Never raises."""
+        asked): compilation mode and captured graph sizes, KV-cache dtype, blocks, block size and
+        token capacity, speculative method, parallel world size, chunked prefill. Never raises."""
         if self.llm is None:
             return {}
         try:
@@ -388,6 +389,10 @@ class VllmFramework(Framework):
         if self.opts is not None:
             facts["dtype"] = self.opts.dtype
             facts["enforce_eager"] = None if self.opts.compile is None else not self.opts.compile
+            if facts["enforce_eager"] is None and self.llm is not None:
+                # Left to vLLM's default: the mode the engine resolved, so a verdict can say which it holds for.
+                resolved = self.engine_facts().get("enforce_eager")
+                facts["enforce_eager"] = resolved if isinstance(resolved, bool) else None
             facts["enable_prefix_caching"] = self.opts.enable_prefix_caching
             facts["tensor_parallel_size"] = self.opts.tensor_parallel_size
             facts["max_logprobs"] = self._max_logprobs() if self.llm is not None else None
@@ -442,6 +447,11 @@ def engine_facts_from(cfg: Any) -> dict[str, JsonValue]:
         "kv_cache_dtype": _plain(read(cfg, "cache_config", "cache_dtype")),
         "num_gpu_blocks": _plain(read(cfg, "cache_config", "num_gpu_blocks")),
         "block_size": _plain(read(cfg, "cache_config", "block_size")),
+        # vLLM's own group-aware capacity ("KV cache size: N tokens, Maximum concurrency for L tokens
+        # per request: Xx"), set by the engine core once the cache is allocated (vLLM >= 0.3x; None
+        # before): framework.load holds it to max_model_len.
+        "kv_cache_size_tokens": _plain(read(cfg, "cache_config", "kv_cache_size_tokens")),
+        "kv_cache_max_concurrency": _plain(read(cfg, "cache_config", "kv_cache_max_concurrency")),
         "enable_prefix_caching": _plain(read(cfg, "cache_config", "enable_prefix_caching")),
         # A model with Mamba-style state (hybrid): vLLM caches its prefix only as whole
         # state blocks ('align'), or not at all ('none'); framework.kv_cache says which.

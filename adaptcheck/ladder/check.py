@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from adaptcheck.backends.base import Backend
+    from adaptcheck.base.schemas.deployment import Deployment
     from adaptcheck.base.schemas.ladder import ModelSpec
 
 PROGRESS_MIN_INTERVAL_S = 0.5
@@ -112,6 +113,12 @@ class CheckContext:
     """Provider for every step-3 op check (``--ops``), overriding the ladder's choice."""
     endpoint: EndpointTarget | None = None
     """``--endpoint``: the server under test."""
+    deployment: Deployment | None = None
+    """``--serve``: the deployment under test (its model, engine arguments, TP/PP size); None: adaptcheck's
+    own, where each check chooses its engine arguments (docs/deployment.md)."""
+    reference_memory: int | None = None
+    """``--reference-memory``: bytes the CPU float64 reference may hold at once (None: half of the host's
+    free memory); past it the reference streams the weights a decoder layer at a time."""
     check_id: str = ""
     """Id of the check being run (set by the worker before each check)."""
     scratch: dict[str, Any] = field(default_factory=dict)

@@ -9,7 +9,7 @@ worker answers each with :class:`ProgressMessage` lines while the check runs and
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-from typing_extensions import TypedDict  # pydantic validates these (typing.TypedDict only from 3.12)
+from typing_extensions import NotRequired, TypedDict  # pydantic validates these (typing.TypedDict only from 3.12)
 
 # The context-facing messages live with CheckContext (a check sends them); imported here so the
 # protocol reads as one list, and so check.py needs nothing from this module (no cycle).
@@ -30,6 +30,10 @@ class WorkerInit(TypedDict):
     device_count: int
     op_provider: str | None
     endpoint: EndpointTarget | None
+    deployment: NotRequired[dict[str, object] | None]
+    """``--serve``: the run's ``Deployment`` as JSON (validated again by the worker); None without one."""
+    reference_memory: NotRequired[int | None]
+    """``--reference-memory`` in bytes; None: the default (half of the host's free memory)."""
 
 
 class CheckRequest(TypedDict):

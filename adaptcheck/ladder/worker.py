@@ -37,9 +37,11 @@ def _watch_parent(parent_pid: int) -> None:
 
 def _context(init: WorkerInit) -> CheckContext:
     from adaptcheck.backends.registry import get_backend
+    from adaptcheck.base.schemas.deployment import Deployment
     from adaptcheck.base.schemas.ladder import ModelSpec
     from adaptcheck.ladder.check import CheckContext
 
+    deployment = init.get("deployment")
     return CheckContext(
         backend=get_backend(init["backend"]),
         device_index=int(init["device_index"]),
@@ -49,6 +51,8 @@ def _context(init: WorkerInit) -> CheckContext:
         device_count=int(init.get("device_count", 1)),
         op_provider=init.get("op_provider"),
         endpoint=init.get("endpoint"),
+        deployment=Deployment.model_validate(deployment) if deployment else None,
+        reference_memory=init.get("reference_memory"),
     )
 
 

@@ -110,6 +110,12 @@ class CompareView:
     runs: list[Fact]
     regressions: list[RegressionRow]
     environment: list[EnvRow]
+    deployment: list[EnvRow]
+    """Each fact of the deployment under test that differs (empty: the same deployment)."""
+    deployment_same: str
+    """When it is the same: which one both runs certified, on one line; '' otherwise."""
+    deployment_sides: list[Fact]
+    """When it differs: each run's deployment on one line (the commands as given)."""
     improvements: list[str]
     other_status_changes: list[str]
     added: list[str]
@@ -161,7 +167,8 @@ def build_compare_view(comparison: Comparison, anchors: dict[str, str] | None = 
               Fact("numerical metrics judged", str(n.numeric_compared)),
               Fact("performance figures compared", f"{n.perf_compared} ({n.perf_improvements} improved)"),
               Fact("performance figures not compared", str(n.perf_not_compared)),
-              Fact("environment changes", str(n.environment_changes))]
+              Fact("environment changes", str(n.environment_changes)),
+              Fact("deployment changes", str(n.deployment_changes))]
     p = c.policy
     policy = [Fact("performance bound", f"{p.noise_multiplier:g} × the larger measured spread, at least "
                    f"{p.min_tolerance:.1%}"),
@@ -179,6 +186,9 @@ def build_compare_view(comparison: Comparison, anchors: dict[str, str] | None = 
                                            before=x.before, after=x.after, message=x.message) for x in g.causes],
                           other_reasons=list(g.other_reasons))
     lowered = grade is not None and grade.change == "lowered"
+    deployment = c.deployment.changes if c.deployment is not None else []
+    # A comparison older than 1.1 names no deployment: nothing to say then rather than a guess.
+    same = "" if c.deployment is not None else c.new.deployment or ""
     return CompareView(
         title=f"adaptcheck comparison — {c.new.device_name}",
         verdict=c.verdict, ok=c.comparable and not c.regressions and not lowered, comparable=c.comparable,
@@ -189,6 +199,10 @@ def build_compare_view(comparison: Comparison, anchors: dict[str, str] | None = 
         environment=[EnvRow(what=e.what, before=e.before if e.before is not None else "absent",
                             after=e.after if e.after is not None else "absent", change=e.change)
                      for e in c.environment],
+        deployment=[EnvRow(what=e.what, before=e.before if e.before is not None else "absent",
+                           after=e.after if e.after is not None else "absent", change=e.change) for e in deployment],
+        deployment_same=same,
+        deployment_sides=[Fact("baseline", c.deployment.before), Fact("new", c.deployment.after)] if c.deployment else [],
         improvements=list(c.improvements),
         other_status_changes=[s.text for s in c.status_changes if s.verdict == "changed"],
         added=list(c.added_checks), removed=list(c.removed_checks),

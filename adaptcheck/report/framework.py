@@ -47,6 +47,7 @@ from adaptcheck.report.fmt import (
     status_key,
     status_label,
 )
+from adaptcheck.report.mode import check_mode
 from adaptcheck.report.numerics import CheckNumerics, check_numerics
 
 STEP = 4
@@ -146,6 +147,8 @@ class FwCheckRow:
     instance: str  # set when the check ran on another instance than the block's (other load options)
     # Model numerics (numerics.py): teacher-forced figures, chart, localisation, distribution, reproducer.
     numerics: CheckNumerics | None = None
+    # 'eager' or 'compiled' where the evidence records which the verdict holds for (report.mode); '' otherwise.
+    mode: str = ""
 
 
 @dataclass
@@ -427,7 +430,7 @@ def _check_row(c: CheckResult, anchors: dict[str, str], loaded_by: str | None, r
         status=status_label(status_key(c)), message=c.message, duration=format_duration(c.duration_s),
         summary=_summary(c, metrics), subchecks=_subchecks(shared), divergences=divergences, divergences_more=more,
         instance=_instance_note(ref.framework if ref is not None else None, loaded_by),
-        numerics=check_numerics(c.id, c.compares, evidence, records_base),
+        numerics=check_numerics(c.id, c.compares, evidence, records_base), mode=check_mode(c) or "",
     )
 
 

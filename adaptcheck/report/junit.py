@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from datetime import timezone
@@ -18,7 +19,15 @@ from pathlib import Path
 from adaptcheck.base.atomic import write_text_atomic
 from adaptcheck.base.redact import scrub_text
 from adaptcheck.base.schemas.certificate import UNKNOWN, CertificateSubject, certificate_subject
-from adaptcheck.base.schemas.results import CheckResult, FamilyResult, PlannedCheck, RunResults, Status, TableRow
+from adaptcheck.base.schemas.results import (
+    CheckResult,
+    FamilyResult,
+    FeatureResult,
+    PlannedCheck,
+    RunResults,
+    Status,
+    TableRow,
+)
 from adaptcheck.grade import level_at_least
 from adaptcheck.report.view import step_name
 
@@ -116,7 +125,9 @@ def _grade_case(results: RunResults, require: str | None, unverified: str = "",
                 subject: CertificateSubject | None = None) -> _Case:
     g = results.grade
     lines = [f"grade: {g.level} ({g.name})", f"required: {require or 'none'}"]
-    lines += _subject_lines(subject or certificate_subject(results))
+    subject = subject or certificate_subject(results)
+    lines += _subject_lines(subject)
+    lines.append(f"deployment: {subject.deployment_line()}")
     if unverified:
         lines.insert(0, f"UNVERIFIED: the results file was {unverified}; nothing vouches for this grade")
     if g.blockers:
@@ -146,6 +157,8 @@ def _feature_case(row: TableRow, required: bool, suite: str = FEATURES_SUITE, no
              "checks: " + (", ".join(row.checks) or "none")]
     if isinstance(row, FamilyResult):
         lines.insert(2, f"model under test: {'of this family' if row.model else 'not of this family'}")
+    elif isinstance(row, FeatureResult) and row.deployed:
+        lines.insert(2, "deployed: the deployment under test (--serve) turns it on")
     case = _Case(classname=suite, name=row.name, time=0.0, outcome="pass", stdout=lines)
     if row.certified:
         return case
@@ -181,6 +194,32 @@ def _subject_properties(subject: CertificateSubject) -> list[tuple[str, str]]:
     ]
 
 
+def _deployment_properties(subject: CertificateSubject) -> list[tuple[str, str]]:
+    """The deployment under test: ``adaptcheck.deployment`` (its one line) and ``.source`` always
+    ('user', 'adaptcheck', or 'none' for a file older than results schema 1.7); for a deployment the
+    user gave (``--serve``), the command as given, its digest and what the engine's parser read."""
+    d = subject.deployment
+    props = [("adaptcheck.deployment", subject.deployment_line()),
+             ("adaptcheck.deployment.source", d.source if d is not None else "none")]
+    given = subject.given_deployment()
+    if given is None:
+        return props
+    return [
+        *props,
+        ("adaptcheck.deployment.command", shlex.join(given.command) if given.command else given.normalized),
+        ("adaptcheck.deployment.digest", given.digest or UNKNOWN),
+        ("adaptcheck.deployment.engine", given.engine),
+        ("adaptcheck.deployment.engine_version", given.engine_version or UNKNOWN),
+        ("adaptcheck.deployment.tensor_parallel_size", str(given.tensor_parallel_size)),
+        ("adaptcheck.deployment.pipeline_parallel_size", str(given.pipeline_parallel_size)),
+        # None: the model's own context length ('auto', as vLLM's parser names the default).
+        ("adaptcheck.deployment.max_model_len", str(given.max_model_len) if given.max_model_len else "auto"),
+        ("adaptcheck.deployment.kv_cache_dtype", given.kv_cache_dtype),
+        ("adaptcheck.deployment.compile_mode", given.compile_mode),
+        ("adaptcheck.deployment.features", ",".join(given.features)),
+    ]
+
+
 def _feature_properties(results: RunResults, required: list[str],
                         required_families: list[str]) -> list[tuple[str, str]]:
     """``adaptcheck.required_features`` and one ``adaptcheck.feature.<name>`` per feature with its
@@ -210,6 +249,7 @@ def _properties(results: RunResults, require: str | None, unverified: str = "",
         ("adaptcheck.ladder_sha256", results.ladder.sha256),
         ("adaptcheck.device", f"{results.device.device_name} [{results.device.backend}]"),
         *_subject_properties(subject or certificate_subject(results)),
+        *_deployment_properties(subject or certificate_subject(results)),
         *_feature_properties(results, required or [], required_families or []),
     ]
 

@@ -14,8 +14,21 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from adaptcheck.base.features import FeatureStatus
-from adaptcheck.base.schemas.certificate import CertificateSubject, certificate_subject, subject_label
-from adaptcheck.base.schemas.results import CheckResult, FamilyResult, PlannedCheck, RunResults, Status, TableRow
+from adaptcheck.base.schemas.certificate import (
+    SHORT_DIGEST,
+    CertificateSubject,
+    certificate_subject,
+    subject_label,
+)
+from adaptcheck.base.schemas.results import (
+    CheckResult,
+    FamilyResult,
+    FeatureResult,
+    PlannedCheck,
+    RunResults,
+    Status,
+    TableRow,
+)
 from adaptcheck.report.comparison import CompareView, build_compare
 from adaptcheck.report.fmt import (
     STATUS_LABELS,
@@ -28,6 +41,7 @@ from adaptcheck.report.fmt import (
 from adaptcheck.report.fmt import status_label as _label
 from adaptcheck.report.framework import FrameworkView, build_framework
 from adaptcheck.report.matrix import MatrixView, build_matrix
+from adaptcheck.report.mode import check_mode, row_mode
 from adaptcheck.report.ops import OpsView, build_ops
 from adaptcheck.report.perf import PerfView, build_perf
 
@@ -138,6 +152,8 @@ class CheckView:
     metrics: list[Metric]
     details: str
     tags: list[str]
+    mode: str = ""
+    """'eager' or 'compiled' where the check's evidence records which its verdict holds for (report.mode)."""
 
 
 @dataclass
@@ -202,6 +218,37 @@ class FeatureView:
     checks: list[Ref]
     model: bool = False
     """A family of the model under test (families table only)."""
+    deployed: bool = False
+    """A feature the deployment under test (--serve) turns on (features table only)."""
+    mode: str = ""
+    """The engine modes the row's verdict holds for ('eager', 'compiled', 'eager and compiled'); '' when
+    its checks record none or the row has no verdict (report.mode)."""
+
+
+@dataclass
+class DeploymentFact:
+    """One fact of the deployment block: engine, TP/PP, context length, KV cache, compile mode, digest."""
+
+    label: str
+    value: str
+    # The whole value where ``value`` abbreviates it (the digest); '' otherwise.
+    full: str = ""
+
+
+@dataclass
+class DeploymentView:
+    """The deployment under test, right under the grade (:mod:`adaptcheck.base.schemas.deployment`):
+    the command the user gave with what the engine's parser read from it, or — adaptcheck's own
+    deployment, or a file older than results schema 1.7 — one sentence saying the grade is not theirs."""
+
+    given: bool
+    own: str
+    """The own-deployment sentence (certificate.OWN_DEPLOYMENT); '' when a deployment was given."""
+    command: str
+    """The command as given, one shell-quoted line (the page wraps it)."""
+    facts: list[DeploymentFact]
+    features: list[str]
+    """The serving features the deployment turns on (their rows say 'deployed')."""
 
 
 @dataclass
@@ -222,6 +269,8 @@ class ReportView:
     """Checks the grade left out ('id (worst status)'): quantized-format checks for another quantization."""
     quantization: str
     subject: SubjectView
+    deployment: DeploymentView
+    """What was deployed: the --serve command, or adaptcheck's own settings (said in one sentence)."""
     features: list[FeatureView]
     """Every known serving feature with its status, beside the grade (never folded into it)."""
     features_tested: bool
@@ -287,7 +336,7 @@ def _check_view(c: CheckResult, anchor: str, description: str) -> CheckView:
         id=c.id, anchor=anchor, kind=c.kind, description=description, status=_label(status_key(c)),
         message=c.message, duration=format_duration(c.duration_s),
         metrics=[Metric(name=k, value=format_value(v)) for k, v in c.metrics.items()],
-        details=format_details(c.details), tags=c.tags,
+        details=format_details(c.details), tags=c.tags, mode=check_mode(c) or "",
     )
 
 
@@ -379,6 +428,27 @@ def _subject(subject: CertificateSubject, level: str) -> SubjectView:
                        line=subject.line())
 
 
+_MODE_TEXT = {"eager": "eager (enforce_eager)", "compiled": "compiled (graph capture / torch.compile)"}
+
+
+def _deployment(subject: CertificateSubject) -> DeploymentView:
+    """The deployment block: every fact a reader needs to tell whether the grade is for the command
+    they deploy. The command is user text: the template escapes it like everything else."""
+    d = subject.given_deployment()
+    if d is None:
+        return DeploymentView(given=False, own=subject.own_deployment_text(), command="", facts=[], features=[])
+    engine = f"{d.engine} {d.engine_version}" if d.engine_version else f"{d.engine} (version unknown)"
+    facts = [DeploymentFact("engine", engine),
+             DeploymentFact("TP / PP", f"{d.tensor_parallel_size} / {d.pipeline_parallel_size}"),
+             DeploymentFact("max_model_len", str(d.max_model_len) if d.max_model_len else "the model's"),
+             DeploymentFact("KV cache", d.kv_cache_dtype),
+             DeploymentFact("mode", _MODE_TEXT.get(d.compile_mode, d.compile_mode)),
+             DeploymentFact("digest", d.digest[:SHORT_DIGEST] if d.digest else "none", full=d.digest)]
+    # An empty command would leave nothing to read: the normalized one is what the engine ran.
+    command = shlex.join(d.command) if d.command else d.normalized
+    return DeploymentView(given=True, own="", command=command, facts=facts, features=list(d.features))
+
+
 def _device_text(results: RunResults) -> str:
     d = results.device
     return f"{d.device_name} ({d.display_name}, {d.torch_device}, {d.device_count} visible)"
@@ -416,6 +486,7 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
     on_details += framework.localised
     features = _features(results, anchors)
     families = _features(results, anchors, families=True)
+    subject = certificate_subject(results)
     return ReportView(
         title=f"adaptcheck {results.grade.level} — {results.device.device_name}",
         run_id=results.run_id,
@@ -428,7 +499,7 @@ def build_view(results: RunResults, records_base: str = "", unverified: str = ""
         grade_max=results.grade_rules.levels[-1].level if results.grade_rules.levels else "L5",
         next_level=next_level, blockers=list(results.grade.blockers), left_out=_left_out(results),
         quantization=results.model.quantization, levels=levels,
-        subject=_subject(certificate_subject(results), results.grade.level),
+        subject=_subject(subject, results.grade.level), deployment=_deployment(subject),
         features=features, features_tested=any(f.status.key != "notrun" for f in features),
         families=families, families_tested=any(f.status.key != "notrun" for f in families),
         model_families=", ".join(results.model.families), family_note=results.model.family_note or "",
@@ -452,12 +523,15 @@ def _features(results: RunResults, anchors: dict[str, str], families: bool = Fal
     """The features (or families) table's rows, each status as the check status it reads like, the checks linked."""
     rows = []
     table: list[TableRow] = list(results.family_rows() if families else results.feature_rows())
+    by_id = {c.id: c for c in results.checks}
     for row in table:
         key, text = _FEATURE_LABELS[row.status]
         rows.append(FeatureView(name=row.name, description=row.description,
                                 status=Label(key=key, label=text, glyph=_label(key).glyph), reason=row.reason,
                                 checks=[Ref(id=x, anchor=anchors.get(x, "")) for x in row.checks],
-                                model=isinstance(row, FamilyResult) and row.model))
+                                model=isinstance(row, FamilyResult) and row.model,
+                                deployed=isinstance(row, FeatureResult) and row.deployed,
+                                mode=row_mode(row, by_id)))
     return rows
 
 

@@ -14,6 +14,7 @@ import pytest
 from adaptcheck.base.errors import InvalidInputError
 from adaptcheck.base.schemas.results import CheckResult, RunResults, Status
 from adaptcheck.compare import ComparePolicy, Comparison, compare_results
+from adaptcheck.compare.model import SCHEMA_VERSION as COMPARE_SCHEMA
 from adaptcheck.compare.numeric import RULES, judge
 from tests.compare.helpers import load_pair
 
@@ -240,7 +241,8 @@ def test_comparison_file_round_trip_and_version_check(tmp_path: Path) -> None:
     path = tmp_path / "comparison.json"
     c.save(path)
     assert Comparison.load(path) == c
-    path.write_text(path.read_text().replace('"schema_version": "1.0"', '"schema_version": "2.0"', 1))
+    assert f'"schema_version": "{COMPARE_SCHEMA}"' in path.read_text()
+    path.write_text(path.read_text().replace(f'"schema_version": "{COMPARE_SCHEMA}"', '"schema_version": "2.0"', 1))
     with pytest.raises(InvalidInputError, match=r"comparison schema version 2.0 is not supported"):
         Comparison.load(path)
 

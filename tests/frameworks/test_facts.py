@@ -48,8 +48,11 @@ def test_a_launched_server_adds_its_process(tmp_path: Path) -> None:
     fw = VllmServeFramework()
     fw.server = ManagedServer(ServerSpec("vllm", tmp_path), tmp_path)  # never started
     facts = fw.describe()
-    assert list(facts)[-4:] == ["server_command", "server_log", "server_startup_s", "server_pid"]
+    assert list(facts)[-6:] == ["server_command", "server_log", "server_startup_s", "server_pid", "enforce_eager",
+                                "tensor_parallel_size"]
     assert facts["server_pid"] is None
+    # Read from the command line the server was (or would be) started with: vLLM's default is compiled, one rank.
+    assert (facts["enforce_eager"], facts["tensor_parallel_size"]) == (False, 1)
 
 
 def test_model_facts_read_back_as_model_info(tiny_llama: Path) -> None:

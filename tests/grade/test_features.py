@@ -112,8 +112,10 @@ def test_a_known_feature_tag_is_data_and_an_unknown_one_a_ladder_error() -> None
 def test_older_files_get_the_table_on_load_and_it_says_not_tested() -> None:
     for results in (RunResults.load(STORED_1_3),
                     RunResults.model_validate(json.loads(gzip.decompress(STORED_1_1.read_bytes())))):
-        assert results.schema_version == SCHEMA_VERSION == "1.6"
+        assert results.schema_version == SCHEMA_VERSION == "1.7"
         assert [f.name for f in results.features] == list(FEATURES)
+        # No older run took --serve: no deployment, and no row deployed (schema 1.7).
+        assert results.deployment is None and not any(f.deployed for f in results.features)
         assert {f.status for f in results.features} == {FeatureStatus.NOT_TESTED}
         assert results.features[0].description == FEATURES["prefix_caching"]
         # The upgrade and the grade decide alike.
@@ -368,7 +370,7 @@ def run_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_a_run_writes_the_table_beside_its_grade(run_results: Path) -> None:
     results = RunResults.load(run_results)
-    assert results.schema_version == "1.6" and results.grade.level == "L2"  # the failed feature costs no level
+    assert results.schema_version == SCHEMA_VERSION and results.grade.level == "L2"  # the failed feature costs no level
     rows = {f.name: f for f in results.features}
     assert rows["graph_capture"].label.startswith("failed: fw.compile fail")
     assert rows["spec_decode"].status is FeatureStatus.CERTIFIED

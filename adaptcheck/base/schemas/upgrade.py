@@ -162,11 +162,24 @@ def _families_1_6(raw: dict[str, Any]) -> None:
                        for v in FAMILY_TABLE.table(*_tag_inputs(raw))]
 
 
+def _deployment_1_7(raw: dict[str, Any]) -> None:
+    """1.7: ``deployment``, the deployment under test, and ``deployed`` on each feature row.
+
+    No older run took ``--serve``: such a file certified adaptcheck's own settings, which it says by
+    having no deployment (``null``, not a made-up ``source: adaptcheck`` record whose engine it never
+    named), and no row of its features table was deployed. Existing values (a hand-made file) stay.
+    """
+    raw.setdefault("deployment", None)
+    for row in _dicts(raw.get("features")):
+        row.setdefault("deployed", False)
+
+
 UPGRADES: list[tuple[tuple[int, int], Callable[[dict[str, Any]], None]]] = [
     ((1, 3), _framework_1_3),
     ((1, 4), _kind_labels_1_4),
     ((1, 5), _features_1_5),
     ((1, 6), _families_1_6),
+    ((1, 7), _deployment_1_7),
 ]
 """(version that introduced the shape, in-place upgrade of the parsed file), oldest first."""
 

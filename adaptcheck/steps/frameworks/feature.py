@@ -34,7 +34,7 @@ from adaptcheck.ladder.check import CheckContext, Outcome
 from adaptcheck.steps.frameworks import teacher as tf_rules
 from adaptcheck.steps.frameworks.agreement import compare
 from adaptcheck.steps.frameworks.bounds import load_numerics
-from adaptcheck.steps.frameworks.lifecycle import Active, acquire, release, run_with_framework
+from adaptcheck.steps.frameworks.lifecycle import FEATURE_OFF, Active, acquire, release, run_with_framework
 from adaptcheck.steps.frameworks.params import LoadOverrides, VariantsParams
 from adaptcheck.steps.frameworks.probes import (
     TOP_K,
@@ -88,7 +88,7 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
                      distributions: bool = True,
                      refused: Callable[[FrameworkError], str | None] | None = None,
                      submit: Callable[[Framework, list[GenRequest]], list[Generation]] | None = None,
-                     vs_float64: bool = False) -> Outcome:
+                     vs_float64: bool = False, feature_name: str | None = None) -> Outcome:
     """Compare the plain instance with one loaded with ``feature`` merged onto the check's own
     load options (``engine_args`` merged key by key), and prove the feature ran.
 
@@ -110,11 +110,17 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
     (fp8 KV cache). ``refused`` reads a failed load of the feature instance: the reason the
     framework itself gives for not running the feature here (the outcome is then n/a with it),
     or None for a real failure (an error, as before).
+
+    With a ``--serve`` deployment (:func:`~adaptcheck.steps.frameworks.lifecycle.deployed_here`), both
+    instances are the deployment with only this feature toggled: where the deployment already turns
+    ``feature_name`` on, the deployed instance is the one "with" it and the other has it turned off
+    (:data:`~adaptcheck.steps.frameworks.lifecycle.FEATURE_OFF`), so the feature is certified as deployed.
     """
     base = p.load_overrides()
-    plain_opts: LoadOverrides = {**base, **(plain or {})}
-    feat_opts: LoadOverrides = {**base, **feature}
-    feat_opts["engine_args"] = {**base.get("engine_args", {}), **feature.get("engine_args", {})}
+    dep = ctx.deployment
+    if dep is not None and feature_name is not None and feature_name in dep.features and feature_name in FEATURE_OFF:
+        plain = {**FEATURE_OFF[feature_name], **(plain if feature_name == "tensor_parallel" and plain else {})}
+        feature = {}
 
     def send(fw: Framework, reqs: list[GenRequest]) -> list[Generation]:
         return submit(fw, reqs) if submit is not None else answer(fw, reqs, p.together)
@@ -127,7 +133,7 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
         loads: dict[str, float | str | None] = {f"load_s[{names[0]}]": round(active.load_s, 2)}
         forced = _TeacherForced.start(ctx, active, tok, p) if vs_float64 else None
         try:
-            other = acquire(ctx, p.framework, ctx.check_id, **feat_opts)
+            other = acquire(ctx, p.framework, ctx.check_id, toggles=feature, **base)
         except FrameworkError as exc:
             why = refused(exc) if refused is not None else None
             if why is None:
@@ -162,8 +168,7 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
                        details={"comparison": cmp.details(), "distribution": distribution,
                                 "feature": proof.record.dump()})
 
-    plain_params = p.model_copy(update={k: v for k, v in _as_params(plain_opts).items()})
-    return run_with_framework(ctx, plain_params, body)
+    return run_with_framework(ctx, p, body, toggles=plain)
 
 
 @dataclass
@@ -193,12 +198,6 @@ class _TeacherForced:
             f"teacher-forced distributions: {names[1]} vs float64, relative to {names[0]}", self.teacher.scores,
             self.plain, feat, load_numerics(), self.dtype)
         return SubcheckRow.model_validate(row), record
-
-
-def _as_params(opts: LoadOverrides) -> dict[str, object]:
-    """Load overrides back as the params fields that select the same instance."""
-    rename = {"enable_prefix_caching": "prefix_caching"}
-    return {rename.get(k, k): v for k, v in opts.items() if k not in ("tensor_parallel_size", "env")}
 
 
 def lacks_engine_args(cls: type[Framework], wanted: set[str] | frozenset[str], what: str) -> str | None:

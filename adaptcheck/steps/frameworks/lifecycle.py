@@ -33,9 +33,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from adaptcheck.base.errors import AdaptcheckError, exception_line
+from adaptcheck.base.schemas.deployment import Deployment
 from adaptcheck.base.schemas.framework_evidence import FrameworkCheckEvidence, FrameworkInfo, ModelInfo
 from adaptcheck.frameworks.base import (
     Framework,
@@ -48,7 +49,7 @@ from adaptcheck.frameworks.modelsrc import ResolvedModel, resolve_model
 from adaptcheck.frameworks.registry import framework_class
 from adaptcheck.frameworks.weights_audit import WeightsAudit, audit_cached
 from adaptcheck.ladder.check import CheckContext, Outcome
-from adaptcheck.steps.frameworks.params import FrameworkParams
+from adaptcheck.steps.frameworks.params import FrameworkParams, LoadOverrides
 
 SCRATCH_KEY = "framework.active"
 
@@ -106,9 +107,61 @@ def release(ctx: CheckContext) -> None:
         active.framework.shutdown()
 
 
-def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = None, dtype: str | None = None,
+FEATURE_OFF: dict[str, LoadOverrides] = {
+    "prefix_caching": {"enable_prefix_caching": False},
+    "graph_capture": {"compile": False},
+    "spec_decode": {"engine_args": {"speculative_config": None}},
+    "fp8_kv_cache": {"engine_args": {"kv_cache_dtype": "auto"}},
+    "chunked_prefill": {"engine_args": {"enable_chunked_prefill": False}},
+    "tensor_parallel": {"tensor_parallel_size": 1},
+}
+"""How a feature check turns a feature the deployment deploys *off* for its other instance (an
+``engine_args`` value of None removes the argument): everything else stays as deployed."""
+
+
+def deployed_here(ctx: CheckContext, cls: type[Framework], model: str | None) -> bool:
+    """Whether a check of ``cls`` on ``model`` runs the ``--serve`` deployment: the adapter is the
+    deployment's engine and the check runs the run's model (its own ``model`` unset, or the same)."""
+    dep = ctx.deployment
+    if dep is None or not dep.given or cls.deploys is None or cls.deploys != dep.engine:
+        return False
+    return model is None or model in (ctx.model.name, dep.model)
+
+
+def deployment_overrides(deployment: Deployment, cls: type[Framework]) -> LoadOverrides:
+    """The load options of the deployment itself, as the adapter takes them."""
+    out: LoadOverrides = {
+        "dtype": deployment.dtype,  # type: ignore[typeddict-item]
+        "max_model_len": deployment.max_model_len,
+        "tensor_parallel_size": deployment.tensor_parallel_size,
+        "compile": False if deployment.compile_mode == "eager" else None,
+        "enable_prefix_caching": deployment.enable_prefix_caching,
+        "engine_args": dict(deployment.engine_args),
+    }
+    if deployment.server_args and getattr(cls, "launches_server", None):
+        out["extra"] = {"server_args": list(deployment.server_args)}
+    return out
+
+
+def merge_toggles(base: LoadOverrides, toggles: LoadOverrides | None) -> LoadOverrides:
+    """``base`` with ``toggles`` on top; ``engine_args`` merged name by name, a None value removing the name."""
+    if not toggles:
+        return base
+    merged: LoadOverrides = {**base, **toggles}
+    if "engine_args" in toggles:
+        args = {**base.get("engine_args", {}), **toggles["engine_args"]}
+        merged["engine_args"] = {k: v for k, v in args.items() if v is not None}
+    return merged
+
+
+def acquire(ctx: CheckContext, name: str, check_id: str, *, toggles: LoadOverrides | None = None,
+            model: str | None = None, dtype: str | None = None,
             max_model_len: int | None = None, **overrides: Any) -> Active:
     """The loaded framework ``name`` with these options, loading it if needed.
+
+    With a ``--serve`` deployment, a check of the deployed model on the deployment's engine loads
+    the deployment's engine arguments, not the ladder's (``model``, ``dtype``, ``max_model_len`` and
+    ``overrides`` are then ignored): only ``toggles``, a feature check's own feature, change it.
 
     Raises FrameworkUnavailable (→ skip), ModelError or FrameworkError (→ error).
     """
@@ -121,11 +174,20 @@ def acquire(ctx: CheckContext, name: str, check_id: str, *, model: str | None = 
     unconfigured = cls.unconfigured(config_for(ctx))
     if unconfigured:
         raise FrameworkUnavailable(unconfigured)
-    # The run seed picks the embedded model's weights too: --seed N is a different random model.
-    resolved = resolve_model(model or ctx.model.name, seed=ctx.seed)
-    opts = LoadOptions(model_path=resolved.path, dtype=dtype or ctx.model.precision,
-                       max_model_len=max_model_len or min(ctx.model.context_length, resolved.max_position or ctx.model.context_length),
-                       **overrides)
+    if ctx.deployment is not None and deployed_here(ctx, cls, model):
+        resolved = resolve_model(ctx.deployment.model, seed=ctx.seed)
+        chosen = merge_toggles(deployment_overrides(ctx.deployment, cls), toggles)
+        chosen["max_model_len"] = chosen.get("max_model_len") or resolved.max_position or ctx.model.context_length
+    else:
+        # The run seed picks the embedded model's weights too: --seed N is a different random model.
+        resolved = resolve_model(model or ctx.model.name, seed=ctx.seed)
+        ladder: dict[str, Any] = {"dtype": dtype or ctx.model.precision,
+                                  "max_model_len": max_model_len or min(ctx.model.context_length,
+                                                                        resolved.max_position or ctx.model.context_length),
+                                  **overrides}
+        chosen = merge_toggles(cast(LoadOverrides, ladder), toggles)
+    fields: dict[str, Any] = {k: v for k, v in chosen.items() if k != "model"}
+    opts = LoadOptions(model_path=resolved.path, **fields)
     key = _key(name, str(resolved.path), {k: v for k, v in vars(opts).items() if k != "model_path"})
     active: Active | None = ctx.scratch.get(SCRATCH_KEY)
     if active is not None and active.key == key:
@@ -208,14 +270,14 @@ def refused_outcome(exc: ModelRefused, *, failed: bool) -> Outcome:
 
 
 def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContext, Active, P], Outcome], *,
-                       refusal_fails: bool = False) -> Outcome:
+                       refusal_fails: bool = False, toggles: LoadOverrides | None = None) -> Outcome:
     """Load (or reuse) the framework, run ``body``, and turn failures into truthful outcomes.
 
     A model folder the weights audit refuses is an error here, or a failure with the audit's
     rows where ``refusal_fails`` (the load check, which is what judges the folder).
     """
     try:
-        active = acquire(ctx, params.framework, ctx.check_id, **params.load_overrides())
+        active = acquire(ctx, params.framework, ctx.check_id, toggles=toggles, **params.load_overrides())
     except ModelRefused as exc:
         # A refused, absent or failing framework carries the same ``framework`` shape as a
         # loaded one (the name; no facts): readers never guess between a string and a dict.

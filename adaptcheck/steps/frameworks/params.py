@@ -28,6 +28,7 @@ class LoadOverrides(TypedDict, total=False):
     tensor_parallel_size: int
     engine_args: dict[str, JsonValue]
     env: dict[str, str]
+    extra: dict[str, JsonValue]
 
 
 class FrameworkParams(BaseModel):

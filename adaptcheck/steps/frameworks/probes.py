@@ -193,10 +193,11 @@ def teacher_and_control(ctx: CheckContext, active: Active, tok: Tok, size: Teach
     policy = load_numerics()
     reqs = reference_requests(tok, size, ctx.seed)
     try:
-        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k)
+        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k, ctx.reference_memory)
     except ReferenceUnavailable:
         return None
-    control = control_scores(active.model, teacher, active.options.dtype, TOP_K, framework_dir(ctx))
+    control = control_scores(active.model, teacher, active.options.dtype, TOP_K, framework_dir(ctx),
+                             reference_memory=ctx.reference_memory)
     return teacher, tf_rules.control_summary(control, teacher)
 
 

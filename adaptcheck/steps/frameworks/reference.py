@@ -1,10 +1,11 @@
 """The CPU reference run and the healthy control: the same weights, transformers on the CPU.
 
-The *reference* (float64 where it fits in host memory, else float32, else a skip) answers each
+The *reference* (float64 in memory where it fits the reference's memory budget, else streamed a
+decoder layer at a time in float64 or float32, else a skip: :mod:`reference_plan`) answers each
 prompt greedily and scores its own sequences teacher-forced; the *control* scores the same
 sequences at the served dtype, and sets the scale every step-4 bound is a multiple of. Both are
 cached in the run folder by weights, prompts and settings, so every framework of a run is
-compared against the same ones (method: docs/step4-numerics.md).
+compared against the same ones (method: docs/step4-numerics.md, docs/reference-at-scale.md).
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
 from pydantic import BaseModel, Field, JsonValue
 
+from adaptcheck.base.schemas.framework_evidence import ReferenceRun
 from adaptcheck.frameworks.base import (
-    FrameworkError,
     Generation,
     GenRequest,
     LoadOptions,
@@ -27,49 +29,27 @@ from adaptcheck.frameworks.base import (
     ScoreRequest,
 )
 from adaptcheck.frameworks.modelsrc import ResolvedModel
+from adaptcheck.steps.frameworks.reference_plan import (
+    BYTES_PER_PARAM,
+    MEMORY_FRACTION,
+    Plan,
+    ReferenceUnavailable,
+    parameter_count,
+    reference_path,
+    reference_plan,
+)
 
-BYTES_PER_PARAM = {"fp64": 8, "fp32": 4}
-MEMORY_FRACTION = 0.5
-"""Share of available host memory the reference model may take (activations, the device
-framework and the OS need the rest)."""
-
-
-_STORED_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "float8_e4m3fn": 1, "int8": 1}
-
-
-def parameter_count(model: ResolvedModel) -> int:
-    """Parameters, from the synthetic metadata or from the weights' size and stored dtype."""
-    if model.synthetic and model.synthetic.get("num_params"):
-        return int(model.synthetic["num_params"])
-    return int(model.weights_bytes / _STORED_BYTES.get(str(model.torch_dtype), 2))
-
-
-def reference_dtype(num_params: int, available_bytes: float | None) -> str | None:
-    """float64 when it fits, float32 otherwise, None when neither fits."""
-    if available_bytes is None:
-        return "fp64"
-    for dtype in ("fp64", "fp32"):
-        if num_params * BYTES_PER_PARAM[dtype] <= MEMORY_FRACTION * available_bytes:
-            return dtype
-    return None
-
-
-def _available_bytes() -> float | None:
-    """Host memory available now: the CPU backend's own reading (the reference runs there)."""
-    from adaptcheck.backends.cpu import CpuBackend
-
-    return CpuBackend().memory_stats().get("free")
+__all__ = ["BYTES_PER_PARAM", "MEMORY_FRACTION", "Control", "ReferenceUnavailable", "TeacherData", "control_scores",
+           "cpu_transformers", "parameter_count", "reference_path", "teacher_data"]
 
 
 def _key(model: ResolvedModel, requests: list[GenRequest], dtype: str) -> str:
-    # A text-only request's key is what it was before requests could carry images.
+    # A text-only request's key is what it was before requests could carry images. Whether the
+    # reference streamed is not in the key: streamed and in-memory numbers are identical
+    # (tests/steps/frameworks/test_streamed_reference.py).
     reqs = [{k: v for k, v in asdict(r).items() if k != "images" or v} for r in requests]
     blob = json.dumps({"weights": model.weights_sha256, "dtype": dtype, "requests": reqs}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-class ReferenceUnavailable(FrameworkError):
-    """No CPU reference can be computed here (model too large for host memory)."""
 
 
 def _cached(path: Path) -> object | None:
@@ -88,22 +68,12 @@ def _store(path: Path, data: object) -> None:
     tmp.replace(path)
 
 
-def _ref_dtype(model: ResolvedModel) -> str:
-    params = parameter_count(model)
-    dtype = reference_dtype(params, _available_bytes())
-    if dtype is None:
-        raise ReferenceUnavailable(
-            f"the model has {params / 1e9:.1f} B parameters: a float32 CPU reference needs more than "
-            f"{MEMORY_FRACTION:.0%} of this host's available memory")
-    return dtype
-
-
 @dataclass
 class TeacherData:
     """The reference's greedy answers, the sequences they make, and its scores of them."""
 
     dtype: str
-    """The reference's dtype ('fp64', or 'fp32' when float64 does not fit)."""
+    """The reference's dtype ('fp64', or 'fp32' when not even a float64 layer fits)."""
     attention: str | None
     """The attention implementation the reference ran."""
     generations: list[Generation]
@@ -111,6 +81,8 @@ class TeacherData:
     """prompt + continuation per request with a non-empty continuation (teacher forcing)."""
     scores: list[Scored]
     """The reference's own teacher-forced scores of ``sequences`` (top ``reference_top_k``)."""
+    run: ReferenceRun | None = None
+    """How the reference ran (in memory or streamed, budget, peak, who generated)."""
 
 
 def _sequences(gens: list[Generation], top_k: int) -> list[ScoreRequest]:
@@ -125,18 +97,17 @@ def _images_of(g: Generation) -> list[str]:
     return [str(x) for x in images] if isinstance(images, list) else []
 
 
-def reference_path(model: ResolvedModel) -> Path:
-    """The folder the reference loads: the model's own, or for a quantized embedded variant the
-    subfolder with its exact dequantized weights (``reference_folder`` in its metadata)."""
-    sub = model.synthetic.get("reference_folder") if model.synthetic else None
-    return model.path / sub if isinstance(sub, str) and sub else model.path
-
-
-def cpu_transformers(model: ResolvedModel, dtype: str) -> Any:
+def cpu_transformers(model: ResolvedModel, dtype: str, reference_memory: int | None = None, *,
+                     plan: Plan | None = None) -> Any:
+    """transformers on the CPU at ``dtype``: in memory, or streamed a layer at a time where the
+    whole model does not fit ``--reference-memory`` (``plan``, when the caller has one)."""
     from adaptcheck.frameworks.transformers_fw import TransformersFramework
+    from adaptcheck.steps.frameworks.streaming import StreamedTransformers
 
-    fw = TransformersFramework()
-    fw.load(LoadOptions(model_path=reference_path(model), dtype=dtype), "cpu")
+    if plan is None:
+        plan = reference_plan(model, reference_memory, (dtype,))
+    fw = (StreamedTransformers(plan.held_layers or 1) if plan.mode == "streamed" else TransformersFramework())
+    fw.load(LoadOptions(model_path=reference_path(model), dtype=plan.dtype), "cpu")
     activations = model.synthetic.get("activation_quant") if model.synthetic else None
     if isinstance(activations, str):
         # A W8A8 checkpoint quantizes every Linear's input as it runs: so does its reference.
@@ -146,29 +117,52 @@ def cpu_transformers(model: ResolvedModel, dtype: str) -> Any:
     return fw
 
 
-def teacher_data(model: ResolvedModel, requests: list[GenRequest], cache_dir: Path, top_k: int) -> TeacherData:
+def run_record(fw: Any, plan: Plan, seconds: float, **extra: Any) -> ReferenceRun:
+    """How ``fw`` ran under ``plan`` (its streaming figures where it streamed)."""
+    from adaptcheck.steps.frameworks.streaming import tensor_bytes
+
+    streamer = getattr(fw, "streamer", None)
+    if streamer is None:
+        return ReferenceRun(mode="in_memory", dtype=plan.dtype, budget_bytes=plan.budget,
+                            peak_bytes=tensor_bytes(fw.model) if fw.model is not None else None,
+                            seconds=round(seconds, 3), **extra)
+    s = streamer.stats
+    return ReferenceRun(mode="streamed", dtype=plan.dtype, budget_bytes=plan.budget, peak_bytes=s.peak_bytes,
+                        layers=s.layers, held_layers=s.held_layers, bytes_read=s.bytes_read,
+                        load_s=round(s.load_s, 3), seconds=round(seconds, 3), **extra)
+
+
+def teacher_data(model: ResolvedModel, requests: list[GenRequest], cache_dir: Path, top_k: int,
+                 reference_memory: int | None = None) -> TeacherData:
     """Greedy float64 answers to ``requests`` as each gets it alone (drafted in batches, every
-    token proven alone: :func:`_greedy_alone`) and their teacher-forced scores; cached in ``cache_dir``."""
-    dtype = _ref_dtype(model)
+    token proven alone: :func:`_greedy_alone`) and their teacher-forced scores; cached in ``cache_dir``.
+    ``reference_memory``: ``--reference-memory`` (None: half of the free memory)."""
+    plan = reference_plan(model, reference_memory)
+    dtype = plan.dtype
     path = cache_dir / f"teacher-{_key(model, requests, dtype)}-k{top_k}.json"
     data = _cached(path)
     if isinstance(data, dict):
         try:
             gens = [load_generation(g) for g in data["generations"]]
+            run = ReferenceRun.model_validate({**(data.get("run") or {}), "cached": True})
             return TeacherData(dtype=dtype, attention=data.get("attention"), generations=gens,
-                               sequences=_sequences(gens, top_k), scores=[load_scored(x) for x in data["scores"]])
+                               sequences=_sequences(gens, top_k), scores=[load_scored(x) for x in data["scores"]],
+                               run=run)
         except (KeyError, TypeError, ValueError):
             pass
-    fw = cpu_transformers(model, dtype)
+    start = time.perf_counter()
+    fw = cpu_transformers(model, dtype, plan=plan)
     try:
         gens, scores, how = _greedy_alone(fw, requests, top_k)
         seqs = _sequences(gens, top_k)
         attention = fw.attn_implementation()
+        run = run_record(fw, plan, time.perf_counter() - start, generation="reference generates")
     finally:
         fw.shutdown()
     _store(path, {"generations": [asdict(g) for g in gens], "scores": [asdict(x) for x in scores],
-                  "attention": attention, "sequences": [asdict(x) for x in seqs], "dtype": dtype, "generation": how})
-    return TeacherData(dtype=dtype, attention=attention, generations=gens, sequences=seqs, scores=scores)
+                  "attention": attention, "sequences": [asdict(x) for x in seqs], "dtype": dtype, "generation": how,
+                  "run": run.dump()})
+    return TeacherData(dtype=dtype, attention=attention, generations=gens, sequences=seqs, scores=scores, run=run)
 
 
 GROUP_PAD_TOKENS = 32
@@ -287,8 +281,9 @@ class Control:
 
 
 def control_scores(model: ResolvedModel, teacher: TeacherData, dtype: str, top_k: int, cache_dir: Path, *,
-                   batched: bool = False) -> Control:
-    """The healthy control for ``dtype`` (cached in ``cache_dir`` by weights, sequences and K).
+                   batched: bool = False, reference_memory: int | None = None) -> Control:
+    """The healthy control for ``dtype`` (cached in ``cache_dir`` by weights, sequences and K),
+    in memory or streamed within ``reference_memory`` as the reference is.
 
     Every bound of step 4 is a multiple of the control *alone* (cross-framework, same-framework;
     batched-vs-alone holds the framework's batch against its own run alone), so the batched
@@ -308,7 +303,7 @@ def control_scores(model: ResolvedModel, teacher: TeacherData, dtype: str, top_k
             pass
     seqs = [ScoreRequest(token_ids=s.token_ids, start=s.start, top_k=top_k, images=list(s.images))
             for s in teacher.sequences]
-    fw = cpu_transformers(model, dtype)
+    fw = cpu_transformers(model, dtype, reference_memory)
     try:
         alone = [fw.score([s])[0] for s in seqs]
         together = fw.score(seqs) if batched else None

@@ -76,12 +76,13 @@ def reference_verdict(ctx: CheckContext, active: Active, teacher: TeacherData, p
     process. (verdict row, details["teacher_forced"], metrics). Raises ScoringUnsupported."""
     fw, dtype = active.framework, active.options.dtype
     dev = score_alone(fw, teacher.sequences, top_k)
-    control = control_scores(active.model, teacher, dtype, top_k, framework_dir(ctx))
+    control = control_scores(active.model, teacher, dtype, top_k, framework_dir(ctx),
+                             reference_memory=ctx.reference_memory)
     ok, judged, dev_pos, ctl_pos = judge_scores(teacher.scores, dev, control.alone, {str(k): v for k, v in policy.cross_framework.items()}, dtype)
     dev_sum, ctl_sum = dv.summarize(dev_pos), dv.summarize(ctl_pos)
     record = TeacherForced(
         method=TEACHER_FORCED, fallback_reason=None, top_k=top_k,
-        reference=f"transformers {teacher.dtype} on cpu (attention {teacher.attention})",
+        reference=f"transformers {teacher.dtype} on cpu (attention {teacher.attention})" + how_reference_ran(teacher),
         control=f"transformers {dtype} on cpu (attention {control.attention})",
         sequences=len(teacher.sequences), positions=int(dev_sum["positions"]),
         device=DivergenceStats.model_validate(dev_sum), control_stats=DivergenceStats.model_validate(ctl_sum),
@@ -89,7 +90,7 @@ def reference_verdict(ctx: CheckContext, active: Active, teacher: TeacherData, p
         histogram=KlHistogram(edges=dv.HIST_EDGES, device=dv.histogram(dev_pos.kl), control=dv.histogram(ctl_pos.kl)),
         # The adapter's free-form answer, as JSON (a plugin's tuple becomes a list, as stored before).
         localisation=None, implementations=to_jsonable_python(fw.implementations()),
-        worst_sequence=_worst(dev, teacher),
+        worst_sequence=_worst(dev, teacher), reference_run=teacher.run,
     )
     metrics = {"tf_kl_mean": dev_sum["kl_mean"], "tf_kl_p99": dev_sum["kl_p99"], "tf_kl_max": dev_sum["kl_max"],
                "tf_dlogprob_max": dev_sum["dlogprob_max"], "tf_same_top_rate": dev_sum["same_top_rate"],
@@ -98,7 +99,8 @@ def reference_verdict(ctx: CheckContext, active: Active, teacher: TeacherData, p
               + f"; same top token {dev_sum['same_top_rate']:.1%} (control {ctl_sum['same_top_rate']:.1%})")
     if not ok:
         if fw.torch_model() is not None:
-            record.localisation = _localise(active, teacher, record.worst_sequence or 0, policy, top_k)
+            record.localisation = _localise(active, teacher, record.worst_sequence or 0, policy, top_k,
+                                            ctx.reference_memory)
             from adaptcheck.steps.frameworks.localise import describe
 
             detail += f"; first departing module: {describe(record.localisation)}"
@@ -123,7 +125,19 @@ def _worst(dev: list[Scored], teacher: TeacherData) -> int:
     return max(range(len(means)), key=means.__getitem__) if means else 0
 
 
-def _localise(active: Active, teacher: TeacherData, index: int, policy: ModelNumericsPolicy, top_k: int) -> Localisation:
+def how_reference_ran(teacher: TeacherData) -> str:
+    """", streamed a layer at a time" / "; device generates, reference scores" where not the default
+    (appended to the reference in words)."""
+    run = teacher.run
+    if run is None:
+        return ""
+    streamed = ", streamed a layer at a time" if run.mode == "streamed" else ""
+    device = f"; {run.generation}" if run.generation and run.generation != "reference generates" else ""
+    return streamed + device
+
+
+def _localise(active: Active, teacher: TeacherData, index: int, policy: ModelNumericsPolicy, top_k: int,
+              reference_memory: int | None = None) -> Localisation:
     from adaptcheck.steps.frameworks import localise
     from adaptcheck.steps.frameworks.reference import cpu_transformers
 
@@ -133,7 +147,7 @@ def _localise(active: Active, teacher: TeacherData, index: int, policy: ModelNum
         device = localise.trace(active.framework, seq)
         sides = []
         for dtype in (teacher.dtype, active.options.dtype):  # the reference, then the control
-            side = cpu_transformers(active.model, dtype)
+            side = cpu_transformers(active.model, dtype, reference_memory)
             try:
                 sides.append(localise.trace(side, seq))
             finally:

@@ -16,6 +16,7 @@ from adaptcheck.base.errors import InvalidInputError
 from adaptcheck.base.integrity import verify_file
 from adaptcheck.base.schemas.results import RunResults
 from adaptcheck.compare import ComparePolicy, Comparison, compare_results
+from adaptcheck.compare.deployment import ANOTHER_DEPLOYMENT
 from adaptcheck.ladder.check import Check, CheckContext, Outcome
 
 SHOWN = 3
@@ -61,8 +62,12 @@ def verdict(comparison: Comparison, require_perf: bool) -> Outcome:
     mark = "" if c.baseline.verified else f"UNVERIFIED baseline ({c.baseline.unverified_reason}): "
     changed = f"; {c.counts.environment_changes} environment change(s)" if c.counts.environment_changes else ""
     if not c.comparable:
-        return Outcome.skipped(f"{mark}baseline not comparable: {c.not_comparable_reason}", details=details,
-                               metrics=metrics)
+        # Never a pass, never a failure: against another device or another deployment (a baseline
+        # served at TP 1, this run at TP 2) no figure is a regression of this machine. A skip that
+        # applies blocks L5 until a baseline of the same deployment is given.
+        why = c.not_comparable_reason
+        text = why if why.startswith(ANOTHER_DEPLOYMENT) else f"baseline not comparable: {why}"
+        return Outcome.skipped(f"{mark}{text}", details=details, metrics=metrics)
     if c.regressions:
         more = f" (+{len(c.regressions) - SHOWN} more)" if len(c.regressions) > SHOWN else ""
         lines = "; ".join(r.line for r in c.regressions[:SHOWN])

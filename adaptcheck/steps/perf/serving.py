@@ -297,7 +297,9 @@ def run_served(ctx: CheckContext, params: P, kind: str, body: Callable[[CheckCon
         unfit = tp_unfit(cls, params.model or ctx.model.name, ctx.seed, ranks)
         if unfit is not None:
             return Outcome.skipped(unfit, applicable=False)
-    return run_with_framework(ctx, params, body)
+    # A multi-card scenario's rank count is its own setting: it holds under a --serve deployment too.
+    return run_with_framework(ctx, params, body,
+                              toggles={"tensor_parallel_size": ranks} if ranks > 1 else None)
 
 
 def resolve_framework(ctx: CheckContext, requested: str) -> str:

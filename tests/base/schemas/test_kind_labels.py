@@ -42,7 +42,7 @@ def test_a_1_3_file_loads_grades_and_renders_with_the_labels_it_always_had() -> 
     raw = json.loads(STORED_1_3.read_text(encoding="utf-8"))
     assert raw["schema_version"] == "1.3" and "kind_label" not in raw["checks"][0]
     results = RunResults.load(STORED_1_3)
-    assert results.schema_version == SCHEMA_VERSION == "1.6"
+    assert results.schema_version == SCHEMA_VERSION == "1.7"
     by_id = {c.id: c for c in results.checks}
     assert by_id["framework.transformers.concurrent"].compares == "batched vs alone"
     assert by_id["framework.transformers.kv_cache"].compares == "prefix-cache hit vs recompute"

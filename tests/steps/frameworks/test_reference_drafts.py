@@ -59,7 +59,7 @@ def test_a_wrong_batch_token_is_caught_and_generated_alone(tmp_path: Path, monke
     model = resolve_model("embedded:tiny-llama")
     reqs = _requests()
 
-    def faulty(m: Any, dtype: str) -> Any:
+    def faulty(m: Any, dtype: str, *_memory: Any, **_plan: Any) -> Any:
         fw = WrongInBatches()
         fw.load(LoadOptions(model_path=m.path, dtype=dtype), "cpu")
         return fw

@@ -74,7 +74,8 @@ class CompileCheck(FrameworkCheck):
         return feature_vs_plain(ctx, params, "compile", {"compile": True}, lambda active: _requests(params),
                                 lambda active, deltas: _prove(active, params.batch_sizes),
                                 names=("compile off", "compile on"), plain={"compile": False},
-                                submit=lambda fw, reqs: _submit(fw, reqs, params.batch_sizes))
+                                submit=lambda fw, reqs: _submit(fw, reqs, params.batch_sizes),
+                                feature_name="graph_capture")
 
 
 def _requests(p: CompileParams) -> list[GenRequest]:

@@ -288,11 +288,12 @@ def against_reference(ctx: CheckContext, active: Active, p: Fp8KvCacheParams,
         return subcheck(name, None, "no local copy of the served weights, so no float64 reference"), None, {}
     reqs = reference_requests(tok, p.teacher, ctx.seed)
     try:
-        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k)
+        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k, ctx.reference_memory)
     except ReferenceUnavailable as exc:
         return subcheck(name, None, str(exc)), None, {}
     dtype = active.options.dtype
-    control = control_scores(active.model, teacher, dtype, TOP_K, framework_dir(ctx))
+    control = control_scores(active.model, teacher, dtype, TOP_K, framework_dir(ctx),
+                             reference_memory=ctx.reference_memory)
     try:
         dev = tf_rules.score_alone(active.framework, teacher.sequences, TOP_K)
     except ScoringUnsupported as exc:

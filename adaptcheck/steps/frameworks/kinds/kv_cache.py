@@ -184,7 +184,8 @@ def _prefix_off_row(ctx: CheckContext, active: Active, p: KvCacheParams, reqs: l
     if turned_off:  # on vs off would compare two instances without it: no second load
         return subcheck("prefix cache on vs off", None, turned_off)
     params = p.model_copy(update={"prefix_caching": False})
-    other = acquire(ctx, p.framework, ctx.check_id, **params.load_overrides())
+    # The toggle too: under a --serve deployment the ladder's params are not what loads, the deployment is.
+    other = acquire(ctx, p.framework, ctx.check_id, toggles={"enable_prefix_caching": False}, **params.load_overrides())
     tok = local_tokenizer(other)
     off = [g for g in other.framework.generate(reqs)]
     cmp = compare([strip_eos(g, eos) for g in cached], [strip_eos(g, eos) for g in off], mode="top_n", top_n=p.top_n,

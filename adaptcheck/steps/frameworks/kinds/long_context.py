@@ -12,6 +12,13 @@ scheduler's own per-step token counts for the prompt. An over-length request mus
 request (in process a ``ValueError``; served a 4xx with a message), and the next request answer.
 Docs: docs/features.md "Long context and chunked prefill"; the shared body is
 :mod:`adaptcheck.steps.frameworks.feature`.
+
+Under ``--serve`` the instance is the deployment's (:func:`~adaptcheck.steps.frameworks.lifecycle.acquire`
+loads its engine arguments), so the prompt follows the deployment's ``max_model_len``: the length is
+read from the loaded instance, never from the ladder. ``chunked: false`` keeps only the near-limit
+and over-length rows on the shared instance (no second engine), and ``deployment_only: true`` runs
+the check only for a ``--serve`` deployment: together they are the quick ladder's cheap
+"near max_model_len as deployed" check (docs/features.md, "KV-cache capacity").
 """
 
 from __future__ import annotations
@@ -38,9 +45,23 @@ from adaptcheck.steps.frameworks.feature import (
     feature_vs_plain,
     lacks_engine_args,
 )
-from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir
+from adaptcheck.steps.frameworks.lifecycle import (
+    Active,
+    deployed_here,
+    framework_dir,
+    not_loaded,
+    run_with_framework,
+    with_evidence,
+)
 from adaptcheck.steps.frameworks.params import LoadOverrides
-from adaptcheck.steps.frameworks.probes import TOP_K, local_tokenizer, not_applicable, subcheck, teacher_and_control
+from adaptcheck.steps.frameworks.probes import (
+    TOP_K,
+    local_tokenizer,
+    not_applicable,
+    subcheck,
+    teacher_and_control,
+    verdict,
+)
 from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, teacher_data
 from adaptcheck.steps.frameworks.teacher import score_alone
 
@@ -60,6 +81,12 @@ class LongContextParams(FeatureParams):
     over_by: int = Field(default=16, ge=1, description="Tokens past max_model_len of the over-length request's prompt.")
     chunk_tokens: int = Field(default=256, ge=32, description="Token budget per engine step of the chunked instance "
                               "(vLLM's max_num_batched_tokens): below the prompt's length, so its prefill is split.")
+    chunked: bool = Field(default=True, description="Compare chunked prefill on vs off (one more engine: the chunked "
+                          "instance). false: only the near-limit prompt vs float64 and the over-length refusal, on the "
+                          "shared instance (under --serve, the deployment as deployed).")
+    deployment_only: bool = Field(default=False, description="Run only for a --serve deployment of this framework's "
+                                  "engine (otherwise skipped, not tested): a cheap near-max_model_len check of the "
+                                  "deployment for a ladder that leaves the full one out.")
 
 
 def near_limit_tokens(max_model_len: int, max_tokens: int, margin: int) -> int:
@@ -127,6 +154,14 @@ class LongContextCheck(FrameworkCheck):
 
     def run(self, ctx: CheckContext, params: LongContextParams) -> Outcome:
         cls = framework_class(params.framework)
+        if params.deployment_only and not deployed_here(ctx, cls, params.model):
+            # Not n/a: the feature can run here, this ladder leaves it to a deployment (or to the
+            # standard ladder's full check), so the features table says "not tested".
+            return with_evidence(Outcome.skipped(
+                f"runs only for a --serve deployment that {params.framework} runs (the standard ladder's "
+                "framework.long_context checks adaptcheck's own deployment)"), not_loaded(params.framework))
+        if not params.chunked:
+            return run_with_framework(ctx, params, _near_limit_only)
         lacking = lacks_engine_args(cls, ENGINE_ARGS, "chunked-prefill settings")
         if lacking is not None:
             return not_applicable(params, lacking)
@@ -146,16 +181,33 @@ def _limit(active: Active) -> int:
     return got if isinstance(got, int) else active.options.max_model_len
 
 
-def _requests(ctx: CheckContext, active: Active, p: LongContextParams, seen: dict[str, Any]) -> list[GenRequest]:
-    """The near-limit prompts (token ids of the seed's long text); notes the plain instance's facts."""
+def near_limit_requests(ctx: CheckContext, active: Active, p: LongContextParams) -> tuple[int, list[GenRequest]]:
+    """The instance's context length (as the engine resolved it: the deployment's under --serve)
+    and the near-limit prompts (token ids of the seed's long text) that leave room for the answer."""
     tok = local_tokenizer(active)
     if tok.hf is None:
         raise FrameworkUnavailable("no local tokenizer of the served weights: the near-limit prompt is built "
                                    "from token ids (pass --model PATH)")
     limit = _limit(active)
     n = near_limit_tokens(limit, p.max_tokens, p.margin)
-    reqs = [GenRequest(prompt_ids=prompts.long_prompt_ids(tok.hf, n, seed=ctx.seed * 1000 + i),
-                       max_tokens=p.max_tokens, logprobs=p.top_n) for i in range(p.prompts)]
+    return limit, [GenRequest(prompt_ids=prompts.long_prompt_ids(tok.hf, n, seed=ctx.seed * 1000 + i),
+                              max_tokens=p.max_tokens, logprobs=p.top_n) for i in range(p.prompts)]
+
+
+def _near_limit_only(ctx: CheckContext, active: Active, p: LongContextParams) -> Outcome:
+    """``chunked: false``: on the shared instance alone, the near-limit prompt vs float64, the
+    over-length refusal and the request after it."""
+    limit, reqs = near_limit_requests(ctx, active, p)
+    seen: dict[str, Any] = {"limit": limit, "prompt_tokens": len(reqs[0].prompt_ids or []),
+                            "first_ids": reqs[0].prompt_ids}
+    rows = [_reference_row(ctx, active, p, seen), *_over_length_rows(active, p)]
+    return verdict(rows, "long context", metrics={"prompt_tokens": seen["prompt_tokens"], "max_model_len": limit})
+
+
+def _requests(ctx: CheckContext, active: Active, p: LongContextParams, seen: dict[str, Any]) -> list[GenRequest]:
+    """The near-limit prompts; notes the plain instance's facts and scores the first prompt on it."""
+    limit, reqs = near_limit_requests(ctx, active, p)
+    n = len(reqs[0].prompt_ids or [])
     seen.update(plain=facts_of(active), limit=limit, prompt_tokens=n, first_ids=reqs[0].prompt_ids)
     # The whole prompt teacher-forced on the one-step instance, for the chunked one to be held
     # to position by position: the generated tokens alone see a chunk defect only through the
@@ -282,7 +334,7 @@ def _reference_row(ctx: CheckContext, active: Active, p: LongContextParams, seen
     policy = load_numerics()
     req = GenRequest(prompt_ids=list(ids), max_tokens=p.max_tokens, logprobs=p.top_n)
     try:
-        teacher = teacher_data(active.model, [req], framework_dir(ctx), policy.reference_top_k)
+        teacher = teacher_data(active.model, [req], framework_dir(ctx), policy.reference_top_k, ctx.reference_memory)
         row, _record, _metrics = tf_rules.reference_verdict(ctx, active, teacher, policy, 20)
     except (ReferenceUnavailable, ScoringUnsupported) as exc:
         return subcheck(name, None, f"not possible here: {exception_line(exc, with_type=False)}")

@@ -27,7 +27,8 @@ from adaptcheck.steps.frameworks.probes import (
     subcheck,
     verdict,
 )
-from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, teacher_data
+from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, TeacherData, teacher_data
+from adaptcheck.steps.frameworks.reference_plan import generation_estimate, reference_plan
 
 
 class ReferenceParams(FrameworkParams, TeacherSize):
@@ -66,12 +67,16 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     reqs = reference_requests(tok, p, ctx.seed)
     policy = load_numerics()
     try:
-        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k)
+        teacher, device = _teacher(ctx, active, reqs, policy.reference_top_k)
     except ReferenceUnavailable as exc:
         return Outcome.skipped(str(exc))
     ctx.progress(1, 3, "parts", note="teacher-forced scoring vs the float64 reference")
     metrics: dict[str, float | str | None] = {"reference_dtype": teacher.dtype, "top_n": p.top_n}
     rows: list[SubcheckRow] = []
+    if device is not None:
+        from adaptcheck.steps.frameworks.device_generates import device_rows
+
+        rows.extend(device_rows(reqs, device, teacher, tok.eos_ids()))
     try:
         row, tf, tf_metrics = tf_rules.against_reference(ctx, active, teacher, policy, p.top_k)
         rows.append(SubcheckRow.model_validate(row))
@@ -84,9 +89,12 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     except ValueError as exc:  # scores that do not line up with the sequences (a broken server)
         tf = tf_rules.greedy_fallback(str(exc))
         rows.append(subcheck("teacher-forced distributions vs float64 reference", False, f"unusable scores: {exc}"))
-    if p.greedy:
+    if teacher.run is not None:
+        tf["reference_run"] = teacher.run.dump()
+    if p.greedy or device is not None:
+        # Where the device generated, its answers are what the reference scored: always compared.
         ctx.progress(2, 3, "parts", note="greedy answers vs the float64 reference")
-        rows.extend(_greedy_rows(fw, tok, reqs, teacher.generations, p, metrics, tf))
+        rows.extend(_greedy_rows(fw, tok, reqs, teacher.generations, p, metrics, tf, device))
     if any(r.images for r in reqs):
         rows.append(_images_deterministic_row(fw, [r for r in reqs if r.images]))
     compared_as_text = tf.get("greedy", {}).get("compared_as_text")
@@ -99,8 +107,27 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
         if rel:
             repro["repro"] = rel
     return verdict(rows, "reference agreement", metrics=metrics,
-                   details={"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU",
+                   details={"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU" + tf_rules.how_reference_ran(teacher),
                             "compared_as_text": compared_as_text, **repro})
+
+
+def _teacher(ctx: CheckContext, active: Active, reqs: list[GenRequest],
+             top_k: int) -> tuple[TeacherData, list[Generation] | None]:
+    """The reference's teacher data, and the device's greedy answers where the device generated.
+
+    The reference generates unless its estimated generation time is over the budget
+    (reference_plan.generation_estimate); then the device answers each request greedily, alone,
+    and the reference scores those sequences teacher-forced (device_generates)."""
+    estimate = generation_estimate(reference_plan(active.model, ctx.reference_memory), reqs)
+    if estimate.mode == "reference generates":
+        teacher = teacher_data(active.model, reqs, framework_dir(ctx), top_k, ctx.reference_memory)
+        if teacher.run is not None:
+            teacher.run.generation_estimate = estimate.describe()
+        return teacher, None
+    from adaptcheck.steps.frameworks.device_generates import scored_teacher
+
+    device = [active.framework.generate([r])[0] for r in reqs]
+    return scored_teacher(active.model, reqs, device, framework_dir(ctx), top_k, ctx.reference_memory, estimate), device
 
 
 def _images_deterministic_row(fw: Framework, reqs: list[GenRequest]) -> SubcheckRow:
@@ -119,11 +146,13 @@ def _images_deterministic_row(fw: Framework, reqs: list[GenRequest]) -> Subcheck
 
 
 def _greedy_rows(fw: Framework, tok: Tok, reqs: list[GenRequest], ref: list[Generation], p: ReferenceParams,
-                 metrics: dict[str, float | str | None], tf: dict[str, Any]) -> list[SubcheckRow]:
+                 metrics: dict[str, float | str | None], tf: dict[str, Any],
+                 device: list[Generation] | None = None) -> list[SubcheckRow]:
     """Greedy answers against the reference's: the user-visible symptom, and the whole
-    verdict where the framework cannot score (top-N rule at the first divergence)."""
+    verdict where the framework cannot score (top-N rule at the first divergence). ``device``:
+    the answers the reference scored, where the device generated (not asked again)."""
     # One request at a time: this is the single-request answer; batching is framework.concurrent's.
-    dev = [fw.generate([r])[0] for r in reqs]
+    dev = device if device is not None else [fw.generate([r])[0] for r in reqs]
     eos = tok.eos_ids()
     cmp = compare([strip_eos(g, eos) for g in ref], [strip_eos(g, eos) for g in dev], mode="top_n", top_n=p.top_n,
                   codec=tok.codec())
