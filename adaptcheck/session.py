@@ -302,6 +302,13 @@ def _read_deployment(opts: RunOptions, backend: Backend, device_count: int) -> D
                          hint="--serve starts the server itself: leave --endpoint out")
     deployment = read_serve(opts.serve or "")
     rank_env = framework_class("vllm").host_tensor_parallel_env if deployment.engine == "vllm" else None
+    if deployment.engine == "vllm" and deployment.tensor_parallel_size > 1 and deployment.model:
+        # vLLM refuses this only once the engine is configured, after the start-up's cost.
+        unfit = framework_class("vllm").tensor_parallel_unfit(Path(deployment.model), deployment.tensor_parallel_size)
+        if unfit is not None:
+            from adaptcheck.frameworks.deployment import DeploymentError
+
+            raise DeploymentError(f"--serve: {unfit}", hint="choose a --tensor-parallel-size that divides them")
     check_fits(deployment, device_type=backend.torch_device(0).type, device_count=device_count,
                host_rank_env=rank_env, cores=len(allowed_cores()))
     return deployment
