@@ -3,11 +3,12 @@
 For each seed, two ``adaptcheck run --steps 4`` of a throw-away ladder (framework.vllm.load and
 framework.vllm.reference) against the deployment ``vllm serve embedded:tiny-llama
 --tensor-parallel-size 2 …``: healthy, then with ``ADAPTCHECK_PLANT=tp_drop_partial_sum`` (the test
-venv's dummy vLLM general plugin makes TP rank 1 add zeros to every all-reduce). Prints the
+venv's dummy vLLM general plugin makes TP rank 1 add zeros to every all-reduce) and with
+``ADAPTCHECK_PLANT=activation_gelu`` (its SwiGLU kernel computes GELU instead of SiLU). Prints the
 reference check's status and message per run; exits 1 when a healthy run does not pass or a
 planted one does not fail. Needs the test venv (the plugin) and two cores.
 
-    PYTHONPATH=. python benchmarks/deployment_planted.py [--seeds 0 1 2 3 4]
+    PYTHONPATH=. python benchmarks/deployment_planted.py [--seeds 0 1 2 3 4] [--plants none activation_gelu]
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ KEEP = ("framework.vllm.load", "framework.vllm.reference", "smoke.device_visible
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--plants", nargs="+", default=["none", "tp_drop_partial_sum", "activation_gelu"],
+                    help="none (healthy), tp_drop_partial_sum, activation_gelu (the dummy vLLM plugin's defects)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="deployment-planted-"))
     ladder = tmp / "planted.yaml"
@@ -39,7 +42,7 @@ def main() -> int:
                       + "".join(f"  - {i}\n" for i in drop), encoding="utf-8")
     wrong = 0
     print(f"{'plant':<22} {'seed':>4}  status  message")
-    for plant in ("none", "tp_drop_partial_sum"):
+    for plant in args.plants:
         for seed in args.seeds:
             out = tmp / f"{plant}-{seed}"
             env = {**os.environ, "ADAPTCHECK_PLANT": plant}
