@@ -10,7 +10,6 @@ with ``--baseline``), executes the selected checks through the isolated runner, 
 
 from __future__ import annotations
 
-import itertools
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -476,17 +475,10 @@ def _start_deployed_server(meta: RunMeta, run_dir: Path) -> ManagedServer | None
     from adaptcheck.frameworks.server import ManagedServer, ServerSpec
 
     spec = ServerSpec(kind="command", model_path=Path(dep.model or "."), command=list(dep.command),
-                      port=dep.port or _port_of(dep.server_args))
+                      port=dep.port)
     server = ManagedServer(spec, run_dir / "framework")
     server.start()
     return server
-
-
-def _port_of(server_args: list[str]) -> int | None:
-    for flag, value in itertools.pairwise(server_args):
-        if flag == "--port" and value.isdigit():
-            return int(value)
-    return None
 
 
 def resume_endpoint(stored: str | None, given: str | None) -> str | None:

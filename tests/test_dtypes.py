@@ -170,3 +170,10 @@ def test_step5_times_the_fp8_dtype_step2_checked(monkeypatch: pytest.MonkeyPatch
         assert _perf_gemm_dtype(monkeypatch, backend, name) == checked[name], name
     if is_fnuz(backend.fp8_flavour):
         assert checked == EXPECTED_FNUZ
+
+
+def test_itemsize_reads_both_spellings() -> None:
+    from adaptcheck.base.dtypes import itemsize
+
+    assert (itemsize("bf16"), itemsize("bfloat16"), itemsize("float32"), itemsize("fp8_e4m3")) == (2, 2, 4, 1)
+    assert itemsize("float8_e4m3fn") == 1 and itemsize("nosuch") is None

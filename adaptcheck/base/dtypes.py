@@ -73,6 +73,15 @@ ITEMSIZE: dict[str, int] = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m
                             "int8": 1, "int32": 4, "int64": 8}
 """Bytes per element, without importing torch (the collective launcher sizes buffers with it)."""
 
+def itemsize(name: str) -> int | None:
+    """Bytes per element of a dtype given by adaptcheck's name (``bf16``) or torch's (``bfloat16``,
+    as config.json's ``torch_dtype`` says it); None for a name neither knows."""
+    if name in ITEMSIZE:
+        return ITEMSIZE[name]
+    ours = next((k for k, v in _TORCH_NAMES.items() if v == name), None)
+    return ITEMSIZE.get(ours) if ours is not None else None
+
+
 FNUZ_FLAVOUR = "e4m3fnuz"
 """The ``Backend.fp8_flavour`` of MI300-class devices; 'e4m3fn' (OCP) and None (no fp8) are the others."""
 

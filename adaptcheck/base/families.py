@@ -95,6 +95,13 @@ def _num(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def language_config(config: Mapping[str, object]) -> dict[str, object]:
+    """``config`` with its language model's part laid over it (:func:`_text_config`): the keys a
+    decoder's sizes are read from (layers, heads, context, dtype), for a multimodal model too."""
+    text = _text_config(config)
+    return dict(config) if text is config else {**config, **text}
+
+
 def _text_config(config: Mapping[str, object]) -> Mapping[str, object]:
     """The language model's part: multimodal configs nest it under ``text_config`` (or
     ``llm_config`` / ``language_config``); a plain decoder's config is its own."""

@@ -276,8 +276,9 @@ def _deployment(engine: str, words: list[str], model: str, engine_args: dict[str
         kv_cache_dtype=str(args.get("kv_cache_dtype") or "auto"),
         enable_prefix_caching=prefix if isinstance(prefix, bool) else None,
         compile_mode=compile_mode,  # type: ignore[arg-type]
-        host=str(server["host"]) if engine == "server" and server.get("host") else None,
-        port=int(str(server["port"])) if engine == "server" and server.get("port") is not None else None,
+        # Where adaptcheck starts the command as given (not vLLM), it talks to the port the command names.
+        host=str(server["host"]) if engine != "vllm" and server.get("host") else None,
+        port=int(str(server["port"])) if engine != "vllm" and server.get("port") is not None else None,
         features=deployed_features(feature_args, tp, compile_mode) if engine != "server" else [],
     )
 
@@ -287,19 +288,18 @@ def _positive_int(value: JsonValue) -> int:
     return int(value) if isinstance(value, (int, str)) and str(value).isdigit() and int(value) > 0 else 1
 
 
-def _model_config(model: str) -> dict[str, Any]:
+def _model_config(model: str) -> dict[str, object]:
+    from adaptcheck.base.families import language_config
     from adaptcheck.frameworks.modelfiles import read_config
 
     config = read_config(Path(model)) if model else None
-    if not isinstance(config, dict):
-        return {}
-    text = config.get("text_config")
-    return {**config, **text} if isinstance(text, dict) else config
+    return language_config(config) if isinstance(config, dict) else {}
 
 
 def _model_dtype(model: str) -> str:
     """``--dtype auto``: the dtype the model's config.json declares (bf16 when it declares none)."""
-    word = str(_model_config(model).get("torch_dtype") or _model_config(model).get("dtype") or "bfloat16")
+    config = _model_config(model)
+    word = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     return _DTYPES.get(word) or "bf16"
 
 

@@ -109,3 +109,13 @@ def test_the_registry_names_every_quant_format_as_a_family_and_refuses_typos() -
     assert complaint is not None and "did you mean 'multimodal'" in complaint
     names, problems = FAMILY_TABLE.parse(["mla,moe", "moe", " hybrid "])
     assert names == ["mla", "moe", "hybrid"] and not problems
+
+
+def test_language_config_lays_the_text_model_over_the_whole() -> None:
+    from adaptcheck.base.families import language_config
+
+    vl = {"model_type": "qwen2_vl", "torch_dtype": "bfloat16", "text_config": {"num_hidden_layers": 28}}
+    assert language_config(vl) == {**vl, "num_hidden_layers": 28}
+    assert language_config({"llm_config": {"num_attention_heads": 8}})["num_attention_heads"] == 8
+    plain = {"num_hidden_layers": 2}
+    assert language_config(plain) == plain and language_config(plain) is not plain

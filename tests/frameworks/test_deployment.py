@@ -101,3 +101,13 @@ def test_sizes_are_read_as_people_write_them() -> None:
     for bad in ("lots", "-1GB", "0", "12 parsecs"):
         with pytest.raises(UsageError):
             memory_size(bad, "--x")
+
+
+def test_a_command_started_as_given_keeps_the_port_it_listens_on(tiny: Path) -> None:
+    """SGLang and other servers are started as given: adaptcheck talks to the port the command names
+    (vLLM's port is adaptcheck's own choice, so it is not the record's)."""
+    sglang = _deployment("sglang", ["python", "-m", "sglang.launch_server"], str(tiny), {"tensor_parallel_size": 2},
+                         {"port": 30000, "host": "127.0.0.1"}, None)
+    assert (sglang.port, sglang.host, sglang.tensor_parallel_size) == (30000, "127.0.0.1", 2)
+    vllm = _deployment("vllm", ["vllm", "serve", str(tiny)], str(tiny), {}, {"port": 8000}, "0.32.0")
+    assert vllm.port is None and vllm.server_args == []

@@ -72,8 +72,10 @@ class Deployment(BaseModel):
     compile_mode: CompileMode = Field(default="per check", description="'eager' (enforce_eager), 'compiled' (the "
                                       "engine's default graph capture / torch.compile), or 'per check' "
                                       "(adaptcheck's own deployment: each check says its own).")
-    host: str | None = Field(default=None, description="The host the command binds (a started 'server').")
-    port: int | None = Field(default=None, description="The port the command listens on (a started 'server').")
+    host: str | None = Field(default=None, description="The host the command binds (a command started as given: "
+                             "SGLang or another server).")
+    port: int | None = Field(default=None, description="The port the command listens on (a command started as given: "
+                             "SGLang or another server).")
     features: list[str] = Field(default_factory=list, description="The serving features the deployment turns on "
                                 "(base.features names): certified through the deployment's own checks.")
 

@@ -119,7 +119,8 @@ def feature_vs_plain(ctx: CheckContext, p: FeatureParams, what: str, feature: Lo
     base = p.load_overrides()
     dep = ctx.deployment
     if dep is not None and feature_name is not None and feature_name in dep.features and feature_name in FEATURE_OFF:
-        plain = {**FEATURE_OFF[feature_name], **(plain if feature_name == "tensor_parallel" and plain else {})}
+        # The kind's own "without" side, where it names one (TP: the smallest size that fits), wins.
+        plain = {**FEATURE_OFF[feature_name], **(plain or {})}
         feature = {}
 
     def send(fw: Framework, reqs: list[GenRequest]) -> list[Generation]:

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 from pydantic import Field, JsonValue
 
+from adaptcheck.base.dtypes import itemsize
 from adaptcheck.base.errors import AdaptcheckError
+from adaptcheck.base.families import language_config
 from adaptcheck.base.schemas.deployment import Deployment
 from adaptcheck.base.schemas.framework_evidence import FeatureProof
 from adaptcheck.frameworks.base import Framework, GenRequest, allowed_cores
@@ -56,7 +58,6 @@ GPU_MEMORY_UTILIZATION = 0.9
 (weights, activations and KV cache together); the deployment's own value wins."""
 CPU_KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 """vLLM's CPU backend: the KV cache each rank allocates, in GiB (adaptcheck's default: 1, vllm_env_defaults)."""
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2}
 
 
 class TensorParallelParams(FeatureParams):
@@ -233,10 +234,9 @@ def tp_memory(model: ResolvedModel, dep: Deployment, ctx: CheckContext, reserve_
     """The smallest-fit inputs for the deployed model on this machine (docs/features.md, "Tensor
     parallel as deployed", says why each figure is what it is)."""
     config = read_config(model.path) or {}
-    text = config.get("text_config")
-    cfg: Mapping[str, object] = {**config, **text} if isinstance(text, dict) else config
-    served = DTYPE_BYTES.get(dep.dtype or "", 2)
-    stored = DTYPE_BYTES.get(str(model.torch_dtype or ""), None)
+    cfg = language_config(config)
+    served = itemsize(dep.dtype or "") or 2
+    stored = itemsize(str(model.torch_dtype or ""))
     weights = model.weights_bytes
     if stored is not None and not dep.quantization and not cfg.get("quantization_config"):
         weights = weights * served // stored  # a float checkpoint stored at another dtype than served
