@@ -263,6 +263,14 @@ def test_the_derived_peak_holds_and_a_wrong_flops_per_cycle_is_caught(tmp_path: 
     text = Path("/proc/cpuinfo").read_text()
     rate = _fp32_gemm_best_rate()  # one thread: held to a one-core peak
     right = derive_cpu_peak(parse_cpu_facts(text, usable_logical=1, vector_clock=clock))
+    # As the product does (steps/perf/common.py): a row above the peak first re-measures the clock,
+    # keeping the best; a clock sampled while a busy 2-core CI host throttled it (2.7 GHz on a
+    # Zen 3 that ran the GEMM at >= 3.0) must not read as a wrong FLOP/cycle figure.
+    for _ in range(3):
+        if rate <= right.flops["fp32"]:
+            break
+        clock = cpu_clock.merge_clocks(clock, measure_vector_clock(flags))
+        right = derive_cpu_peak(parse_cpu_facts(text, usable_logical=1, vector_clock=clock))
     assert rate / right.flops["fp32"] <= 1.0, (rate, right.derivation)
     # The same machine with its vector flags hidden: 8 FLOP/cycle instead of 32-64, a peak
     # 4-8 × too low. The fp32 GEMM then "beats" it, and the verdict refuses to pass.
