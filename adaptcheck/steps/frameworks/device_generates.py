@@ -1,5 +1,7 @@
-"""Device generates, reference scores: the teacher of ``framework.reference`` where greedy
-generation on the CPU reference would take too long for the model's size (docs/reference-at-scale.md).
+"""Device generates, reference scores: the teacher of every check scored against the float64
+reference (``framework.reference``, and the reference and control rows of the concurrent,
+KV-cache, long-context and fp8 checks) where greedy generation on the CPU reference would take
+too long for the model's size (docs/reference-at-scale.md). :func:`teacher_for` decides.
 
 The device answers each request greedily, alone; the reference scores each of those sequences
 teacher-forced in one forward pass (no decode loop: one read of the weights per sequence instead
@@ -18,11 +20,12 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaptcheck.base.schemas.framework_evidence import ReferenceRun, SubcheckRow
 from adaptcheck.frameworks.base import Generation, GenRequest, Scored, ScoreRequest
 from adaptcheck.frameworks.modelsrc import ResolvedModel
+from adaptcheck.steps.frameworks.lifecycle import framework_dir
 from adaptcheck.steps.frameworks.reference import (
     TIE_NATS,
     TeacherData,
@@ -32,8 +35,34 @@ from adaptcheck.steps.frameworks.reference import (
     load_generation,
     load_scored,
     run_record,
+    teacher_data,
 )
-from adaptcheck.steps.frameworks.reference_plan import GenerationEstimate, reference_plan
+from adaptcheck.steps.frameworks.reference_plan import GenerationEstimate, generation_estimate, reference_plan
+
+if TYPE_CHECKING:
+    from adaptcheck.ladder.check import CheckContext
+    from adaptcheck.steps.frameworks.lifecycle import Active
+
+
+def teacher_for(ctx: CheckContext, active: Active, requests: list[GenRequest],
+                top_k: int) -> tuple[TeacherData, list[Generation] | None]:
+    """The reference's teacher data for ``requests``, and the device's greedy answers where the
+    device generated them (None where the reference generated).
+
+    The reference generates unless its estimated generation time is over the budget
+    (:func:`~adaptcheck.steps.frameworks.reference_plan.generation_estimate`: a 72B model streamed
+    from disk is days of CPU decoding); then ``active``'s framework answers each request greedily,
+    alone, and the reference scores those sequences teacher-forced (:func:`scored_teacher`).
+    Raises ReferenceUnavailable where the reference cannot run here at all."""
+    estimate = generation_estimate(reference_plan(active.model, ctx.reference_memory), requests)
+    if estimate.mode == "reference generates":
+        teacher = teacher_data(active.model, requests, framework_dir(ctx), top_k, ctx.reference_memory)
+        if teacher.run is not None:
+            teacher.run.generation_estimate = estimate.describe()
+        return teacher, None
+    device = [active.framework.generate([r])[0] for r in requests]
+    return scored_teacher(active.model, requests, device, framework_dir(ctx), top_k, ctx.reference_memory,
+                          estimate), device
 
 
 def _key(model: ResolvedModel, dtype: str, requests: list[GenRequest], device: list[Generation]) -> str:
@@ -134,7 +163,8 @@ def device_rows(requests: list[GenRequest], device: list[Generation], teacher: T
     """What the reference cannot see from scores alone: the device read the prompt as the
     model's tokenizer does, and stopped where greedy decoding stops (EOS, max_tokens or a stop
     string; an answer cut short with every token the argmax would otherwise look exact)."""
-    from adaptcheck.steps.frameworks.probes import subcheck
+    def subcheck(name: str, ok: bool | None, detail: str) -> SubcheckRow:
+        return SubcheckRow(name=name, ok=ok, detail=detail)
 
     differ = [i for i, (g, ref) in enumerate(zip(device, teacher.generations, strict=False))
               if g.prompt_ids is not None and ref.prompt_ids is not None and list(g.prompt_ids) != list(ref.prompt_ids)]

@@ -19,6 +19,7 @@ from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks import teacher as tf_rules
 from adaptcheck.steps.frameworks.agreement import TextCodec
 from adaptcheck.steps.frameworks.bounds import load_numerics
+from adaptcheck.steps.frameworks.device_generates import teacher_for
 from adaptcheck.steps.frameworks.lifecycle import (
     Active,
     framework_dir,
@@ -33,7 +34,6 @@ from adaptcheck.steps.frameworks.params import (
 from adaptcheck.steps.frameworks.reference import (
     ReferenceUnavailable,
     control_scores,
-    teacher_data,
 )
 
 TOP_K = 20
@@ -193,7 +193,7 @@ def teacher_and_control(ctx: CheckContext, active: Active, tok: Tok, size: Teach
     policy = load_numerics()
     reqs = reference_requests(tok, size, ctx.seed)
     try:
-        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k, ctx.reference_memory)
+        teacher, _device = teacher_for(ctx, active, reqs, policy.reference_top_k)
     except ReferenceUnavailable:
         return None
     control = control_scores(active.model, teacher, active.options.dtype, TOP_K, framework_dir(ctx),

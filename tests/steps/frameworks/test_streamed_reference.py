@@ -244,3 +244,43 @@ def test_smollm2_framework_reference_passes_with_a_streamed_reference(tmp_path: 
     assert run["mode"] == "streamed" and run["dtype"] == "fp64" and run["peak_bytes"] <= 400 * 10**6
     assert run["generation"] == ("reference generates" if generates == "reference"
                                  else "device generates, reference scores")
+
+
+# --- every check scored against the reference takes the same path (not only framework.reference) ---
+
+def _near_limit_verdict(tmp_path: Path, framework: str) -> tuple[Any, Any]:
+    """What framework.long_context's "near-limit prompt vs float64 reference" row and the
+    concurrent / KV-cache checks' control summary get from the reference: (teacher, row)."""
+    from adaptcheck.steps.frameworks import teacher as tf_rules
+    from adaptcheck.steps.frameworks.bounds import load_numerics
+    from adaptcheck.steps.frameworks.lifecycle import acquire
+    from adaptcheck.steps.frameworks.params import TeacherSize
+    from adaptcheck.steps.frameworks.probes import local_tokenizer, teacher_and_control
+
+    with _ctx(tmp_path, TINY, None) as ctx:
+        active = acquire(ctx, framework, "fw.long")
+        found = teacher_and_control(ctx, active, local_tokenizer(active),
+                                    TeacherSize(prompts=2, long_prompt_tokens=48, chat=False, max_tokens=10))
+        assert found is not None
+        teacher, control = found
+        assert control["positions"] > 0 and math.isfinite(control["kl_mean"])  # the control scored them too
+        row, _record, _metrics = tf_rules.reference_verdict(ctx, active, teacher, load_numerics(), 20)
+        return teacher, row
+
+
+def test_the_other_checks_score_the_devices_answers_where_the_device_generates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reference_plan, "GENERATE_BUDGET_S", 0.0)
+    teacher, row = _near_limit_verdict(tmp_path, "transformers")
+    assert teacher.run.generation == "device generates, reference scores", teacher.run
+    assert list((tmp_path / "framework").glob("teacher-scored-*-k*.json"))
+    assert not list((tmp_path / "framework").glob("teacher-[0-9a-f]*-k*.json"))  # no CPU greedy decoding ran
+    assert row.ok is True, row.detail
+
+
+def test_the_other_checks_still_catch_a_planted_defect_where_the_device_generates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reference_plan, "GENERATE_BUDGET_S", 0.0)
+    teacher, row = _near_limit_verdict(tmp_path, "tests.steps.frameworks.planted:BadSiluBf16")
+    assert teacher.run.generation == "device generates, reference scores"
+    assert row.ok is False, row.detail

@@ -37,10 +37,11 @@ from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks import teacher as tf_rules
 from adaptcheck.steps.frameworks.bounds import load_numerics
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
+from adaptcheck.steps.frameworks.device_generates import teacher_for
 from adaptcheck.steps.frameworks.feature import FeatureParams, Proof, engine_row, facts_of, feature_vs_plain
 from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir
 from adaptcheck.steps.frameworks.probes import TOP_K, local_tokenizer, not_applicable, reference_requests, subcheck
-from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, control_scores, teacher_data
+from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, control_scores
 
 CacheDtype = Literal["fp8_e4m3", "fp8_e5m2"]
 FORMATS: tuple[CacheDtype, ...] = ("fp8_e4m3", "fp8_e5m2")
@@ -288,7 +289,7 @@ def against_reference(ctx: CheckContext, active: Active, p: Fp8KvCacheParams,
         return subcheck(name, None, "no local copy of the served weights, so no float64 reference"), None, {}
     reqs = reference_requests(tok, p.teacher, ctx.seed)
     try:
-        teacher = teacher_data(active.model, reqs, framework_dir(ctx), policy.reference_top_k, ctx.reference_memory)
+        teacher, _device = teacher_for(ctx, active, reqs, policy.reference_top_k)
     except ReferenceUnavailable as exc:
         return subcheck(name, None, str(exc)), None, {}
     dtype = active.options.dtype

@@ -37,6 +37,7 @@ from adaptcheck.steps.frameworks import prompts
 from adaptcheck.steps.frameworks import teacher as tf_rules
 from adaptcheck.steps.frameworks.bounds import load_numerics
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
+from adaptcheck.steps.frameworks.device_generates import teacher_for
 from adaptcheck.steps.frameworks.feature import (
     FeatureParams,
     Proof,
@@ -48,7 +49,6 @@ from adaptcheck.steps.frameworks.feature import (
 from adaptcheck.steps.frameworks.lifecycle import (
     Active,
     deployed_here,
-    framework_dir,
     not_loaded,
     run_with_framework,
     with_evidence,
@@ -62,7 +62,7 @@ from adaptcheck.steps.frameworks.probes import (
     teacher_and_control,
     verdict,
 )
-from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, teacher_data
+from adaptcheck.steps.frameworks.reference import ReferenceUnavailable
 from adaptcheck.steps.frameworks.teacher import score_alone
 
 ENGINE_ARGS = frozenset({"enable_chunked_prefill", "max_num_batched_tokens"})
@@ -334,7 +334,7 @@ def _reference_row(ctx: CheckContext, active: Active, p: LongContextParams, seen
     policy = load_numerics()
     req = GenRequest(prompt_ids=list(ids), max_tokens=p.max_tokens, logprobs=p.top_n)
     try:
-        teacher = teacher_data(active.model, [req], framework_dir(ctx), policy.reference_top_k, ctx.reference_memory)
+        teacher, _device = teacher_for(ctx, active, [req], policy.reference_top_k)
         row, _record, _metrics = tf_rules.reference_verdict(ctx, active, teacher, policy, 20)
     except (ReferenceUnavailable, ScoringUnsupported) as exc:
         return subcheck(name, None, f"not possible here: {exception_line(exc, with_type=False)}")

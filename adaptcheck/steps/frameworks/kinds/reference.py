@@ -17,7 +17,8 @@ from adaptcheck.steps.frameworks import teacher as tf_rules
 from adaptcheck.steps.frameworks.agreement import compare
 from adaptcheck.steps.frameworks.bounds import load_numerics
 from adaptcheck.steps.frameworks.checks import FrameworkCheck
-from adaptcheck.steps.frameworks.lifecycle import Active, framework_dir, run_with_framework
+from adaptcheck.steps.frameworks.device_generates import teacher_for
+from adaptcheck.steps.frameworks.lifecycle import Active, run_with_framework
 from adaptcheck.steps.frameworks.params import FrameworkParams, TeacherSize
 from adaptcheck.steps.frameworks.probes import (
     Tok,
@@ -27,8 +28,7 @@ from adaptcheck.steps.frameworks.probes import (
     subcheck,
     verdict,
 )
-from adaptcheck.steps.frameworks.reference import ReferenceUnavailable, TeacherData, teacher_data
-from adaptcheck.steps.frameworks.reference_plan import generation_estimate, reference_plan
+from adaptcheck.steps.frameworks.reference import ReferenceUnavailable
 
 
 class ReferenceParams(FrameworkParams, TeacherSize):
@@ -67,7 +67,7 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     reqs = reference_requests(tok, p, ctx.seed)
     policy = load_numerics()
     try:
-        teacher, device = _teacher(ctx, active, reqs, policy.reference_top_k)
+        teacher, device = teacher_for(ctx, active, reqs, policy.reference_top_k)
     except ReferenceUnavailable as exc:
         return Outcome.skipped(str(exc))
     ctx.progress(1, 3, "parts", note="teacher-forced scoring vs the float64 reference")
@@ -109,25 +109,6 @@ def reference(ctx: CheckContext, active: Active, p: ReferenceParams) -> Outcome:
     return verdict(rows, "reference agreement", metrics=metrics,
                    details={"teacher_forced": tf, "reference": f"transformers {teacher.dtype} on CPU" + tf_rules.how_reference_ran(teacher),
                             "compared_as_text": compared_as_text, **repro})
-
-
-def _teacher(ctx: CheckContext, active: Active, reqs: list[GenRequest],
-             top_k: int) -> tuple[TeacherData, list[Generation] | None]:
-    """The reference's teacher data, and the device's greedy answers where the device generated.
-
-    The reference generates unless its estimated generation time is over the budget
-    (reference_plan.generation_estimate); then the device answers each request greedily, alone,
-    and the reference scores those sequences teacher-forced (device_generates)."""
-    estimate = generation_estimate(reference_plan(active.model, ctx.reference_memory), reqs)
-    if estimate.mode == "reference generates":
-        teacher = teacher_data(active.model, reqs, framework_dir(ctx), top_k, ctx.reference_memory)
-        if teacher.run is not None:
-            teacher.run.generation_estimate = estimate.describe()
-        return teacher, None
-    from adaptcheck.steps.frameworks.device_generates import scored_teacher
-
-    device = [active.framework.generate([r])[0] for r in reqs]
-    return scored_teacher(active.model, reqs, device, framework_dir(ctx), top_k, ctx.reference_memory, estimate), device
 
 
 def _images_deterministic_row(fw: Framework, reqs: list[GenRequest]) -> SubcheckRow:
