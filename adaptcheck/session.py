@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from adaptcheck.backends.base import Backend
 from adaptcheck.backends.registry import get_backend, select_backend
-from adaptcheck.base.errors import DeviceError, IntegrityError, InvalidInputError, UsageError
+from adaptcheck.base.errors import DeviceError, IntegrityError, InvalidInputError, UsageError, exception_line
 from adaptcheck.base.paths import default_reports_dir
 from adaptcheck.base.runlock import LOCK_FILE, RunLock
 from adaptcheck.base.runlock import acquire as acquire_lock
@@ -343,7 +343,7 @@ def resume_run(run_dir: Path, progress: Progress | None = None,
         try:
             meta = RunMeta.model_validate_json(meta_path.read_text(encoding="utf-8"))
         except ValueError as exc:
-            raise InvalidInputError(f"{meta_path}: unreadable run metadata: {str(exc).splitlines()[0]}") from None
+            raise InvalidInputError(f"{meta_path}: unreadable run metadata: {exception_line(exc, with_type=False)}") from None
         # ``endpoint``: --endpoint given again (run.json keeps it without credentials).
         meta = meta.model_copy(update={"endpoint": resume_endpoint(meta.endpoint, endpoint)})
         spec = _stored_ladder(run_dir, meta)

@@ -9,6 +9,7 @@ mistakes tried and the code each gets.
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -138,12 +139,58 @@ def _validation_error(exc: BaseException) -> str | None:
 
 def exception_line(exc: BaseException, limit: int = 300, *, with_type: bool = True) -> str:
     """An exception as one line for a message: ``Type: first line`` (whitespace collapsed),
-    cut at ``limit`` characters; the type alone when the exception has no text."""
-    lines = str(exc).strip().splitlines()
-    text = " ".join(lines[0].split()) if lines else ""
+    cut at ``limit`` characters; the type alone when neither it nor its cause has any text.
+
+    The first *non-empty* line: transformers' "requires the PIL library" ImportError starts with
+    a newline, and a plain ``str(exc).splitlines()[0]`` turned it into "ImportError: " (issue 39).
+    An exception with no text of its own (``raise X from cause``) says its cause's line."""
+    text = _first_line(str(exc))
     first_error = _validation_error(exc)
     if first_error:  # pydantic's first line is only "1 validation error for X": say which field, what value
         text = first_error
+    if not text:
+        cause = exc.__cause__ or exc.__context__
+        if cause is not None and cause is not exc:
+            text = exception_line(cause, limit)
+        elif isinstance(exc, ImportError) and exc.name:
+            text = f"No module named {exc.name!r}"
     if not with_type:
         return (text or type(exc).__name__)[:limit]
     return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return " ".join(line.split())
+    return ""
+
+
+_PIP_INSTALL = re.compile(r"pip install ([A-Za-z0-9_.\-\[\]]+(?: [A-Za-z0-9_.\-\[\]]+)*)")
+
+
+def missing_dependency(exc: BaseException) -> str | None:
+    """Where ``exc`` (or its cause) says an optional package is missing: one line naming it and
+    the pip command that installs it; None for any other failure.
+
+    Library messages name the command themselves ("… requires the PIL library … `pip install
+    pillow`"); a bare ``ModuleNotFoundError`` names the module, which is its package name for
+    the optional dependencies adaptcheck's checks reach (the pip name is then the module's)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ImportError):
+            found = _PIP_INSTALL.search(str(cur))
+            if found:
+                sentence = _first_line(str(cur)).split(". ")[0].rstrip(".:")  # its first sentence says what
+                return f"{sentence} (pip install {found.group(1).strip('`')})"
+            if isinstance(cur, ModuleNotFoundError) and cur.name:
+                top = cur.name.split(".")[0]
+                return f"the optional package {top!r} is not installed (pip install {_PIP_NAMES.get(top, top)})"
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+_PIP_NAMES = {"PIL": "pillow", "yaml": "pyyaml", "sklearn": "scikit-learn", "cv2": "opencv-python-headless"}
+"""Modules whose pip package has another name."""

@@ -15,6 +15,7 @@ from typing import NoReturn
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from adaptcheck.base import safejson
+from adaptcheck.base.errors import exception_line
 
 DIGEST_FIELD = "digest"
 """Top-level key of results.json that carries the digest."""
@@ -112,7 +113,7 @@ def verify_text(text: str, source: str = "results.json") -> VerifyResult:
         return VerifyResult(path=source, status=Integrity.UNREADABLE, message=exc.message)
     except ValueError as exc:
         return VerifyResult(path=source, status=Integrity.UNREADABLE,
-                            message=f"{source}: not a readable JSON file: {str(exc).splitlines()[0]}")
+                            message=f"{source}: not a readable JSON file: {exception_line(exc, with_type=False)}")
     except RecursionError:
         # json's C parser gives up on very deep nesting with RecursionError, not ValueError.
         return VerifyResult(path=source, status=Integrity.UNREADABLE,

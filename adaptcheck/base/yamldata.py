@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.errors import InvalidInputError, exception_line
 from adaptcheck.base.paths import data_dir
 
 M = TypeVar("M", bound=BaseModel)
@@ -63,7 +63,7 @@ class BoundedLoader(yaml.SafeLoader):
             return super().construct_object(node, deep)
         except (ValueError, OverflowError) as exc:
             # e.g. a timestamp that matches the pattern but is no date (2024-13-45)
-            raise _ValueError(None, None, f"cannot read this value: {str(exc).splitlines()[0]}", node.start_mark) from None
+            raise _ValueError(None, None, f"cannot read this value: {exception_line(exc, with_type=False)}", node.start_mark) from None
 
 
 class _ValueError(yaml.MarkedYAMLError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import adaptcheck
-from adaptcheck.base.errors import IntegrityError, InvalidInputError
+from adaptcheck.base.errors import IntegrityError, InvalidInputError, exception_line
 from adaptcheck.base.integrity import VerifyResult
 from adaptcheck.base.schemas.results import RunResults, utcnow
 from adaptcheck.base.trusted import load_verified
@@ -67,7 +67,7 @@ def _load(path: Path, allow_unverified: bool) -> _Loaded | str:
     except (RecursionError, ValueError, OSError) as exc:
         # The loader turns every known problem into InvalidInputError; should any other slip
         # through, it still costs only this file, never the whole merge.
-        return f"unreadable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return f"unreadable: {exception_line(exc)}"
     if not results.complete:
         return (f"incomplete run {results.run_id} (interrupted before its last check): "
                 "finish it with 'adaptcheck run --resume DIR' to merge it")

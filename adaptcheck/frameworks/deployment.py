@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from adaptcheck.base.errors import InvalidInputError
+from adaptcheck.base.errors import InvalidInputError, exception_line
 from adaptcheck.base.schemas.deployment import (
     Deployment,
     deployed_features,
@@ -110,7 +110,7 @@ def _check_config_file(argv: list[str]) -> None:
     except OSError as exc:
         raise DeploymentError(f"--serve: --config {path}: cannot read: {exc.strerror or exc}") from None
     except (yaml.YAMLError, ValueError) as exc:
-        raise DeploymentError(f"--serve: --config {path} is not YAML: {str(exc).splitlines()[0]}",
+        raise DeploymentError(f"--serve: --config {path} is not YAML: {exception_line(exc, with_type=False)}",
                               hint="vLLM's config file is a YAML mapping of flag names to values") from None
     if not isinstance(data, dict):
         raise DeploymentError(f"--serve: --config {path} is not a YAML mapping of flags to values",

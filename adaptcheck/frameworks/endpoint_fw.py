@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from pydantic import JsonValue
 
+from adaptcheck.base.errors import exception_line
 from adaptcheck.base.procs import is_loopback_url
 from adaptcheck.frameworks.base import (
     Availability,
@@ -247,7 +248,7 @@ class EndpointFramework(Framework):
             if server is not None and died:
                 # The HTTP error ("500", "connection refused") is the symptom; the log has the cause.
                 raise FrameworkError(f"the server failed: {died} (log: {server.log_path}); "
-                                     f"the request saw: {str(exc).splitlines()[0]}") from exc
+                                     f"the request saw: {exception_line(exc, with_type=False)}") from exc
             raise
 
     def score(self, requests: list[ScoreRequest]) -> list[Scored]:

@@ -18,6 +18,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adaptcheck.base.errors import exception_line
 from adaptcheck.frameworks.modelfiles import read_config
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class ImageInputs:
         except Exception as exc:  # noqa: BLE001 - the image processor alone still serves the images
             self.image_processor = AutoImageProcessor.from_pretrained(str(path))
             self.how = (f"{type(self.image_processor).__name__} + tokenizer (AutoProcessor failed: "
-                        f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
+                        f"{exception_line(exc)})")
         else:
             self.image_processor = self.processor.image_processor
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from adaptcheck.base.dtypes import framework_dtype
+from adaptcheck.base.errors import exception_line, missing_dependency
 from adaptcheck.frameworks.base import (
     Availability,
     Framework,
@@ -121,13 +122,16 @@ class TransformersFramework(Framework):
             self.model.to(device).eval()
             self.images = multimodal.ImageInputs(opts.model_path, self.tokenizer) if vision else None
         except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else ""
+            missing = missing_dependency(exc)
+            if missing:  # a model whose processor needs an optional package: n/a, with the pip command
+                raise FrameworkUnavailable(f"transformers cannot load {opts.model_path.name} here: {missing}") from exc
+            first = exception_line(exc, with_type=False)
             if "mismatched_sizes" in first:
                 # transformers prints the tensors in a report of its own; say what it means.
                 raise FrameworkError(f"transformers could not load {opts.model_path}: the weights' shapes do not "
                                      "match config.json (a tensor of another size than the config declares; "
                                      "the worker log lists them)") from exc
-            raise FrameworkError(f"transformers could not load {opts.model_path}: {type(exc).__name__}: {first}") from exc
+            raise FrameworkError(f"transformers could not load {opts.model_path}: {exception_line(exc)}") from exc
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"

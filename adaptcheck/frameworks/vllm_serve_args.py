@@ -19,6 +19,8 @@ import json
 import sys
 from typing import Any
 
+from adaptcheck.base.errors import exception_line
+
 
 class _ParseError(Exception):
     """argparse's ``error()``, raised instead of printing and exiting."""
@@ -95,8 +97,7 @@ def read(argv: list[str]) -> dict[str, Any]:
         return {"ok": False, "error": f"vllm serve: the command exits at once (status {exc.code}): "
                                       "--help or --version is not a deployment"}
     except Exception as exc:  # noqa: BLE001 - vLLM's own message, whatever it raised
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return {"ok": False, "error": f"vllm serve: {type(exc).__name__}: {first}"}
+        return {"ok": False, "error": f"vllm serve: {exception_line(exc)}"}
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     engine_args: dict[str, Any] = {}
     server_args: dict[str, Any] = {}

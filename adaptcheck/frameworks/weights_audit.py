@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from adaptcheck.base.errors import exception_line
+
 Shape = tuple[int, ...]
 Row = dict[str, Any]
 
@@ -376,8 +378,8 @@ def read_checkpoint(path: Path) -> Checkpoint:
         except FileNotFoundError:
             raise UnreadableCheckpoint(f"{file.name}, named in the weights index, is not there") from None
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UnreadableCheckpoint(f"the tensor list of {file.name} cannot be read: {first}") from None
+            raise UnreadableCheckpoint(f"the tensor list of {file.name} cannot be read: "
+                                       f"{exception_line(exc, with_type=False)}") from None
     return Checkpoint(files=tuple(f.name for f in files), shapes=shapes, duplicates=tuple(duplicates))
 
 
@@ -456,7 +458,7 @@ def expected_model(path: Path) -> ExpectedModel:
 
 
 def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else ""
+    return exception_line(exc, with_type=False)
 
 
 def _tied_keys(model: Any) -> dict[str, str]:

@@ -57,6 +57,7 @@ def _context(init: WorkerInit) -> CheckContext:
 
 
 def _run_one(ctx: CheckContext, msg: CheckRequest) -> WorkerReply:
+    from adaptcheck.base.errors import exception_line, missing_dependency
     from adaptcheck.ladder.check import Outcome
     from adaptcheck.ladder.protocol import WorkerReply
     from adaptcheck.ladder.registry import get_check_class
@@ -75,7 +76,12 @@ def _run_one(ctx: CheckContext, msg: CheckRequest) -> WorkerReply:
     except Exception as exc:  # noqa: BLE001 - a Python error in a check is its result, not the worker's death
         tb = traceback.format_exc()
         sys.stderr.write(tb)
-        return WorkerReply(id=msg["id"], exception=f"{type(exc).__name__}: {exc}", traceback=tb[-4000:],
+        missing = missing_dependency(exc)
+        if missing:  # an optional package the check needs is absent: it cannot run here (n/a), no crash
+            return WorkerReply(id=msg["id"], outcomes=[Outcome.skipped(f"needs an optional package: {missing}",
+                                                                       applicable=False)],
+                               duration_s=time.perf_counter() - start)
+        return WorkerReply(id=msg["id"], exception=exception_line(exc, limit=2000), traceback=tb[-4000:],
                            duration_s=time.perf_counter() - start)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from adaptcheck.base.dtypes import ITEMSIZE, GemmDtype, is_fnuz, torch_dtype
+from adaptcheck.base.errors import exception_line
 from adaptcheck.base.schemas.micro_evidence import Achieved, MicroRow, ParamValue, RowExtra
 from adaptcheck.perf.caches import DRAM_FACTOR, LastLevelCache, device_llc, residency
 from adaptcheck.perf.peaks import Bound, Peak, efficiency, fmt_rate, roofline
@@ -120,7 +121,7 @@ def is_unsupported(exc: BaseException) -> bool:
 
 
 def error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+    return f"{exception_line(exc)}"
 
 
 # --- GEMM ------------------------------------------------------------------------------------

@@ -149,7 +149,7 @@ def run_case(case, device):
             _synchronize()
     except Exception as exc:
         traceback.print_exc()
-        first = str(exc).splitlines()[0] if str(exc) else ""
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
         return [], f"{type(exc).__name__}: {first}"[:500]
     expected = reference(**ref_args)
     got_t = got if isinstance(got, tuple) else (got,)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from adaptcheck.base.errors import AdaptcheckError, exception_line
+from adaptcheck.base.errors import AdaptcheckError, exception_line, missing_dependency
 from adaptcheck.base.schemas.deployment import Deployment
 from adaptcheck.base.schemas.framework_evidence import FrameworkCheckEvidence, FrameworkInfo, ModelInfo
 from adaptcheck.frameworks.base import (
@@ -286,6 +286,10 @@ def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContex
         return with_evidence(Outcome.skipped(f"{params.framework}: {exception_line(exc, with_type=False)}",
                                              applicable=False), not_loaded(params.framework))
     except (AdaptcheckError, FrameworkError) as exc:
+        missing = missing_dependency(exc)
+        if missing:  # an optional package this framework needs for this model: n/a, never an error
+            return with_evidence(Outcome.skipped(f"{params.framework}: {missing}", applicable=False),
+                                 not_loaded(params.framework))
         return with_evidence(Outcome.errored(f"{params.framework}: {exception_line(exc, with_type=False)}"),
                              not_loaded(params.framework))
     try:
@@ -294,7 +298,8 @@ def run_with_framework(ctx: CheckContext, params: P, body: Callable[[CheckContex
         outcome = Outcome.skipped(exception_line(exc, with_type=False), applicable=False)
     except (AdaptcheckError, FrameworkError) as exc:
         # A server that died mid-check, an endpoint that stopped answering: say so, go on.
-        outcome = Outcome.errored(f"{active.framework.display_name}: {exception_line(exc, with_type=False)}")
+        missing = missing_dependency(exc)
+        outcome = Outcome.skipped(missing, applicable=False) if missing else Outcome.errored(f"{active.framework.display_name}: {exception_line(exc, with_type=False)}")
     return with_evidence(outcome, framework_info(active), ModelInfo.model_validate(active.model.describe()))
 
 

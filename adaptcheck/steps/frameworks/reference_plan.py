@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from adaptcheck.base.errors import exception_line
 from adaptcheck.frameworks.base import FrameworkError, GenRequest
 from adaptcheck.frameworks.modelsrc import ResolvedModel
 
@@ -121,8 +122,7 @@ def _layout(folder: str) -> Layout:
     except st.StreamUnsupported:
         raise
     except Exception as exc:  # noqa: BLE001 - unreadable weights, an architecture transformers cannot build on meta
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise st.StreamUnsupported(f"cannot lay it out for streaming: {type(exc).__name__}: {first}") from None
+        raise st.StreamUnsupported(f"cannot lay it out for streaming: {exception_line(exc)}") from None
     finally:
         if index is not None:
             index.close()

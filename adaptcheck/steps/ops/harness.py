@@ -17,6 +17,7 @@ from pydantic import JsonValue
 from pydantic_core import to_jsonable_python
 
 from adaptcheck.base.dtypes import is_fnuz, torch_dtype
+from adaptcheck.base.errors import exception_line
 from adaptcheck.base.schemas.ops_evidence import (
     CaseEvidence,
     CaseSeconds,
@@ -140,7 +141,7 @@ def _run_case(ctx: CheckContext, op: OpDef, fn: Callable[..., Any], case: CaseBa
             got = fn(**dev_args)
             _synchronize(ctx)
     except Exception as exc:  # noqa: BLE001 - a kernel that raises is this case's result
-        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        result.error = f"{exception_line(exc)}"[:500]
         result.op_s = time.perf_counter() - t0
         return result
     result.op_s = time.perf_counter() - t0

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from adaptcheck.base.dtypes import ALL_DTYPES, is_fnuz, torch_dtype
+from adaptcheck.base.errors import exception_line
 from adaptcheck.base.schemas.smoke_evidence import DtypeInfo, DtypeRow, DtypesEvidence
 from adaptcheck.ladder.check import CheckContext, NoParams, Outcome
 from adaptcheck.steps.smoke.numerics import bit_diff, int_view
@@ -25,7 +26,7 @@ def _attempt(fn: Callable[[], str | None]) -> str:
     try:
         problem = fn()
     except Exception as exc:  # noqa: BLE001 - an unsupported dtype op raises; that is the finding
-        return f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return f"error: {exception_line(exc, 230)}"
     return problem or OK
 
 
@@ -205,7 +206,7 @@ class DtypeProbeCheck(SmokeCheck):
                 try:
                     got = self.ops.to_host(fn())
                 except Exception as exc:  # noqa: BLE001 - try the next path
-                    attempts[path] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                    attempts[path] = f"error: {exception_line(exc, 190)}"
                     continue
                 info.matmul_path = path
                 if got.dtype != torch.int32:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator
 
+from adaptcheck.base.errors import exception_line
 from adaptcheck.base.schemas.framework_evidence import (
     BoundVerdict,
     DivergenceStats,
@@ -213,7 +214,7 @@ def worker_layers(fw: Framework) -> list[dict[str, JsonValue]] | str:
     try:
         return list(llm.apply_model(kv_cache_layers)[0])
     except Exception as exc:  # noqa: BLE001 - evidence; the engine's config still speaks
-        return f"reading the cache tensors failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return f"reading the cache tensors failed: {exception_line(exc)}"
 
 
 def judge_activity(cache: str, facts: dict[str, JsonValue], layers: list[dict[str, JsonValue]] | str) -> tuple[bool, str]:
