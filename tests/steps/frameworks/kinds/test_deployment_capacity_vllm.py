@@ -3,8 +3,10 @@ one sequence of its ``max_model_len`` fails ``framework.load``'s capacity row wi
 seed, in process and through ``vllm serve``, while the healthy deployment passes it
 (:mod:`tests.steps.frameworks.kv_capacity_seeds`; docs/features.md, "KV-cache capacity").
 
-One subprocess runs every case, so vLLM is imported once: five seeds × (healthy, planted) in
-process, and the first seed's pair served (about 3-4 minutes on 2 cores)."""
+One subprocess runs every case, so vLLM is imported once: two seeds × (healthy, planted) in
+process, and the first seed's pair served (about 1.5 minutes on 2 cores). The verdict reads the
+engine's block count, which no seed changes; the five-seed figures are
+``benchmarks/deployment_planted.py``'s (CI time, issue 38)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")]
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
-SEEDS = [0, 1, 2, 3, 4]
+SEEDS = [0, 1]
 ROW = "KV cache holds max_model_len"
 
 
