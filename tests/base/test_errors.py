@@ -39,10 +39,15 @@ def test_an_exception_without_text_says_its_cause() -> None:
                                "environment (pip install pillow)"),
     (ModuleNotFoundError("No module named 'PIL'", name="PIL"), "the optional package 'PIL' is not installed "
                                                                "(pip install pillow)"),
-    (ModuleNotFoundError("No module named 'einops.layers'", name="einops.layers"),
-     "the optional package 'einops' is not installed (pip install einops)"),
+    (ModuleNotFoundError("No module named 'nopkg_x.layers'", name="nopkg_x.layers"),
+     "the optional package 'nopkg_x' is not installed (pip install nopkg_x)"),
 ])
-def test_a_missing_package_is_named_with_its_pip_command(exc: BaseException, want: str) -> None:
+def test_a_missing_package_is_named_with_its_pip_command(exc: BaseException, want: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptcheck.base import errors
+
+    # Pillow is installed here (vLLM needs it): read the venv as one without it.
+    monkeypatch.setattr(errors, "_installed", lambda module: module not in {"PIL", "nopkg_x"})
     assert missing_dependency(exc) == want
     try:
         raise RuntimeError("transformers could not load the model") from exc
@@ -54,3 +59,6 @@ def test_other_failures_are_not_a_missing_package() -> None:
     assert missing_dependency(ValueError("pip install is not the point here")) is None
     assert missing_dependency(ImportError("cannot import name 'x' from 'y'")) is None
     assert missing_dependency(RuntimeError("CUDA error: illegal memory access")) is None
+    # An installed package missing a part of itself (vLLM without its compiled ops) is a broken
+    # install, a defect to report: never "optional, not installed".
+    assert missing_dependency(ModuleNotFoundError("No module named 'torch._nope'", name="torch._nope")) is None
