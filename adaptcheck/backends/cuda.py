@@ -7,7 +7,6 @@ How the builds are told apart: docs/backends.md (Built-in backends).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -95,14 +94,6 @@ def maca_install_evidence() -> list[str]:
         if Path(path).is_dir():
             found.append(f"{path} exists")
     return found
-
-
-def module_present(name: str) -> bool:
-    """Whether a module can be imported, without importing it (no side effects, never raises)."""
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def cuda_api_probe(torch: Any, build: str) -> ProbeResult:

@@ -18,11 +18,11 @@ from adaptcheck.backends.cuda import (
     clean_text,
     cuda_api_probe,
     leading_number,
-    module_present,
     read_first_line,
     torch_version_tag,
 )
 from adaptcheck.backends.rocm import RocmBackend
+from adaptcheck.base.modules import module_present
 from adaptcheck.base.schemas.environment import DeviceInfo
 
 # Where a DTK install leaves evidence. Module-level so tests can point them elsewhere.

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from enum import IntEnum
 
+from adaptcheck.base.modules import module_present
+
 
 class ExitCode(IntEnum):
     """Documented exit codes (README, "Exit codes")."""
@@ -187,20 +189,11 @@ def missing_dependency(exc: BaseException) -> str | None:
                 return f"{sentence} (pip install {found.group(1).strip('`')})"
             if isinstance(cur, ModuleNotFoundError) and cur.name:
                 top = cur.name.split(".")[0]
-                if _installed(top):  # a package that is there but broken (vllm._C missing): not optional, a defect
+                if module_present(top):  # a package that is there but broken (vllm._C missing): not optional, a defect
                     return None
                 return f"the optional package {top!r} is not installed (pip install {_PIP_NAMES.get(top, top)})"
         cur = cur.__cause__ or cur.__context__
     return None
-
-
-def _installed(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 _PIP_NAMES = {"PIL": "pillow", "yaml": "pyyaml", "sklearn": "scikit-learn", "cv2": "opencv-python-headless"}

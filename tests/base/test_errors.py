@@ -47,7 +47,7 @@ def test_a_missing_package_is_named_with_its_pip_command(exc: BaseException, wan
     from adaptcheck.base import errors
 
     # Pillow is installed here (vLLM needs it): read the venv as one without it.
-    monkeypatch.setattr(errors, "_installed", lambda module: module not in {"PIL", "nopkg_x"})
+    monkeypatch.setattr(errors, "module_present", lambda module: module not in {"PIL", "nopkg_x"})
     assert missing_dependency(exc) == want
     try:
         raise RuntimeError("transformers could not load the model") from exc
