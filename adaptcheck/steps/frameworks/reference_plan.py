@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from adaptcheck.base.dtypes import ITEMSIZE, itemsize
 from adaptcheck.base.errors import exception_line
 from adaptcheck.frameworks.base import FrameworkError, GenRequest
 from adaptcheck.frameworks.modelsrc import ResolvedModel
 
-BYTES_PER_PARAM = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
+BYTES_PER_PARAM = {dtype: ITEMSIZE[dtype] for dtype in ("fp64", "fp32", "bf16", "fp16")}
 MEMORY_FRACTION = 0.5
 """Share of available host memory the reference may take by default (activations, the device
 framework and the OS need the rest)."""
@@ -41,7 +42,6 @@ GENERATE_BUDGET_S = 600.0
 """Longest the reference may spend generating greedily (estimated); past it the device
 generates and the reference scores the device's sequences, one forward pass each."""
 
-_STORED_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "float8_e4m3fn": 1, "int8": 1}
 GenerationMode = Literal["reference generates", "device generates, reference scores"]
 
 
@@ -53,7 +53,7 @@ def parameter_count(model: ResolvedModel) -> int:
     """Parameters, from the synthetic metadata or from the weights' size and stored dtype."""
     if model.synthetic and model.synthetic.get("num_params"):
         return int(model.synthetic["num_params"])
-    return int(model.weights_bytes / _STORED_BYTES.get(str(model.torch_dtype), 2))
+    return int(model.weights_bytes / (itemsize(str(model.torch_dtype)) or 2))  # unknown: a 16-bit checkpoint
 
 
 def _available_bytes() -> float | None:
